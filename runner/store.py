@@ -1,0 +1,391 @@
+"""runs.duckdb: its schema (an ordered list of migrations), the runner's writes and reads.
+
+DESIGN §5: any open handle on the file blocks a writer, and a writer blocks every reader, so
+each function here opens the file for one short job and closes it again. Lock conflicts are
+retried with jittered backoff; a write that stays locked is spilled to `<db>.pending/` and the
+next write (or `flush_pending`) moves it into the database.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from urllib.parse import quote
+
+import duckdb
+import pandas as pd
+
+from runner.records import Generation, Round, RunRecord
+
+
+class StoreError(Exception):
+    """A one-line, user-facing problem with the database file."""
+
+
+class Locked(StoreError):
+    """The file stayed locked by another process for the whole retry bound."""
+
+    def __init__(self, db_path: Path, bound_s: float, retries: int) -> None:
+        super().__init__(f"{db_path} stayed locked by another process for {bound_s:g} s")
+        self.retries = retries
+
+
+# Extension autoloading would try to download (e.g. sqlite_scanner for a SQLite file); never here.
+_CONFIG = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
+
+
+def _create_runs_and_rounds(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute("""CREATE TABLE runs (
+        run_id TEXT PRIMARY KEY, sweep_id TEXT NOT NULL, started_at TIMESTAMP, target TEXT,
+        draft TEXT, draft_kind TEXT, category TEXT, prompt_id TEXT, prompt_text TEXT, k INTEGER,
+        mode TEXT, temperature DOUBLE, top_p DOUBLE, seed BIGINT, max_new_tokens INTEGER,
+        device TEXT, dtype TEXT, new_tokens INTEGER, n_rounds INTEGER, target_passes INTEGER,
+        draft_calls INTEGER, wall_s DOUBLE, prefill_s DOUBLE, draft_s DOUBLE, verify_s DOUBLE,
+        prompt_tokens INTEGER[], output_tokens INTEGER[], output_text TEXT, stop_reason TEXT,
+        baseline_run_id TEXT, lossless BOOLEAN, status TEXT, error TEXT, torch_version TEXT,
+        transformers_version TEXT, python_version TEXT, host TEXT, git_commit TEXT)""")
+    con.execute("""CREATE TABLE rounds (
+        run_id TEXT, round INTEGER, k INTEGER, accepted INTEGER, rejected INTEGER,
+        thrown INTEGER, bonus BOOLEAN, emitted INTEGER, draft_s DOUBLE, verify_s DOUBLE,
+        draft_tokens INTEGER[], target_tokens INTEGER[], PRIMARY KEY (run_id, round))""")
+
+
+def _create_run_stats(con: duckdb.DuckDBPyConnection) -> None:
+    # Stage by stage so each formula reads as DESIGN §2 writes it; b is the run's baseline.
+    con.execute("""CREATE VIEW run_stats AS
+    WITH per_run AS (
+        SELECT run_id, sum(accepted)::BIGINT AS accepted, sum(rejected)::BIGINT AS rejected,
+               sum(thrown)::BIGINT AS thrown, sum(k)::BIGINT AS drafted, avg(emitted) AS tau
+        FROM rounds GROUP BY run_id),
+    measured AS (
+        SELECT r.*, a.accepted, a.rejected, a.thrown, a.drafted, a.tau,
+               a.accepted / nullif(a.accepted + a.rejected, 0) AS alpha,
+               a.thrown / nullif(a.drafted, 0) AS thrown_share,
+               r.new_tokens / nullif(r.wall_s, 0) AS tokens_per_s,
+               b.new_tokens / nullif(b.wall_s, 0) AS baseline_tokens_per_s,
+               CASE WHEN r.draft <> 'none' THEN (b.wall_s / nullif(b.new_tokens, 0))
+                    / nullif(r.wall_s / nullif(r.new_tokens, 0), 0) END AS measured_speedup,
+               b.verify_s / nullif(b.n_rounds, 0) AS target_pass_s,
+               r.verify_s / nullif(r.n_rounds, 0) AS verify_pass_s,
+               r.draft_s / nullif(a.drafted, 0) AS draft_token_s
+        FROM runs r LEFT JOIN per_run a USING (run_id)
+        LEFT JOIN runs b ON b.run_id = r.baseline_run_id
+        WHERE r.status = 'ok'),
+    with_c AS (SELECT *, draft_token_s / nullif(target_pass_s, 0) AS c FROM measured)
+    SELECT run_id, sweep_id, target, draft, draft_kind, category, prompt_id, k, mode,
+           temperature, top_p, seed, device, dtype, new_tokens, n_rounds, accepted, rejected,
+           thrown, drafted, alpha, tau, thrown_share, tokens_per_s, baseline_tokens_per_s,
+           measured_speedup, target_pass_s, verify_pass_s, draft_token_s, c,
+           CASE WHEN alpha = 1 THEN (k + 1) / (1 + k * c)  -- the limit of the formula at α = 1
+                ELSE (1 - pow(alpha, k + 1)) / ((1 - alpha) * (1 + k * c))
+           END AS theoretical_speedup,
+           lossless
+    FROM with_c""")
+
+
+MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
+    _create_runs_and_rounds,
+    _create_run_stats,
+]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+_RUN_COLUMNS = (
+    "run_id", "sweep_id", "started_at", "target", "draft", "draft_kind", "category", "prompt_id", "prompt_text", "k",
+    "mode", "temperature", "top_p", "seed", "max_new_tokens", "device", "dtype", "new_tokens", "n_rounds",
+    "target_passes", "draft_calls", "wall_s", "prefill_s", "draft_s", "verify_s", "prompt_tokens", "output_tokens",
+    "output_text", "stop_reason", "baseline_run_id", "lossless", "status", "error", "torch_version",
+    "transformers_version", "python_version", "host", "git_commit",
+)
+_INSERT_RUN = f"INSERT INTO runs ({', '.join(_RUN_COLUMNS)}) VALUES ({', '.join('?' * len(_RUN_COLUMNS))})"
+# One statement for all rounds: unnest zips the column lists (~10x faster than executemany).
+_ROUND_TYPES = ("TEXT", "INTEGER", "INTEGER", "INTEGER", "INTEGER", "INTEGER", "BOOLEAN", "INTEGER", "DOUBLE",
+                "DOUBLE", "INTEGER[]", "INTEGER[]")
+_INSERT_ROUNDS = "INSERT INTO rounds SELECT " + ", ".join(f"unnest(?::{t}[])" for t in _ROUND_TYPES)
+
+
+def _db_name(con: duckdb.DuckDBPyConnection) -> str:
+    return con.execute("SELECT path FROM duckdb_databases() WHERE database_name = current_database()").fetchone()[0]
+
+
+def schema_version(con: duckdb.DuckDBPyConnection) -> int:
+    """The applied schema version (0 for an empty database); refuses foreign or newer files."""
+    try:
+        version, has_runs = con.execute(
+            "SELECT (SELECT max(version) FROM schema_migrations), (SELECT count(*) "
+            "FROM duckdb_tables() WHERE schema_name = 'main' AND table_name = 'runs')").fetchone()
+    except duckdb.CatalogException:
+        if con.execute("SELECT count(*) FROM duckdb_tables()").fetchone()[0]:
+            raise StoreError(f"{_db_name(con)} is not a specdash database") from None
+        return 0
+    if (version or 0) > SCHEMA_VERSION:
+        raise StoreError(f"{Path(_db_name(con)).name} has schema version {version}, newer than this specdash "
+                         f"({SCHEMA_VERSION}); upgrade specdash")
+    if version and not has_runs:
+        raise StoreError(f"{_db_name(con)} is not a specdash database")
+    return version or 0
+
+
+def migrate(con: duckdb.DuckDBPyConnection, to_version: int = SCHEMA_VERSION) -> None:
+    """Apply the missing migrations up to `to_version`, each in its own transaction."""
+    version = schema_version(con)
+    if version == 0:
+        con.execute("CREATE TABLE IF NOT EXISTS schema_migrations "
+                    "(version INTEGER PRIMARY KEY, name TEXT, applied_at TIMESTAMP)")
+    for number in range(version + 1, to_version + 1):
+        step = MIGRATIONS[number - 1]
+        con.begin()
+        try:
+            step(con)
+            con.execute("INSERT INTO schema_migrations VALUES (?, ?, ?)", [number, step.__name__.lstrip("_"),
+                                                                            datetime.now(UTC)])
+            con.commit()
+        except BaseException:
+            con.rollback()
+            raise
+
+
+def _is_lock_conflict(error: duckdb.Error) -> bool:
+    # Across processes the OS file lock; within one process a second config on one file.
+    text = str(error)
+    return (isinstance(error, duckdb.IOException) and "lock" in text.lower()) or (
+        isinstance(error, duckdb.ConnectionException) and "different configuration" in text)
+
+
+def open_db(db_path: str | os.PathLike, *, read_only: bool, bound_s: float = 30.0,
+            config: dict | None = None) -> tuple[duckdb.DuckDBPyConnection, int]:
+    """Connect, retrying lock conflicts with jittered exponential backoff; (connection, retries)."""
+    path = Path(db_path)
+    if not _may_be_duckdb(path):
+        raise StoreError(f"{path} is not a specdash database (not a DuckDB file)")
+    deadline, retries = time.monotonic() + bound_s, 0
+    while True:
+        try:
+            return duckdb.connect(str(path), read_only=read_only, config={**_CONFIG, **(config or {})}), retries
+        except duckdb.Error as error:
+            if not _is_lock_conflict(error):
+                raise _open_error(path, error) from None
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise Locked(path, bound_s, retries) from None
+            time.sleep(min(remaining, min(0.5, 0.01 * 2**retries) * random.uniform(0.5, 1.5)))
+            retries += 1
+
+
+def _may_be_duckdb(path: Path) -> bool:
+    # Checked before connecting: DuckDB would hand a SQLite file to its sqlite extension. A file
+    # still without its 12-byte header is left to DuckDB (a writer may be creating it right now).
+    try:
+        with path.open("rb") as file:
+            head = file.read(12)
+    except OSError:  # missing (DuckDB creates it or says so) or unreadable (DuckDB says why)
+        return True
+    return len(head) < 12 or head[8:] == b"DUCK"
+
+
+def _open_error(path: Path, error: duckdb.Error) -> StoreError:
+    text = str(error)
+    if "not a valid DuckDB database file" in text:
+        return StoreError(f"{path} is not a specdash database (not a DuckDB file)")
+    if "read-only mode: database does not exist" in text:
+        return StoreError(f"{path} does not exist")
+    return StoreError(f"cannot open {path}: {text.splitlines()[0].removeprefix('IO Error: ')}")
+
+
+def record_to_dict(record: RunRecord) -> dict:
+    return dataclasses.asdict(record)
+
+
+def _tuples(data: dict) -> dict:
+    return {key: tuple(value) if isinstance(value, list) else value for key, value in data.items()}
+
+
+def record_from_dict(data: dict) -> RunRecord:
+    """Inverse of record_to_dict, after a JSON round trip turned tuples into lists."""
+    gen = data["generation"]
+    if gen is not None:
+        gen = Generation(**{**_tuples(gen), "rounds": tuple(Round(**_tuples(r)) for r in gen["rounds"])})
+    return RunRecord(**{**data, "generation": gen})
+
+
+def _run_row(record: RunRecord) -> list:
+    gen, prov = record.generation, record.provenance
+    generated = ([len(gen.output_tokens), len(gen.rounds), gen.target_passes, gen.draft_calls, gen.wall_s,
+                  gen.prefill_s, gen.draft_s, gen.verify_s, list(gen.prompt_tokens), list(gen.output_tokens)]
+                 if gen else [None] * 10)
+    return [record.run_id, record.sweep_id, datetime.fromisoformat(record.started_at), record.target, record.draft,
+            record.draft_kind, record.category, record.prompt_id, record.prompt_text, record.k, record.mode,
+            record.temperature, record.top_p, record.seed, record.max_new_tokens, record.device, record.dtype,
+            *generated, record.output_text, gen.stop_reason if gen else None, record.baseline_run_id,
+            record.lossless, record.status, record.error,
+            *(prov.get(key) for key in ("torch_version", "transformers_version", "python_version", "host",
+                                        "git_commit"))]
+
+
+def _round_columns(record: RunRecord) -> list[list]:
+    rows = [(record.run_id, i, r.k, r.accepted, r.rejected, r.thrown, r.bonus, r.emitted, r.draft_s, r.verify_s,
+             list(r.draft_tokens), list(r.target_tokens)) for i, r in enumerate(record.generation.rounds)]
+    return [list(column) for column in zip(*rows, strict=True)]
+
+
+def _insert(con: duckdb.DuckDBPyConnection, record: RunRecord) -> None:
+    """The run row and all its rounds in one transaction: a reader sees all of it or none."""
+    run_row = _run_row(record)
+    rounds = _round_columns(record) if record.generation and record.generation.rounds else None
+    con.begin()
+    try:
+        con.execute(_INSERT_RUN, run_row)
+        if rounds:
+            con.execute(_INSERT_ROUNDS, rounds)
+        con.commit()
+    except duckdb.Error as error:
+        con.rollback()
+        raise StoreError(f"could not record run {record.run_id}: {str(error).splitlines()[0]}") from None
+
+
+def _pending_dir(db_path: Path) -> Path:
+    return db_path.with_name(db_path.name + ".pending")
+
+
+def _spill(db_path: Path, record: RunRecord) -> None:
+    final = _pending_dir(db_path) / f"{quote(record.run_id, safe='')}.json"
+    temp = final.with_name(final.name + ".tmp")
+    try:
+        final.parent.mkdir(exist_ok=True)
+        temp.write_text(json.dumps(record_to_dict(record)))
+        os.replace(temp, final)  # atomic: a reader never sees half a record
+    except OSError as error:
+        raise StoreError(f"{db_path} is locked and run {record.run_id} could not be spilled: {error}") from None
+
+
+def _pending(db_path: Path) -> list[tuple[Path, RunRecord]]:
+    folder = _pending_dir(db_path)
+    files = sorted(folder.glob("*.json")) if folder.is_dir() else []
+    loaded = [(f, _load_pending(f)) for f in files]
+    return [(f, record) for f, record in loaded if record is not None]
+
+
+def _load_pending(file: Path) -> RunRecord | None:
+    try:
+        return record_from_dict(json.loads(file.read_text()))
+    except FileNotFoundError:  # flushed by a writer since the listing
+        return None
+    except (ValueError, TypeError, KeyError) as error:
+        raise StoreError(f"{file} is not a readable pending run ({error}); move it away") from None
+
+
+def _flush(con: duckdb.DuckDBPyConnection, db_path: Path) -> int:
+    written = 0
+    for file, record in _pending(db_path):
+        # A crash between commit and unlink leaves a file whose run is already stored.
+        if not con.execute("SELECT 1 FROM runs WHERE run_id = ?", [record.run_id]).fetchone():
+            _insert(con, record)
+            written += 1
+        file.unlink()
+    return written
+
+
+def _open_for_write(db_path: Path, bound_s: float) -> tuple[duckdb.DuckDBPyConnection, int]:
+    if not db_path.parent.is_dir():
+        raise StoreError(f"cannot create {db_path}: {db_path.parent} is not a directory")
+    con, retries = open_db(db_path, read_only=False, bound_s=bound_s)
+    try:
+        migrate(con)
+    except BaseException:
+        con.close()
+        raise
+    return con, retries
+
+
+def init_db(db_path: str | os.PathLike, lock_timeout_s: float = 30.0) -> None:
+    """Create or migrate the database now, so a bad path fails before any model is loaded."""
+    con, _ = _open_for_write(Path(db_path), lock_timeout_s)
+    con.close()
+
+
+def write_run(db_path: str | os.PathLike, record: RunRecord, lock_timeout_s: float = 30.0) -> int:
+    """Record one run, then any spilled ones; returns how many lock retries it needed.
+
+    The run in hand goes first so that a bad pending file can never cost it.
+    """
+    path = Path(db_path)
+    try:
+        con, retries = _open_for_write(path, lock_timeout_s)
+    except Locked as locked:
+        _spill(path, record)
+        return locked.retries
+    try:
+        _insert(con, record)
+        _flush(con, path)
+    finally:
+        con.close()
+    return retries
+
+
+def flush_pending(db_path: str | os.PathLike, lock_timeout_s: float = 30.0) -> int:
+    """Move spilled runs into the database; returns how many were written."""
+    path = Path(db_path)
+    if not _pending(path):
+        return 0
+    con, _ = _open_for_write(path, lock_timeout_s)
+    try:
+        return _flush(con, path)
+    finally:
+        con.close()
+
+
+def _read(db_path: Path, sql: str, params: list, bound_s: float) -> list[tuple]:
+    if not db_path.exists():
+        return []
+    con, _ = open_db(db_path, read_only=True, bound_s=bound_s)
+    try:
+        return con.execute(sql, params).fetchall() if schema_version(con) else []
+    finally:
+        con.close()
+
+
+def recorded_runs(db_path: str | os.PathLike, sweep_id: str, lock_timeout_s: float = 30.0) -> set[tuple]:
+    """Cells (prompt_id, draft, k, mode, temperature, top_p, seed) with an 'ok' run, pending too."""
+    path = Path(db_path)
+    rows = _read(path, "SELECT prompt_id, draft, k, mode, temperature, top_p, seed FROM runs "
+                       "WHERE sweep_id = ? AND status = 'ok'", [sweep_id], lock_timeout_s)
+    pending = {(r.prompt_id, r.draft, r.k, r.mode, r.temperature, r.top_p, r.seed)
+               for _, r in _pending(path) if r.sweep_id == sweep_id and r.status == "ok"}
+    return set(rows) | pending
+
+
+def baseline_for(db_path: str | os.PathLike, sweep_id: str, prompt_id: str, mode: str, temperature: float,
+                 top_p: float, seed: int, lock_timeout_s: float = 30.0) -> tuple[str, tuple[int, ...]] | None:
+    """The sweep's 'ok' plain-decoding run for this cell: (run_id, output_tokens), or None."""
+    path = Path(db_path)
+    key = (sweep_id, prompt_id, mode, temperature, top_p, seed)
+    rows = _read(path, "SELECT run_id, output_tokens FROM runs WHERE sweep_id = ? AND prompt_id = ? "
+                       "AND mode = ? AND temperature = ? AND top_p = ? AND seed = ? "
+                       "AND draft = 'none' AND status = 'ok' ORDER BY started_at DESC LIMIT 1",
+                 list(key), lock_timeout_s)
+    if rows:
+        return rows[0][0], tuple(rows[0][1])
+    for _, r in _pending(path):
+        if (r.sweep_id, r.prompt_id, r.mode, r.temperature, r.top_p, r.seed) == key and r.draft == "none" \
+                and r.status == "ok":
+            return r.run_id, r.generation.output_tokens
+    return None
+
+
+_SWEEPS = """SELECT sweep_id, min(started_at) AS started,
+    string_agg(DISTINCT target, ', ' ORDER BY target) AS target,
+    string_agg(DISTINCT draft, ', ' ORDER BY draft) AS drafts, count(*) AS runs,
+    count(*) FILTER (status = 'error') AS errors,
+    count(*) FILTER (lossless = false) AS lossless_failures
+    FROM runs GROUP BY sweep_id ORDER BY started DESC, sweep_id"""
+
+
+def list_sweeps(db_path: str | os.PathLike, lock_timeout_s: float = 30.0) -> pd.DataFrame:
+    """One row per sweep, newest first."""
+    columns = ["sweep_id", "started", "target", "drafts", "runs", "errors", "lossless_failures"]
+    return pd.DataFrame(_read(Path(db_path), _SWEEPS, [], lock_timeout_s), columns=columns)
