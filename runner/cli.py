@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
 
-from runner import models
+from runner import models, store
 from runner.engine import Bench, DraftSpec, parse_draft
-from runner.report import print_generation
+from runner.prompts import load_prompts, select_prompts
+from runner.report import frame_table, print_generation, sweep_table
 from runner.sampling import Decoding
+from runner.sql import QueryError, run_query
 from runner.stats import summarize
+from runner.sweep import SweepConfig, run_sweep
 
 K_MAX = 64  # more drafts than this per round only burns draft calls
 app = typer.Typer(
@@ -98,6 +102,95 @@ def generate(
     print_generation(stdout, text, run, baseline, summary, loaded.tokenizer)
     if summary.lossless is False:
         stderr.print("[bold red]LOSSLESS CHECK FAILED: speculative output differs from plain greedy[/]")
+
+
+def _csv(value: str, name: str) -> list[str]:
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    if not items:
+        raise UsageError(f"--{name} is empty")
+    return items
+
+
+def _ints(value: str, name: str) -> list[int]:
+    items = _csv(value, name)
+    if not all(v.lstrip("-").isdigit() for v in items):
+        raise UsageError(f"--{name} must be comma-separated integers, got {value}")
+    return [int(v) for v in items]
+
+
+@app.command()
+def sweep(
+    draft: Annotated[list[str], typer.Option(help="a drafter to compare; repeat for several")],
+    target: Target = models.DEFAULT_MODEL,
+    k: Annotated[str, typer.Option(help="draft lengths, comma-separated")] = "1,2,4,8",
+    categories: Annotated[str | None, typer.Option(help="comma-separated; default: all")] = None,
+    prompts: Annotated[Path | None, typer.Option(help="a JSONL file of {id, category, prompt}")] = None,
+    prompts_per_category: Annotated[int | None, typer.Option(help="the first N prompts of each category")] = None,
+    mode: Annotated[list[str], typer.Option(help="greedy and/or sample; repeat for both")] = ["greedy"],  # noqa: B006
+    temperature: Annotated[float, typer.Option(help="for sample mode")] = 0.7,
+    top_p: Annotated[float, typer.Option(help="for sample mode")] = 1.0,
+    seed: int = 0,
+    max_new_tokens: int = 64,
+    db: Annotated[Path, typer.Option(help="the DuckDB file to record into")] = Path("runs.duckdb"),
+    resume: Annotated[str | None, typer.Option(help="a sweep id: record only its missing cells")] = None,
+    device: Device = None,
+    dtype: Dtype = None,
+) -> None:
+    """Record baseline and speculative runs for every prompt × draft × k into the database."""
+    try:
+        ks = _ints(k, "k")
+        for value in ks:
+            check_k(value)
+        specs = [parse_draft(d) for d in draft]
+        if any(s.kind == "baseline" for s in specs):
+            raise UsageError("every sweep records its baselines; give only drafts")
+        if max_new_tokens < 1:
+            raise UsageError(f"max-new-tokens must be >= 1, got {max_new_tokens}")
+        chosen = select_prompts(load_prompts(prompts), _csv(categories, "categories") if categories else None,
+                                prompts_per_category)
+        config = SweepConfig(
+            target=target, drafts=tuple(draft), ks=tuple(ks),
+            decodings=tuple(dict.fromkeys(decoding_for(m, temperature, top_p) for m in mode)),
+            prompts=tuple(chosen), max_new_tokens=max_new_tokens, seed=seed, db=db, device=device, dtype=dtype,
+            sweep_id=resume,
+        )
+        if resume and resume not in set(store.list_sweeps(db)["sweep_id"]):
+            raise UsageError(f'no sweep "{resume}" in {db}')
+        sweep_id, recorder = run_sweep(config, stderr)
+    except (ValueError, store.StoreError) as exc:
+        fail(str(exc))
+    stdout.print(sweep_table(store.sweep_summary(db, sweep_id), sweep_id))
+    for problem in recorder.errors:
+        stderr.print(f"[red]error run:[/] {problem}", highlight=False)
+    if recorder.lossless_failures:
+        stderr.print(f"[bold red]LOSSLESS CHECK FAILED in {len(recorder.lossless_failures)} run(s):[/] "
+                     + "; ".join(recorder.lossless_failures), highlight=False)
+
+
+@app.command("sql")
+def sql_command(
+    query: Annotated[str, typer.Argument(help="one read-only statement")],
+    db: Annotated[Path, typer.Option(help="the DuckDB file")] = Path("runs.duckdb"),
+    max_rows: int = 200,
+) -> None:
+    """Run one read-only SQL statement, sandboxed: no file access, no writes, bounded time and memory."""
+    try:
+        result = run_query(db, query, max_rows=max_rows)
+    except QueryError as exc:
+        fail(str(exc))
+    stdout.print(frame_table(result.frame), highlight=False)
+    note = f"{len(result.frame)} row(s) in {result.elapsed_s * 1000:.0f} ms"
+    stderr.print(note + (f" (truncated at {max_rows})" if result.truncated else ""), highlight=False)
+
+
+@app.command("list")
+def list_command(db: Annotated[Path, typer.Option(help="the DuckDB file")] = Path("runs.duckdb")) -> None:
+    """List the recorded sweeps, newest first."""
+    try:
+        sweeps = store.list_sweeps(db)
+    except store.StoreError as exc:
+        fail(str(exc))
+    stdout.print(frame_table(sweeps), highlight=False)
 
 
 def main() -> None:

@@ -150,8 +150,9 @@ def generate(
         while (made := text.length - len(prompt)) < max_new_tokens:
             budget = max_new_tokens - made
             # Never draft past the budget: k drafts can yield k+1 tokens.
-            r = speculative_round(model, drafter, text, min(k, budget - 1), decoding, generator, clock, budget, target.eos_ids)
-            rounds.append(r)
+            rounds.append(speculative_round(
+                model, drafter, text, min(k, budget - 1), decoding, generator, clock, budget, target.eos_ids,
+            ))
             if text.last in target.eos_ids:
                 stop = "eos"
                 break

@@ -118,7 +118,8 @@ class NgramDrafter:
         self.n = n
         self.calls = 0
         self.seen: list[int] = []
-        self.follows: list[dict[tuple[int, ...], int]] = []  # per size m-1: n-gram -> where its latest continuation starts
+        # follows[m-1]: each m-gram seen -> where its latest continuation starts in `seen`
+        self.follows: list[dict[tuple[int, ...], int]] = []
 
     def _extend(self, new: list[int]) -> None:
         for token in new:

@@ -6,8 +6,11 @@ a path to a `.gguf` file, a local directory, or a Hugging Face repo id.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,29 +79,67 @@ def smollm2_gguf() -> Path:
     return Path(spec.submodule_search_locations[0]) / _SMOLLM2_GGUF
 
 
-def _source(spec: str) -> tuple[str, str | None]:
-    """(directory or repo id, gguf file name or None) for from_pretrained."""
+def cache_dir() -> Path:
+    return Path(os.environ.get("SPECDASH_CACHE", Path.home() / ".cache" / "specdash"))
+
+
+def dequantized(gguf: Path) -> Path:
+    """A Hugging Face directory holding `gguf` dequantized, made once per file.
+
+    Parsing a GGUF file takes ~25 s on 2 cores (transformers reads it three times: config, tokenizer,
+    weights); the safetensors copy loads in under a second and gives identical logits.
+    """
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    done = cache_dir() / f"{gguf.stem}-{key}"
+    if (done / "config.json").is_file():
+        return done
+    where, name = str(gguf.parent.resolve()), gguf.name
+    tokenizer = AutoTokenizer.from_pretrained(where, gguf_file=name)
+    model = AutoModelForCausalLM.from_pretrained(where, gguf_file=name, dtype=torch.float32)
+    # The weights are plain fp32 now: saved with the GGUF quantizer attached they would not load back.
+    model.hf_quantizer = None
+    del model.config.quantization_config
+    done.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=done.parent))
+    model.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    try:
+        staging.rename(done)  # atomic: a concurrent converter either wins or finds the finished copy
+    except OSError:
+        shutil.rmtree(staging)
+    return done
+
+
+def _source(spec: str) -> str:
+    """A directory or repo id for from_pretrained."""
     if spec == DEFAULT_MODEL:
-        path = smollm2_gguf()
-        return str(path.parent), path.name
+        return str(dequantized(smollm2_gguf()))
     if spec.endswith(".gguf"):
         path = Path(spec)
         if not path.is_file():
             raise ModelError(f"no such GGUF file: {spec}")
-        return str(path.parent.resolve()), path.name
-    return spec, None
+        return str(dequantized(path))
+    if spec.startswith(("/", ".", "~")) and not Path(spec).expanduser().is_dir():
+        raise ModelError(f"no such model directory: {spec}")
+    return str(Path(spec).expanduser()) if spec.startswith("~") else spec
 
 
 def load(spec: str, device: str | None = None, dtype: str | None = None) -> Loaded:
     """Load a model spec for inference. Offline by default: a repo id must be in the local cache."""
-    where, gguf_file = _source(spec)
     chosen = pick_device(device)
     chosen_dtype = pick_dtype(dtype, chosen)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(where, gguf_file=gguf_file)
-        model = AutoModelForCausalLM.from_pretrained(where, gguf_file=gguf_file, dtype=chosen_dtype)
-    except (OSError, ValueError) as exc:
+        where = _source(spec)
+        tokenizer = AutoTokenizer.from_pretrained(where)
+        model = AutoModelForCausalLM.from_pretrained(where, dtype=chosen_dtype)
+    except ModelError:
+        raise
+    except OSError:
+        raise ModelError(
+            f'cannot load model "{spec}": no such directory, and not in the local Hugging Face cache (no hub access)'
+        ) from None
+    except ValueError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelError(f'cannot load model "{spec}": {first}') from None
     model.to(chosen).eval()

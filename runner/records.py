@@ -22,7 +22,8 @@ class Round:
     draft_s: float  # seconds spent proposing the drafts
     verify_s: float  # seconds of the one target pass
     draft_tokens: tuple[int, ...]  # d1..dk
-    target_tokens: tuple[int, ...]  # greedy: the target's argmax at all k+1 positions; sample: accepted drafts + correction/bonus
+    # greedy: the target's argmax at all k+1 positions; sample: the accepted drafts + the correction or bonus
+    target_tokens: tuple[int, ...]
 
 
 @dataclass(frozen=True)

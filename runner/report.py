@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pandas as pd
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -63,3 +64,19 @@ def print_generation(console: Console, text: str, run: Generation, baseline: Gen
     console.print(text, markup=False, highlight=False)
     console.print(round_table(run, tokenizer))
     console.print(summary_table(summary, run, baseline))
+
+
+def frame_table(frame: pd.DataFrame, title: str | None = None) -> Table:
+    table = Table(title=title, title_justify="left")
+    for column in frame.columns:
+        numeric = pd.api.types.is_numeric_dtype(frame[column])
+        table.add_column(str(column), justify="right" if numeric else "left")
+    for row in frame.itertuples(index=False):
+        table.add_row(*("" if v is None or (isinstance(v, float) and pd.isna(v)) else
+                        format(v, ".3g") if isinstance(v, float) else str(v) for v in row))
+    return table
+
+
+def sweep_table(summary: pd.DataFrame, sweep_id: str) -> Table:
+    """The end-of-sweep table: per category × draft × k, α, τ, thrown share and the two speedups."""
+    return frame_table(summary, title=f"sweep {sweep_id}")

@@ -13,7 +13,6 @@ import json
 import os
 import random
 import time
-from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import quote
@@ -22,6 +21,7 @@ import duckdb
 import pandas as pd
 
 from runner.records import Generation, Round, RunRecord
+from runner.schema import MIGRATIONS, SCHEMA_VERSION
 
 
 class StoreError(Exception):
@@ -40,60 +40,6 @@ class Locked(StoreError):
 _CONFIG = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
 
 
-def _create_runs_and_rounds(con: duckdb.DuckDBPyConnection) -> None:
-    con.execute("""CREATE TABLE runs (
-        run_id TEXT PRIMARY KEY, sweep_id TEXT NOT NULL, started_at TIMESTAMP, target TEXT,
-        draft TEXT, draft_kind TEXT, category TEXT, prompt_id TEXT, prompt_text TEXT, k INTEGER,
-        mode TEXT, temperature DOUBLE, top_p DOUBLE, seed BIGINT, max_new_tokens INTEGER,
-        device TEXT, dtype TEXT, new_tokens INTEGER, n_rounds INTEGER, target_passes INTEGER,
-        draft_calls INTEGER, wall_s DOUBLE, prefill_s DOUBLE, draft_s DOUBLE, verify_s DOUBLE,
-        prompt_tokens INTEGER[], output_tokens INTEGER[], output_text TEXT, stop_reason TEXT,
-        baseline_run_id TEXT, lossless BOOLEAN, status TEXT, error TEXT, torch_version TEXT,
-        transformers_version TEXT, python_version TEXT, host TEXT, git_commit TEXT)""")
-    con.execute("""CREATE TABLE rounds (
-        run_id TEXT, round INTEGER, k INTEGER, accepted INTEGER, rejected INTEGER,
-        thrown INTEGER, bonus BOOLEAN, emitted INTEGER, draft_s DOUBLE, verify_s DOUBLE,
-        draft_tokens INTEGER[], target_tokens INTEGER[], PRIMARY KEY (run_id, round))""")
-
-
-def _create_run_stats(con: duckdb.DuckDBPyConnection) -> None:
-    # Stage by stage so each formula reads as DESIGN §2 writes it; b is the run's baseline.
-    con.execute("""CREATE VIEW run_stats AS
-    WITH per_run AS (
-        SELECT run_id, sum(accepted)::BIGINT AS accepted, sum(rejected)::BIGINT AS rejected,
-               sum(thrown)::BIGINT AS thrown, sum(k)::BIGINT AS drafted, avg(emitted) AS tau
-        FROM rounds GROUP BY run_id),
-    measured AS (
-        SELECT r.*, a.accepted, a.rejected, a.thrown, a.drafted, a.tau,
-               a.accepted / nullif(a.accepted + a.rejected, 0) AS alpha,
-               a.thrown / nullif(a.drafted, 0) AS thrown_share,
-               r.new_tokens / nullif(r.wall_s, 0) AS tokens_per_s,
-               b.new_tokens / nullif(b.wall_s, 0) AS baseline_tokens_per_s,
-               CASE WHEN r.draft <> 'none' THEN (b.wall_s / nullif(b.new_tokens, 0))
-                    / nullif(r.wall_s / nullif(r.new_tokens, 0), 0) END AS measured_speedup,
-               b.verify_s / nullif(b.n_rounds, 0) AS target_pass_s,
-               r.verify_s / nullif(r.n_rounds, 0) AS verify_pass_s,
-               r.draft_s / nullif(a.drafted, 0) AS draft_token_s
-        FROM runs r LEFT JOIN per_run a USING (run_id)
-        LEFT JOIN runs b ON b.run_id = r.baseline_run_id
-        WHERE r.status = 'ok'),
-    with_c AS (SELECT *, draft_token_s / nullif(target_pass_s, 0) AS c FROM measured)
-    SELECT run_id, sweep_id, target, draft, draft_kind, category, prompt_id, k, mode,
-           temperature, top_p, seed, device, dtype, new_tokens, n_rounds, accepted, rejected,
-           thrown, drafted, alpha, tau, thrown_share, tokens_per_s, baseline_tokens_per_s,
-           measured_speedup, target_pass_s, verify_pass_s, draft_token_s, c,
-           CASE WHEN alpha = 1 THEN (k + 1) / (1 + k * c)  -- the limit of the formula at α = 1
-                ELSE (1 - pow(alpha, k + 1)) / ((1 - alpha) * (1 + k * c))
-           END AS theoretical_speedup,
-           lossless
-    FROM with_c""")
-
-
-MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
-    _create_runs_and_rounds,
-    _create_run_stats,
-]
-SCHEMA_VERSION = len(MIGRATIONS)
 
 _RUN_COLUMNS = (
     "run_id", "sweep_id", "started_at", "target", "draft", "draft_kind", "category", "prompt_id", "prompt_text", "k",
@@ -389,3 +335,20 @@ def list_sweeps(db_path: str | os.PathLike, lock_timeout_s: float = 30.0) -> pd.
     """One row per sweep, newest first."""
     columns = ["sweep_id", "started", "target", "drafts", "runs", "errors", "lossless_failures"]
     return pd.DataFrame(_read(Path(db_path), _SWEEPS, [], lock_timeout_s), columns=columns)
+
+
+_SWEEP_SUMMARY = """SELECT category, draft, k, mode, count(*) AS runs,
+    round(sum(accepted) / nullif(sum(accepted) + sum(rejected), 0), 3) AS alpha,
+    round(avg(tau), 2) AS tau, round(sum(thrown) / nullif(sum(drafted), 0), 3) AS thrown_share,
+    round(exp(avg(ln(measured_speedup))), 2) AS measured_speedup,
+    round(exp(avg(ln(theoretical_speedup))), 2) AS predicted_speedup,
+    count(*) FILTER (lossless = false) AS lossless_failures
+    FROM run_stats WHERE sweep_id = ? AND draft <> 'none'
+    GROUP BY ALL ORDER BY category, draft, k, mode"""
+
+
+def sweep_summary(db_path: str | os.PathLike, sweep_id: str, lock_timeout_s: float = 30.0) -> pd.DataFrame:
+    """Per category × draft × k × mode: pooled α and thrown share, mean τ, geometric-mean speedups."""
+    columns = ["category", "draft", "k", "mode", "runs", "alpha", "tau", "thrown_share", "measured_speedup",
+               "predicted_speedup", "lossless_failures"]
+    return pd.DataFrame(_read(Path(db_path), _SWEEP_SUMMARY, [sweep_id], lock_timeout_s), columns=columns)

@@ -1,0 +1,56 @@
+"""Shared fixtures: the real default model, and tiny random models saved as real HF directories."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import Tokenizer, pre_tokenizers
+from tokenizers import models as tok_models
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from runner import models
+
+
+def tiny_llama(vocab_size: int, seed: int, layers: int = 2) -> LlamaForCausalLM:
+    """A randomly initialised Llama small enough to decode in milliseconds."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> models.Loaded:
+    return models.load(models.DEFAULT_MODEL)
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory, smollm2: models.Loaded) -> Path:
+    """A tiny random model with SmolLM2's tokenizer, so it can draft for SmolLM2 and vice versa."""
+    path = tmp_path_factory.mktemp("tiny")
+    model = tiny_llama(len(smollm2.tokenizer), seed=1, layers=4)
+    model.generation_config.eos_token_id = smollm2.tokenizer.eos_token_id
+    model.save_pretrained(path)
+    smollm2.tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny(tiny_dir: Path) -> models.Loaded:
+    return models.load(str(tiny_dir))
+
+
+@pytest.fixture(scope="session")
+def foreign_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny model whose tokenizer is not SmolLM2's: a draft for SmolLM2 must be refused."""
+    path = tmp_path_factory.mktemp("foreign")
+    vocab = {f"w{i}": i for i in range(100)} | {"[UNK]": 100}
+    core = Tokenizer(tok_models.WordLevel(vocab, unk_token="[UNK]"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=core, unk_token="[UNK]", eos_token="w0").save_pretrained(path)
+    tiny_llama(101, seed=2).save_pretrained(path)
+    return path

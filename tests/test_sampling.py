@@ -1,0 +1,108 @@
+"""Speculative sampling reproduces the target's distribution; temperature, top-p and the residual rule."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from runner.decode import generate
+from runner.drafters import ModelDrafter
+from runner.models import Loaded
+from runner.sampling import Decoding, accept_greedy, accept_sampled, probabilities, residual
+from tests.conftest import tiny_llama
+
+
+def test_temperature_divides_the_logits():
+    logits = torch.tensor([0.5, 0.3, 0.2]).log()
+    probs = probabilities(logits, Decoding("sample", 0.5, 1.0))
+    torch.testing.assert_close(probs, torch.tensor([0.25, 0.09, 0.04]) / 0.38)
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    logits = torch.tensor([0.05, 0.5, 0.15, 0.3]).log()
+    probs = probabilities(logits, Decoding("sample", 1.0, 0.75))
+    torch.testing.assert_close(probs, torch.tensor([0.0, 0.625, 0.0, 0.375]))
+    # the most likely token alone when it already reaches p
+    assert probabilities(logits, Decoding("sample", 1.0, 0.4)).tolist() == [0.0, 1.0, 0.0, 0.0]
+
+
+def test_residual_is_the_normalised_positive_part_of_p_minus_q():
+    p, q = torch.tensor([0.5, 0.3, 0.2, 0.0]), torch.tensor([0.2, 0.6, 0.1, 0.1])
+    torch.testing.assert_close(residual(p, q, 1), torch.tensor([0.75, 0.0, 0.25, 0.0]))
+    # a deterministic draft (prompt lookup) is a point mass: the residual is p without it
+    torch.testing.assert_close(residual(p, None, 0), torch.tensor([0.0, 0.6, 0.4, 0.0]))
+
+
+def test_greedy_acceptance_counts_leading_matches():
+    assert accept_greedy([5, 6, 7], [5, 6, 9, 1]) == 2
+    assert accept_greedy([5, 6, 7], [5, 6, 7, 1]) == 3
+    assert accept_greedy([], [4]) == 0
+
+
+P = torch.tensor([[0.5, 0.25, 0.15, 0.1], [0.1, 0.2, 0.3, 0.4], [0.25, 0.25, 0.25, 0.25]])
+Q = torch.tensor([[0.1, 0.6, 0.2, 0.1], [0.4, 0.3, 0.2, 0.1]])
+
+
+def _sample_rounds(q: torch.Tensor | None, n: int) -> tuple[list[int], list[int]]:
+    """Many one-round draws from hand-built p and q: the first emitted token, and the second when
+    the first draft was accepted."""
+    gen = torch.Generator().manual_seed(1234)
+    first, second = [], []
+    for _ in range(n):
+        drafts = torch.multinomial(Q, 1, generator=gen).view(-1) if q is not None else torch.tensor([1, 3])
+        accepted, token = accept_sampled(drafts, q, P, gen)
+        emitted = drafts[:accepted].tolist() + [token]
+        first.append(emitted[0])
+        if accepted >= 1:
+            second.append(emitted[1])
+    return first, second
+
+
+def _p_value(samples: list[int], expected: torch.Tensor) -> float:
+    counts = torch.bincount(torch.tensor(samples), minlength=expected.numel()).double()
+    return chisquare(counts.numpy(), (expected.double() * len(samples)).numpy()).pvalue
+
+
+@pytest.mark.parametrize("q", [Q, None], ids=["draft-model", "point-mass-draft"])
+def test_speculative_sampling_reproduces_the_targets_distribution(q):
+    first, second = _sample_rounds(q, 20_000)
+    assert _p_value(first, P[0]) > 1e-3
+    assert _p_value(second, P[1]) > 1e-3
+    # The test has power: the draft's own distribution is rejected outright.
+    assert _p_value(first, Q[0]) < 1e-12
+
+
+def test_end_to_end_sampling_matches_the_targets_joint_distribution():
+    """A tiny target and a different tiny draft, vocabulary 8: the joint law of the first two tokens
+    out of `generate` equals the target's, computed exactly by an independent full forward pass."""
+    vocab, decoding, prompt, n = 8, Decoding("sample", 0.5, 0.9), [1, 2, 3], 4000
+    target = Loaded("tiny-target", _peaked(tiny_llama(vocab, seed=3)), None, torch.device("cpu"), torch.float32)
+    draft = _peaked(tiny_llama(vocab, seed=4))
+    counts = torch.zeros(vocab, vocab)
+    for seed in range(n):
+        gen = torch.Generator().manual_seed(seed)
+        out = generate(target, ModelDrafter(draft, decoding, gen), prompt, 2, decoding, 3, gen).output_tokens
+        counts[out[0], out[1]] += 1
+    with torch.inference_mode():
+        p1 = probabilities(target.model(torch.tensor([prompt])).logits[0, -1], decoding)
+        rows = torch.tensor([prompt + [x] for x in range(vocab)])
+        p2 = probabilities(target.model(rows).logits[:, -1], decoding)  # (x1, x2)
+    joint = (p1[:, None] * p2).view(-1)
+    observed = counts.view(-1)
+    big = joint * n >= 5  # chi-square needs expected counts of 5 or more; the rest is pooled
+    expected = torch.cat([joint[big], joint[~big].sum().view(1)]) * n
+    got = torch.cat([observed[big], observed[~big].sum().view(1)])
+    keep = expected > 0
+    assert chisquare(got[keep].numpy(), expected[keep].numpy() * got.sum().item() / expected.sum().item()).pvalue > 1e-3
+    assert math.isclose(counts.sum().item(), n)
+
+
+def _peaked(model: torch.nn.Module) -> torch.nn.Module:
+    """Random init gives near-uniform outputs; scale the head so the distributions have shape."""
+    model.generation_config.eos_token_id = 99  # outside the vocabulary: never stops early
+    with torch.no_grad():
+        model.lm_head.weight.mul_(40)
+    return model
