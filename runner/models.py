@@ -16,6 +16,11 @@ from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.utils import logging as hf_logging
+
+# stderr belongs to our progress bar and one-line errors, not to loading bars and advisory warnings.
+hf_logging.disable_progress_bar()
+hf_logging.set_verbosity_error()
 
 DEFAULT_MODEL = "smollm2-135m"
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -131,8 +136,10 @@ def load(spec: str, device: str | None = None, dtype: str | None = None) -> Load
     chosen_dtype = pick_dtype(dtype, chosen)
     try:
         where = _source(spec)
-        tokenizer = AutoTokenizer.from_pretrained(where)
-        model = AutoModelForCausalLM.from_pretrained(where, dtype=chosen_dtype)
+        # No model hub is assumed: repo ids come from the local Hugging Face cache unless HF_HUB_OFFLINE=0.
+        local = os.environ.get("HF_HUB_OFFLINE", "1") != "0"
+        tokenizer = AutoTokenizer.from_pretrained(where, local_files_only=local)
+        model = AutoModelForCausalLM.from_pretrained(where, dtype=chosen_dtype, local_files_only=local)
     except ModelError:
         raise
     except OSError:
