@@ -60,8 +60,14 @@ def _create_run_stats(con: duckdb.DuckDBPyConnection) -> None:
     FROM with_c""")
 
 
+def _add_device_name(con: duckdb.DuckDBPyConnection) -> None:
+    # "cuda" alone does not say which GPU; throughput comparisons need the model of the chip.
+    con.execute("ALTER TABLE runs ADD COLUMN device_name TEXT")
+
+
 MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     _create_runs_and_rounds,
     _create_run_stats,
+    _add_device_name,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
