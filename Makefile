@@ -23,5 +23,15 @@ browser:
 test: setup browser
 	$(PY) -m pytest -q
 
+# A quick sweep (a few minutes on 2 CPU cores), its summary, then the dashboard over everything recorded.
+run: setup
+	$(PY) -m runner sweep --draft ngram --draft layerskip:24 --k 2,4 --prompts-per-category 2 \
+		--max-new-tokens 48 --db $(DB)
+	$(PY) -m streamlit run dashboard/app.py --server.headless=true --server.port=$(PORT) \
+		--browser.gatherUsageStats=false -- --db $(DB)
+
+bench: setup
+	$(PY) bench/bench.py --db $(DB)
+
 lint: setup
 	$(PY) -m ruff check runner dashboard tests bench

@@ -1,0 +1,42 @@
+"""The README is the contract for SQL users: every column and every command must be in it."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from runner.cli import app
+from runner.schema import MIGRATIONS
+
+README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+
+
+def _section(title: str) -> str:
+    start = README.index(title)
+    end = README.find("\n### ", start + len(title))
+    return README[start : end if end > 0 else None]
+
+
+def _columns(relation: str) -> list[str]:
+    con = duckdb.connect()
+    for migration in MIGRATIONS:
+        migration(con)
+    return [name for name, *_ in con.execute(f"DESCRIBE {relation}").fetchall()]
+
+
+@pytest.mark.parametrize("relation", ["runs", "rounds", "run_stats"])
+def test_the_readme_documents_every_column(relation):
+    section = _section(f"### `{relation}`")
+    documented = set(re.findall(r"\b[a-z_]+\b", section))
+    missing = [c for c in _columns(relation) if c not in documented]
+    assert missing == []
+
+
+def test_the_readme_shows_every_command():
+    commands = sorted(c.name or c.callback.__name__ for c in app.registered_commands)
+    assert commands == ["generate", "list", "sql", "sweep"]
+    for command in commands:
+        assert f"python -m runner {command}" in README
