@@ -56,10 +56,21 @@ class Cell:
         return (self.prompt.id, self.draft.text, self.k, d.mode, d.temperature, d.top_p, seed)
 
 
+def interleaved(prompts: tuple[Prompt, ...]) -> list[Prompt]:
+    """The first prompt of every category, then the second of each, …: a sweep cut short still covers
+    every category."""
+    rank: dict[str, int] = {}
+    order = []
+    for position, prompt in enumerate(prompts):
+        rank[prompt.category] = rank.get(prompt.category, -1) + 1
+        order.append((rank[prompt.category], position, prompt))
+    return [prompt for *_, prompt in sorted(order, key=lambda item: item[:2])]
+
+
 def plan(config: SweepConfig) -> Iterator[Cell]:
     """Baseline first, so each speculative run can be checked against it as soon as it finishes."""
     drafts = [parse_draft(d) for d in config.drafts]
-    for prompt in config.prompts:
+    for prompt in interleaved(config.prompts):
         for decoding in config.decodings:
             yield Cell(prompt, decoding, BASELINE, None)
             for draft in drafts:

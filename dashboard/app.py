@@ -1,0 +1,27 @@
+"""specdash dashboard: `streamlit run dashboard/app.py [-- --db runs.duckdb]` (or set SPECDASH_DB).
+
+The router: page config, the navigation, and where the database is. Each page is its own file so
+that every page keeps its URL (/, /compare, /replay, /sql) and its state in the query string.
+"""
+
+import sys
+from pathlib import Path
+
+# `streamlit run` puts this file's folder on sys.path, not the project root that holds `runner`.
+ROOT = str(Path(__file__).resolve().parent.parent)
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import streamlit as st  # noqa: E402
+
+from dashboard import common  # noqa: E402
+
+st.set_page_config(page_title="specdash", page_icon="⚡", layout="wide")
+page = st.navigation([
+    st.Page("overview.py", title="Overview", icon=":material/monitoring:", url_path="overview", default=True),
+    st.Page("compare.py", title="Compare drafts", icon=":material/leaderboard:", url_path="compare"),
+    st.Page("replay.py", title="Run replay", icon=":material/replay:", url_path="replay"),
+    st.Page("sql_page.py", title="SQL", icon=":material/database:", url_path="sql"),
+])
+st.sidebar.caption(f"database: `{common.db_path()}`")
+page.run()

@@ -1,0 +1,86 @@
+"""Pure `frame -> alt.Chart` functions over the long frames of `frames`.
+
+Every layered chart reads ONE frame and picks its rows with `transform_filter` on `source`: layering
+two frames and then faceting fails in Altair (DESIGN §8).
+"""
+
+from __future__ import annotations
+
+import altair as alt
+import pandas as pd
+
+from dashboard.frames import BEST_K, MEASURED, THEORY
+
+FACET_COLUMNS = 3
+PANEL = {"width": 240, "height": 200}  # three panels and their axes fit the wide layout's main column
+_ALPHA = alt.X("alpha:Q", title="α (acceptance rate)", scale=alt.Scale(domain=[0, 1]))
+_SPEEDUP = alt.Y("speedup:Q", title="speedup over plain decoding")
+# Streamlit's theme colours categories in shades of one blue; a categorical scheme tells them apart.
+_SCHEME = alt.Scale(scheme="tableau10")
+_K = alt.X("k:Q", title="k (drafts per round)", axis=alt.Axis(tickMinStep=1, format="d"))
+
+
+def _is(source: str) -> alt.Predicate:
+    return alt.FieldEqualPredicate(field="source", equal=source)
+
+
+def _rule_at_one(base: alt.Chart, groupby: list[str]) -> alt.Chart:
+    """A dashed rule at y = 1, drawn once per facet (one aggregated row, not one per data row)."""
+    return (base.transform_aggregate(rows="count()", groupby=groupby)
+            .mark_rule(color="#999", strokeDash=[4, 4]).encode(y=alt.datum(1)))
+
+
+def speedup_vs_theory(frame: pd.DataFrame, k: int) -> alt.FacetChart:
+    """The formula's curve (1 − α^(k+1)) / ((1 − α)(1 + k·c)) per series, each run a dot on it."""
+    base = alt.Chart(frame)
+    curve = base.transform_filter(_is(THEORY)).mark_line(color="#555").encode(
+        _ALPHA, _SPEEDUP, tooltip=[alt.Tooltip("alpha:Q", format=".2f", title="α"),
+                                   alt.Tooltip("speedup:Q", format=".2f", title="formula"),
+                                   alt.Tooltip("c:Q", format=".3f")])
+    runs = base.transform_filter(_is(MEASURED)).mark_circle(size=90, opacity=0.85).encode(
+        _ALPHA, _SPEEDUP, color=alt.Color("category:N", title="category", scale=_SCHEME),
+        tooltip=["run_id:N", "category:N", "prompt_id:N",
+                 alt.Tooltip("alpha:Q", format=".3f", title="α"),
+                 alt.Tooltip("speedup:Q", format=".2f", title="measured speedup"),
+                 alt.Tooltip("predicted:Q", format=".2f", title="formula at this run's α, c"),
+                 alt.Tooltip("tau:Q", format=".2f", title="τ"), alt.Tooltip("c:Q", format=".3f")])
+    layered = alt.layer(curve, _rule_at_one(base, ["series"]), runs).properties(**PANEL)
+    return layered.facet(facet=alt.Facet("series:N", title=None), columns=FACET_COLUMNS).properties(
+        title=f"measured speedup against the formula's curve, k = {k} (line: theory at the measured c)")
+
+
+def speedup_by_k(frame: pd.DataFrame) -> alt.FacetChart:
+    """Per category: measured speedup (solid) and the formula's (dashed) against k; ◆ the formula's best k."""
+    base = alt.Chart(frame)
+    series = alt.Color("series:N", title="draft · mode", scale=_SCHEME)
+    lines = base.transform_filter(alt.FieldOneOfPredicate(field="source", oneOf=[THEORY, MEASURED])).mark_line(
+    ).encode(_K, _SPEEDUP, series, strokeDash=alt.StrokeDash("source:N", title=None,
+                                                             sort=[MEASURED, THEORY]))
+    points = base.transform_filter(_is(MEASURED)).mark_circle(size=70).encode(
+        _K, _SPEEDUP, series, tooltip=["series:N", "category:N", "k:Q", "runs:Q",
+                                       alt.Tooltip("speedup:Q", format=".2f", title="measured speedup"),
+                                       alt.Tooltip("alpha:Q", format=".3f", title="α"),
+                                       alt.Tooltip("tau:Q", format=".2f", title="τ")])
+    best = base.transform_filter(_is(BEST_K)).mark_point(shape="diamond", size=160, filled=True).encode(
+        _K, _SPEEDUP, series, tooltip=["series:N", alt.Tooltip("k:Q", title="formula's best k"),
+                                       alt.Tooltip("speedup:Q", format=".2f", title="formula's speedup"),
+                                       alt.Tooltip("alpha:Q", format=".3f", title="pooled α"),
+                                       alt.Tooltip("c:Q", format=".3f")])
+    layered = alt.layer(lines, _rule_at_one(base, ["category"]), points, best).properties(**PANEL)
+    # Independent k axes: a formula's best k far beyond the recorded ones must not squash other panels.
+    faceted = layered.facet(facet=alt.Facet("category:N", title=None), columns=FACET_COLUMNS)
+    return faceted.resolve_scale(x="independent").properties(
+        title="speedup against k per category (◆ the formula's best k at the pooled α and c)")
+
+
+def verify_growth(frame: pd.DataFrame) -> alt.LayerChart:
+    """Mean verify-pass time by drafts per pass, relative to a one-token pass; the explainer assumes 1."""
+    base = alt.Chart(frame).transform_calculate(setup=alt.datum.target + " on " + alt.datum.device)
+    y = alt.Y("relative:Q", title="verify pass time / one-token pass", scale=alt.Scale(zero=True))
+    measured = base.mark_line(point=True).encode(
+        _K.title("drafts verified in the pass (k of the round)"), y,
+        color=alt.Color("setup:N", title=None, scale=_SCHEME),
+        tooltip=["setup:N", "k:Q", "rounds:Q", alt.Tooltip("relative:Q", format=".2f", title="× one-token pass"),
+                 alt.Tooltip("verify_s:Q", format=".4f", title="mean verify s")])
+    return alt.layer(measured, _rule_at_one(base, [])).properties(
+        width=420, height=240, title="verify pass time against k (dashed: the explainer's flat assumption)")

@@ -1,0 +1,94 @@
+"""What every page shares: where the database is, cached reads, the empty state, URL-bound filters."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+import streamlit as st
+
+from dashboard import queries
+from runner.store import StoreError
+
+T = TypeVar("T")
+DB_ENV = "SPECDASH_DB"
+DEFAULT_DB = "runs.duckdb"
+# The URL parameter (and widget key, bind="query-params") of each filter whose field name is too long.
+_URL_KEYS = {"sweep_id": "sweep"}
+
+
+def db_path() -> Path:
+    """`--db PATH` after `--` on the streamlit command line, else $SPECDASH_DB, else ./runs.duckdb."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--db")
+    # parse_known_args: under AppTest sys.argv is pytest's own command line.
+    chosen = parser.parse_known_args(sys.argv[1:])[0].db or os.environ.get(DB_ENV) or DEFAULT_DB
+    return Path(chosen).expanduser().resolve()
+
+
+def _stamp(db: Path) -> tuple:
+    """Changes whenever the runner commits (to the file or its WAL), so a refresh shows new runs."""
+    stamp: list = []
+    for path in (db, db.with_name(db.name + ".wal")):
+        try:
+            stat = path.stat()
+            stamp += [stat.st_mtime_ns, stat.st_size]
+        except FileNotFoundError:
+            stamp += [None, None]
+    return tuple(stamp)
+
+
+@st.cache_data(ttl=600, max_entries=500, show_spinner=False)
+def _cached(_query: Callable[..., T], name: str, db: str, stamp: tuple, args: tuple) -> T:
+    # Streamlit cannot hash a function: `name` stands for `_query` in the cache key.
+    return queries.read(db, _query, *args)
+
+
+def load(query: Callable[..., T], *args: object) -> T:
+    """`query(con, *args)` on a short-lived read-only connection, cached until the file changes."""
+    db = db_path()
+    return _cached(query, f"{query.__module__}.{query.__qualname__}", str(db), _stamp(db), args)
+
+
+def _empty_state(message: str, db: Path) -> None:
+    st.info(f"{message} Record some runs, then refresh this page.")
+    st.markdown(f"""\
+A small sweep (baselines plus speculative runs for every prompt × draft × k):
+
+```
+make run
+python -m runner sweep --draft ngram --draft layerskip:20 --k 2,4 --db {db}
+```
+
+Another database: `streamlit run dashboard/app.py -- --db PATH`, or set `{DB_ENV}=PATH`.""")
+
+
+def require_data(db: Path, need_runs: bool = True) -> bool:
+    """Show the empty state, or the file's problem, instead of a traceback; True when the page can go on."""
+    if not db.exists():
+        _empty_state(f"There is no database at `{db}` yet.", db)
+        return False
+    try:
+        count = load(queries.run_count)
+    except StoreError as error:
+        st.error(str(error))
+        st.caption(f"Point the dashboard at a specdash database: `--db PATH` or `{DB_ENV}=PATH`.")
+        return False
+    if need_runs and count == 0:
+        _empty_state(f"`{db}` holds no runs yet.", db)
+        return False
+    return True
+
+
+def filter_widgets(options: dict[str, list], names: Sequence[str]) -> queries.Filters:
+    """Sidebar multiselects bound to the URL, so a copied URL carries them; none picked means all."""
+    picked = {}
+    for name in names:
+        key = _URL_KEYS.get(name, name)
+        picked[name] = tuple(st.sidebar.multiselect(key, options[name], key=key, bind="query-params",
+                                                    placeholder="all"))
+    return queries.Filters(**picked)

@@ -1,0 +1,91 @@
+"""Overview: acceptance, thrown drafts, τ and speedup per category × draft × k, against the theory."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from dashboard import charts, common, frames, queries
+
+FILTERS = ("target", "draft", "category", "k", "mode", "device", "sweep_id")
+# In display order: the explainer's numbers first, the counts behind them after.
+CELL_COLUMNS = {
+    "category": st.column_config.TextColumn("category"),
+    "draft": st.column_config.TextColumn("draft"),
+    "k": st.column_config.NumberColumn("k"),
+    "alpha": st.column_config.NumberColumn("α", format="%.3f", help="accepted / (accepted + rejected)"),
+    "tau": st.column_config.NumberColumn("τ", format="%.2f", help="tokens emitted per round, mean over runs"),
+    "thrown": st.column_config.NumberColumn("thrown", help="drafts after a rejection, never judged"),
+    "thrown_share": st.column_config.NumberColumn("thrown share", format="percent", help="thrown / all drafts"),
+    "measured_speedup": st.column_config.NumberColumn("measured ×", format="%.2f", help="geometric mean over runs"),
+    "predicted_speedup": st.column_config.NumberColumn("formula ×", format="%.2f", help="at each run's α and c"),
+    "c": st.column_config.NumberColumn("c", format="%.3f", help="one draft token's time / one target pass"),
+    "runs": st.column_config.NumberColumn("runs"),
+    "accepted": st.column_config.NumberColumn("accepted"),
+    "rejected": st.column_config.NumberColumn("rejected"),
+    "drafted": st.column_config.NumberColumn("drafted"),
+    "lossless_failures": st.column_config.NumberColumn("lossless ✗", help="greedy runs whose output differs"),
+    "mode": st.column_config.TextColumn("mode"),
+    "target": st.column_config.TextColumn("target"),
+}
+
+
+def _headline(totals: pd.Series) -> None:
+    cols = st.columns(5)
+    cols[0].metric("speculative runs", f"{int(totals['runs']):,}", help="baselines not counted")
+    cols[1].metric("α", f"{totals['alpha']:.3f}", help="all accepted / all judged drafts")
+    cols[2].metric("τ", f"{totals['tau']:.2f}", help="tokens per round, mean over runs")
+    cols[3].metric("thrown drafts", f"{int(totals['thrown']):,} of {int(totals['drafted']):,}",
+                   f"{totals['thrown_share']:.0%} of all drafts", delta_color="off", delta_arrow="off")
+    speedup = totals["measured_speedup"]
+    cols[4].metric("measured speedup", "n/a" if pd.isna(speedup) else f"{speedup:.2f}×", help="geometric mean")
+
+
+def _theory_chart(runs: pd.DataFrame, ks: list[int]) -> None:
+    st.subheader("Measured speedup against the theory")
+    k = st.selectbox("k for this chart", ks, key="chart_k", bind="query-params")
+    frame = frames.theory_vs_measured(runs, k)
+    if frame.empty:
+        st.info("No run at this k has a baseline to measure its speedup against.")
+        return
+    st.altair_chart(charts.speedup_vs_theory(frame, k))
+    st.caption("Each dot is one run at (α, measured speedup); the line is the formula "
+               "(1 − α^(k+1)) / ((1 − α)(1 + k·c)) at the mean c of the draft's runs at this k.")
+
+
+def _runs_table(runs: pd.DataFrame) -> None:
+    with st.expander(f"runs ({len(runs)}): open one in the replay"):
+        table = runs.assign(replay="replay?run=" + runs["run_id"])
+        st.dataframe(table, hide_index=True, column_order=["replay", *runs.columns], column_config={
+            "replay": st.column_config.LinkColumn("replay", display_text="open ↗"),
+            **{name: CELL_COLUMNS[name] for name in ("alpha", "tau", "thrown_share", "c")},
+            "measured_speedup": st.column_config.NumberColumn("measured ×", format="%.2f"),
+            "theoretical_speedup": st.column_config.NumberColumn("formula ×", format="%.2f"),
+        })
+
+
+def render() -> None:
+    st.title("Overview")
+    if not common.require_data(common.db_path()):
+        return
+    filters = common.filter_widgets(common.load(queries.filter_options), FILTERS)
+    cells = common.load(queries.cells, filters)
+    if cells.empty:
+        st.info("No speculative run matches these filters.")
+        return
+    _headline(common.load(queries.totals, filters).iloc[0])
+    st.subheader("Acceptance per category × draft × k")
+    st.dataframe(cells, hide_index=True, column_config=CELL_COLUMNS, column_order=list(CELL_COLUMNS))
+    runs = common.load(queries.runs, filters)
+    _theory_chart(runs, sorted(int(k) for k in cells["k"].unique()))
+    st.subheader("Speedup against k")
+    st.altair_chart(charts.speedup_by_k(frames.speedup_by_k(cells)))
+    st.subheader("Verify pass time against k")
+    st.altair_chart(charts.verify_growth(common.load(queries.verify_growth, filters)))
+    st.caption("The explainer assumes one target pass costs the same for 1 and for k+1 tokens. Each point is "
+               "the mean verify time of rounds that verified k drafts, over the baselines' one-token pass.")
+    _runs_table(runs)
+
+
+if __name__ == "__main__":  # st.navigation runs each page file as __main__
+    render()

@@ -1,0 +1,191 @@
+"""The dashboard's reads: pure `(con, …) -> DataFrame` functions, aggregation done in DuckDB.
+
+No Streamlit here. Every value a user picks travels as a `?` parameter; column names come only
+from the fixed fields of `Filters`. Cells pool α and the thrown share over their runs' drafts, average
+τ and c over runs, and take the geometric mean of speedups (ratios), as `runner sweep` reports them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import astuple, dataclass, fields
+from typing import TypeVar
+
+import duckdb
+import pandas as pd
+
+from runner.store import open_db, schema_version
+
+T = TypeVar("T")
+# A reader waits this long for the runner's write transaction (milliseconds each) before giving up.
+LOCK_BOUND_S = 10.0
+
+
+@dataclass(frozen=True)
+class Filters:
+    """The selected values per `runs` column; an empty tuple selects everything."""
+
+    target: tuple[str, ...] = ()
+    draft: tuple[str, ...] = ()
+    category: tuple[str, ...] = ()
+    k: tuple[int, ...] = ()
+    mode: tuple[str, ...] = ()
+    device: tuple[str, ...] = ()
+    sweep_id: tuple[str, ...] = ()
+
+    def where(self, alias: str = "", skip: tuple[str, ...] = ()) -> tuple[str, list]:
+        """A SQL condition (always valid, 'true' when nothing is picked) and its parameters."""
+        clauses, params = ["true"], []
+        for field, values in zip(fields(self), astuple(self), strict=True):
+            if values and field.name not in skip:
+                clauses.append(f"{alias}{field.name} IN ({', '.join('?' * len(values))})")
+                params.extend(values)
+        return " AND ".join(clauses), params
+
+
+def read(db_path: str | os.PathLike, query: Callable[..., T], *args: object) -> T:
+    """Run one query function on a short-lived read-only connection, so the runner can write between reads."""
+    con, _ = open_db(db_path, read_only=True, bound_s=LOCK_BOUND_S)
+    try:
+        return query(con, *args)
+    finally:
+        con.close()
+
+
+def _frame(con: duckdb.DuckDBPyConnection, sql: str, params: list) -> pd.DataFrame:
+    return con.execute(sql, params).df()
+
+
+def run_count(con: duckdb.DuckDBPyConnection) -> int:
+    """Recorded runs; 0 for a database the runner has not written yet. Refuses foreign files (StoreError)."""
+    if schema_version(con) == 0:
+        return 0
+    return con.execute("SELECT count(*) FROM runs").fetchone()[0]
+
+
+def filter_options(con: duckdb.DuckDBPyConnection) -> dict[str, list]:
+    """The values each filter can take, from the speculative runs that have statistics."""
+    names = [field.name for field in fields(Filters)]
+    lists = ", ".join(f"list(DISTINCT {name} ORDER BY {name})" for name in names)
+    row = con.execute(f"SELECT {lists} FROM run_stats WHERE draft <> 'none'").fetchone()
+    return {name: values or [] for name, values in zip(names, row, strict=True)}
+
+
+def cells(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
+    """One row per target × mode × category × draft × k."""
+    where, params = filters.where()
+    return _frame(con, f"""
+        SELECT target, mode, category, draft, k, count(*) AS runs,
+            sum(accepted)::BIGINT AS accepted, sum(rejected)::BIGINT AS rejected,
+            sum(thrown)::BIGINT AS thrown, sum(drafted)::BIGINT AS drafted,
+            sum(accepted) / nullif(sum(accepted) + sum(rejected), 0) AS alpha,
+            sum(thrown) / nullif(sum(drafted), 0) AS thrown_share,
+            avg(tau) AS tau, avg(c) AS c,
+            exp(avg(ln(measured_speedup))) AS measured_speedup,
+            exp(avg(ln(theoretical_speedup))) AS predicted_speedup,
+            count(*) FILTER (lossless = false) AS lossless_failures
+        FROM run_stats WHERE draft <> 'none' AND {where}
+        GROUP BY ALL ORDER BY target, mode, category, draft, k""", params)
+
+
+def totals(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
+    """One row: the headline numbers over every selected speculative run."""
+    where, params = filters.where()
+    return _frame(con, f"""
+        SELECT count(*) AS runs, sum(n_rounds)::BIGINT AS rounds, sum(drafted)::BIGINT AS drafted,
+            sum(thrown)::BIGINT AS thrown, sum(thrown) / nullif(sum(drafted), 0) AS thrown_share,
+            sum(accepted) / nullif(sum(accepted) + sum(rejected), 0) AS alpha,
+            avg(tau) AS tau,
+            exp(avg(ln(measured_speedup))) AS measured_speedup
+        FROM run_stats WHERE draft <> 'none' AND {where}""", params)
+
+
+def runs(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
+    """One row per selected speculative run, newest first."""
+    where, params = filters.where(alias="s.")
+    return _frame(con, f"""
+        SELECT s.run_id, r.started_at, s.target, s.mode, s.category, s.prompt_id, s.draft, s.k,
+            s.alpha, s.tau, s.thrown_share, s.c, s.measured_speedup, s.theoretical_speedup, s.lossless
+        FROM run_stats s JOIN runs r USING (run_id)
+        WHERE s.draft <> 'none' AND {where} ORDER BY r.started_at DESC, s.run_id""", params)
+
+
+def verify_growth(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
+    """Mean verify-pass time by drafts per pass, relative to the baselines' one-token pass.
+
+    The explainer assumes a pass costs the same for 1 and for k+1 tokens; this measures it. Baselines
+    have no draft and no k, so only the other filters pick them.
+    """
+    spec_where, spec_params = filters.where(alias="s.")
+    base_where, base_params = filters.where(alias="s.", skip=("draft", "k"))
+    return _frame(con, f"""
+        WITH picked AS (
+            SELECT s.target, s.device, r.k, r.verify_s, s.draft = 'none' AS baseline
+            FROM rounds r JOIN runs s USING (run_id)
+            WHERE s.status = 'ok' AND ((s.draft <> 'none' AND {spec_where}) OR (s.draft = 'none' AND {base_where}))),
+        one_token AS (
+            SELECT target, device, avg(verify_s) AS one_token_s FROM picked WHERE baseline GROUP BY ALL)
+        SELECT target, device, k, count(*) AS rounds, avg(verify_s) AS verify_s,
+            avg(verify_s) / any_value(one_token_s) AS relative
+        FROM picked LEFT JOIN one_token USING (target, device)
+        GROUP BY ALL ORDER BY target, device, k""", spec_params + base_params)
+
+
+def lossless_rates(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
+    """Per target × mode × draft: runs, and the share of checked runs whose output equals the baseline's."""
+    where, params = filters.where()
+    return _frame(con, f"""
+        SELECT target, mode, draft, count(*) AS runs, avg(lossless::INTEGER) AS lossless_rate
+        FROM run_stats WHERE draft <> 'none' AND {where}
+        GROUP BY ALL ORDER BY target, mode, draft""", params)
+
+
+def draft_categories(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
+    """Per target × mode × draft × category: α over every k, and the k with the best measured speedup."""
+    where, params = filters.where()
+    return _frame(con, f"""
+        WITH cell AS (
+            SELECT target, mode, draft, category, k, sum(accepted) AS accepted, sum(rejected) AS rejected,
+                avg(tau) AS tau, exp(avg(ln(measured_speedup))) AS speedup
+            FROM run_stats WHERE draft <> 'none' AND {where} GROUP BY ALL)
+        SELECT target, mode, draft, category,
+            sum(accepted) / nullif(sum(accepted) + sum(rejected), 0) AS alpha,
+            arg_max(k, speedup) AS best_k, max(speedup) AS best_speedup, arg_max(tau, speedup) AS tau_at_best_k
+        FROM cell GROUP BY ALL ORDER BY target, mode, draft, category""", params)
+
+
+def run_choices(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
+    """Every run, newest first, with what a picker needs to describe it."""
+    return _frame(con, """
+        SELECT run_id, started_at, category, prompt_id, draft, k, mode, status
+        FROM runs ORDER BY started_at DESC, run_id""", [])
+
+
+def run_detail(con: duckdb.DuckDBPyConnection, run_id: str) -> pd.DataFrame:
+    """One row: the run, its statistics and its baseline's output (to find where a lossy run differs)."""
+    return _frame(con, """
+        SELECT r.run_id, r.sweep_id, r.started_at, r.target, r.draft, r.draft_kind, r.category, r.prompt_id,
+            r.prompt_text, r.k, r.mode, r.temperature, r.top_p, r.seed, r.max_new_tokens, r.device, r.dtype,
+            r.new_tokens, r.n_rounds, r.wall_s, r.draft_s, r.verify_s, r.output_tokens, r.output_text,
+            r.stop_reason, r.baseline_run_id, r.lossless, r.status, r.error,
+            s.accepted, s.rejected, s.thrown, s.drafted, s.alpha, s.tau, s.c, s.measured_speedup,
+            s.theoretical_speedup, b.wall_s AS baseline_wall_s, b.output_tokens AS baseline_tokens
+        FROM runs r LEFT JOIN run_stats s USING (run_id) LEFT JOIN runs b ON b.run_id = r.baseline_run_id
+        WHERE r.run_id = ?""", [run_id])
+
+
+def run_rounds(con: duckdb.DuckDBPyConnection, run_id: str) -> pd.DataFrame:
+    """The run's rounds in order."""
+    return _frame(con, """
+        SELECT round, k, accepted, rejected, thrown, bonus, emitted, draft_s, verify_s, draft_tokens,
+            target_tokens
+        FROM rounds WHERE run_id = ? ORDER BY round""", [run_id])
+
+
+def schema(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
+    """The tables and views SQL users query, with their columns in order."""
+    return _frame(con, """
+        SELECT table_name, column_name, data_type FROM duckdb_columns()
+        WHERE database_name = current_database() AND schema_name = 'main'
+        ORDER BY table_name, column_index""", [])

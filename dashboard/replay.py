@@ -1,0 +1,122 @@
+"""Run replay: one run's text with every token coloured by its fate, round by round, and its costs."""
+
+from __future__ import annotations
+
+import functools
+
+import pandas as pd
+import streamlit as st
+
+from dashboard import common, fates, queries, tokenizer
+
+PICKER_COLUMNS = ["run_id", "started_at", "category", "prompt_id", "draft", "k", "mode", "status"]
+
+
+@st.cache_resource(show_spinner="loading the target's tokenizer…")
+def _decoder(spec: str) -> tuple[fates.Decode, str | None]:
+    """(id -> text, None), or (id -> '[id]', why) when the tokenizer cannot be loaded."""
+    try:
+        return tokenizer.decoder(tokenizer.load(spec)), None
+    except Exception as error:  # whatever went wrong, the replay still works on token ids
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        return tokenizer.decoder(None), reason
+
+
+def _open_run(run_id: str) -> None:
+    # A callback runs before the page, so it may still set the URL-bound picker (and so the URL).
+    st.session_state["run"] = run_id
+
+
+def _pick_from_table(shown: list[str]) -> None:
+    # `shown` is the table as drawn: a run recorded since then must not shift the picked row.
+    rows = st.session_state["run_table"].selection.rows
+    if rows:
+        _open_run(shown[rows[0]])
+
+
+def _picker() -> str | None:
+    choices = common.load(queries.run_choices)
+    # The URL holds the option's text, so options are bare run ids: ?run=<run_id>.
+    run_id = st.selectbox("run", choices["run_id"].tolist(), index=None, key="run", bind="query-params",
+                          placeholder="pick a run id, or choose one in the table below")
+    with st.expander("find a run", expanded=run_id is None):
+        st.dataframe(choices[PICKER_COLUMNS], hide_index=True, key="run_table", selection_mode="single-row",
+                     on_select=functools.partial(_pick_from_table, choices["run_id"].tolist()))
+    return run_id
+
+
+def _fmt(value: object, pattern: str, suffix: str = "") -> str:
+    return "n/a" if value is None or pd.isna(value) else f"{value:{pattern}}{suffix}"
+
+
+def _seconds(value: float) -> str:
+    # Prompt lookup drafts in microseconds: seconds with two decimals would show it as 0.00.
+    return f"{value:.2f} s" if value >= 1 else f"{value * 1000:.1f} ms"
+
+
+def _cost_panel(run: pd.Series) -> None:
+    lossless = "n/a" if pd.isna(run["lossless"]) else "✓" if run["lossless"] else "✗"
+    top, bottom = st.columns(4), st.columns(5)
+    top[0].metric("rounds", f"{run['n_rounds']}")
+    top[1].metric("drafts accepted / rejected / thrown",
+                  f"{_fmt(run['accepted'], '.0f')} / {_fmt(run['rejected'], '.0f')} / {_fmt(run['thrown'], '.0f')}")
+    top[2].metric("α", _fmt(run["alpha"], ".3f"), help="accepted / (accepted + rejected)")
+    top[3].metric("τ", _fmt(run["tau"], ".2f"), help="tokens per round")
+    bottom[0].metric("draft time", _seconds(run["draft_s"]), help=f"c = {_fmt(run['c'], '.3f')}: one drafted "
+                     "token's time over one one-token target pass")
+    bottom[1].metric("verify time", _seconds(run["verify_s"]), help=f"wall time {run['wall_s']:.2f} s")
+    bottom[2].metric("measured speedup", _fmt(run["measured_speedup"], ".2f", "×"),
+                     help="baseline s/token ÷ this run's s/token")
+    bottom[3].metric("formula's prediction", _fmt(run["theoretical_speedup"], ".2f", "×"),
+                     help="(1 − α^(k+1)) / ((1 − α)(1 + k·c)) at this run's α, k and c")
+    bottom[4].metric("lossless", lossless, help="greedy: the output equals the baseline's token for token "
+                     "(n/a when sampling)")
+
+
+def _header(run: pd.Series) -> None:
+    k = "" if pd.isna(run["k"]) else f" k={int(run['k'])}"
+    st.subheader(f"{run['category']}/{run['prompt_id']} · {run['draft']}{k} · {run['mode']}")
+    st.caption(f"run {run['run_id']} · sweep {run['sweep_id']} · target {run['target']} on {run['device']} "
+               f"({run['dtype']}) · temperature {run['temperature']:g}, top-p {run['top_p']:g}, seed {run['seed']}"
+               f" · {run['new_tokens']} of {run['max_new_tokens']} new tokens, stopped at {run['stop_reason']}")
+    with st.expander("prompt"):
+        st.text(run["prompt_text"])
+    if isinstance(run["baseline_run_id"], str):
+        # A button, not st.page_link: a page link back to this page runs the baseline but leaves the old
+        # run in the URL, while setting the bound picker updates both.
+        st.button(f"open the baseline run {run['baseline_run_id']}", icon=":material/compare_arrows:",
+                  key="open_baseline", on_click=_open_run, args=(run["baseline_run_id"],))
+
+
+def _tokens(run: pd.Series, rounds: pd.DataFrame) -> None:
+    decode, problem = _decoder(run["target"])
+    if problem:
+        st.caption(f"Showing token ids: the tokenizer of {run['target']} could not be loaded ({problem}).")
+    st.html(fates.CSS + fates.legend_html())
+    st.markdown("**Generated text**")
+    st.html(fates.text_html(fates.text_tokens(rounds), decode))
+    if not pd.isna(run["lossless"]) and not run["lossless"]:
+        at = fates.first_difference(list(run["output_tokens"]), list(run["baseline_tokens"]))
+        st.warning(f"This output differs from its baseline's from token {at} on.")
+    st.markdown("**Round by round**: the drafts as proposed, then the target's own token")
+    st.html(fates.rounds_html(rounds, decode))
+
+
+def render() -> None:
+    st.title("Run replay")
+    if not common.require_data(common.db_path()):
+        return
+    run_id = _picker()
+    if run_id is None:
+        return
+    run = common.load(queries.run_detail, run_id).iloc[0]
+    _header(run)
+    if run["status"] != "ok":
+        st.error(f"This run failed: {run['error']}")
+        return
+    _cost_panel(run)
+    _tokens(run, common.load(queries.run_rounds, run_id))
+
+
+if __name__ == "__main__":  # st.navigation runs each page file as __main__
+    render()

@@ -1,0 +1,99 @@
+"""A hand-built runs.duckdb for the dashboard tests, with round outcomes chosen so every number is known.
+
+Every prompt's plain greedy output is 12 tokens (max_new_tokens = 12). A speculative run is given as
+one accepted count per round; the rounds are then built the way runner.decode does: k shrinks to
+budget − 1 near the end, the first failing draft is rejected, the rest are thrown, and the target adds
+a correction, a bonus, or (k = 0) a plain token. `None` is a round where the drafter found nothing.
+
+Timing: a one-token pass takes 0.05 s and a pass over k drafts 0.05·(1 + 0.1·k) s; a drafted token
+costs 0.0025 s (ngram, c = 0.05) or 0.02 s (layerskip:2, c = 0.4). Baselines take 1.2 s for 12 tokens
+(0.1 s/token) except code-02's, which takes 2.4 s; measured speedup = baseline s/token ÷ run s/token.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from runner import store
+from runner.records import Generation, Round, RunRecord
+
+SWEEP = "s1"
+TARGET = "tiny-target"  # not a loadable model: the replay falls back to token ids
+PROMPTS = {"code-01": ("code", list(range(100, 112))), "code-02": ("code", list(range(200, 212))),
+           "poem-01": ("poem", list(range(300, 312)))}
+ONE_PASS_S = 0.05
+DRAFT_TOKEN_S = {"ngram": 0.0025, "layerskip:2": 0.02}
+
+# (run_id, prompt_id, draft, k, accepted per round, wall_s, lossless)
+SPECULATIVE = [
+    ("c1-ng-k2", "code-01", "ngram", 2, [2, 1, 2, 2, 0], 0.6, True),
+    ("c1-ng-k4", "code-01", "ngram", 4, [4, 2, 3], 0.5, True),
+    ("c2-ng-k2", "code-02", "ngram", 2, [2, 2, 2, 2], 0.6, True),
+    ("c1-ls-k2", "code-01", "layerskip:2", 2, [1, 0, 1, 0, 1, 0, 1, 0], 1.5, True),
+    ("c1-ls-k4", "code-01", "layerskip:2", 4, [2, 0, 1, 0, 3, 0], 2.0, True),
+    ("p1-ng-k2", "poem-01", "ngram", 2, [None, 1, 0, 0, 0, None, 0, 0, 0, 0, 0], 1.0, True),
+    ("p1-ng-k4", "poem-01", "ngram", 4, [0] * 12, 1.6, True),
+    ("p1-ls-k2", "poem-01", "layerskip:2", 2, [1, 0, 2, 0, 1, 0, 0, 0], 2.4, True),
+    ("p1-ls-k4", "poem-01", "layerskip:2", 4, [3, 0, 4, 1], 1.2, False),
+]
+BASELINE_WALL_S = {"code-01": 1.2, "code-02": 2.4, "poem-01": 1.2}
+# The lossy run's own greedy text differs from its baseline's at token 6.
+LOSSY_TRUTH = [*range(300, 306), 399, *range(307, 312)]
+
+
+def _round(truth: list[int], at: int, k: int, accepted: int, draft_token_s: float) -> Round:
+    """One round that starts at output position `at` with k drafts, `accepted` of them agreed."""
+    rejected = int(accepted < k)
+    drafts = truth[at:at + accepted] + [900 + at] * rejected + [950 + at + i for i in range(k - accepted - rejected)]
+    # Greedy: the target's token at all k+1 positions; after a wrong draft it says something else (800+).
+    target = truth[at:at + accepted + 1] + [800 + at + i for i in range(k - accepted)]
+    return Round(k, accepted, rejected, k - accepted - rejected, accepted == k, accepted + 1, k * draft_token_s,
+                 ONE_PASS_S * (1 + 0.1 * k), tuple(drafts), tuple(target))
+
+
+def speculative_rounds(truth: list[int], k: int, schedule: list[int | None], draft_token_s: float) -> list[Round]:
+    rounds, at = [], 0
+    for accepted in schedule:
+        k_round = 0 if accepted is None else min(k, len(truth) - at - 1)
+        rounds.append(_round(truth, at, k_round, accepted or 0, draft_token_s))
+        at += rounds[-1].emitted
+    assert at == len(truth), f"the schedule emits {at} tokens, not {len(truth)}"
+    return rounds
+
+
+def _record(run_id: str, prompt_id: str, draft: str, k: int | None, rounds: list[Round], wall_s: float,
+            baseline: str | None, lossless: bool | None, target: str, minute: int) -> RunRecord:
+    category, _ = PROMPTS[prompt_id]
+    output = tuple(t for r in rounds for t in (r.draft_tokens[:r.accepted] + r.target_tokens[r.accepted:][:1]))
+    gen = Generation((1, 2, 3), output, tuple(rounds), 0.1, wall_s, sum(r.k > 0 for r in rounds), "max_new_tokens")
+    kind = "baseline" if draft == "none" else draft.split(":")[0]
+    return RunRecord(run_id, SWEEP, f"2026-01-01T12:{minute:02d}:00", target, draft, kind, category, prompt_id,
+                     f"write some {category}", k, "greedy", 0.0, 1.0, 0, 12, "cpu", "float32", "ok", None, gen,
+                     " ".join(map(str, output)), baseline, lossless)
+
+
+def speculative_record(run_id: str, prompt_id: str, draft: str, k: int, schedule: list[int | None], wall_s: float,
+                       lossless: bool = True, target: str = TARGET, minute: int = 30) -> RunRecord:
+    """A greedy speculative run of `prompt_id` against its baseline, from accepted counts per round."""
+    truth = PROMPTS[prompt_id][1] if lossless else LOSSY_TRUTH
+    rounds = speculative_rounds(truth, k, schedule, DRAFT_TOKEN_S[draft])
+    return _record(run_id, prompt_id, draft, k, rounds, wall_s, f"{prompt_id}-base", lossless, target, minute)
+
+
+def build(db: Path, target: str = TARGET) -> Path:
+    """Write the fixture database at `db` (new file) and return its path."""
+    minute = 0
+    for prompt_id, (_, truth) in PROMPTS.items():
+        rounds = speculative_rounds(truth, 0, [0] * len(truth), 0.0)
+        store.write_run(db, _record(f"{prompt_id}-base", prompt_id, "none", None, rounds,
+                                    BASELINE_WALL_S[prompt_id], None, None, target, minute))
+        minute += 1
+    for run_id, prompt_id, draft, k, schedule, wall_s, lossless in SPECULATIVE:
+        store.write_run(db, speculative_record(run_id, prompt_id, draft, k, schedule, wall_s, lossless, target,
+                                               minute))
+        minute += 1
+    failed = RunRecord("c1-ls-k8", SWEEP, "2026-01-01T12:59:00", target, "layerskip:2", "layerskip", "code",
+                       "code-01", "write some code", 8, "greedy", 0.0, 1.0, 0, 12, "cpu", "float32", "error",
+                       "out of memory", None, None, None, None)
+    store.write_run(db, failed)
+    return db

@@ -1,0 +1,202 @@
+"""The dashboard in a real browser: `streamlit run` as a subprocess, headless Debian Chromium via Playwright.
+
+Screenshots of every page land in artifacts/screenshots/ (git-ignored) for a person to look at.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+from dashboard_fixtures import build
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+
+CHROMIUM = "/usr/bin/chromium"
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(),
+                                reason=f"no Debian Chromium at {CHROMIUM} (`make browser` installs it)")
+
+ROOT = Path(__file__).resolve().parent.parent
+SHOTS = ROOT / "artifacts" / "screenshots"
+LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
+               "--disable-component-update", "--no-first-run"]
+READY = '[data-testid="stApp"][data-test-script-state="notRunning"]'
+WAIT_MS = 30_000
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_healthy(base: str, server: subprocess.Popen, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"streamlit exited with {server.returncode}")
+        try:
+            with urllib.request.urlopen(f"{base}/_stcore/health", timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass  # not listening yet
+        time.sleep(0.2)
+    raise TimeoutError(f"streamlit did not become healthy within {timeout_s} s")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The app over the fixture database, given with `-- --db` (the AppTest tests use SPECDASH_DB)."""
+    folder = tmp_path_factory.mktemp("browser")
+    db, port = build(folder / "runs.duckdb"), _free_port()
+    with (folder / "streamlit.log").open("w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "streamlit", "run", "dashboard/app.py", "--server.headless=true",
+             f"--server.port={port}", "--server.address=127.0.0.1", "--browser.gatherUsageStats=false",
+             "--", "--db", str(db)], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            _wait_healthy(f"http://127.0.0.1:{port}", proc)
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=LAUNCH_ARGS)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+def _open(browser: Browser, url: str, content: str) -> Page:
+    """A page in a fresh context (its own cookies and session), once the script ran and `content` is there."""
+    page = browser.new_context(viewport={"width": 1400, "height": 1000}, accept_downloads=True).new_page()
+    page.set_default_timeout(WAIT_MS)
+    page.goto(url)
+    _settle(page, content)
+    return page
+
+
+def _settle(page: Page, content: str) -> None:
+    page.wait_for_selector(content)
+    page.wait_for_selector(READY)
+
+
+def _metric(page: Page, label: str) -> str:
+    metric = page.locator('[data-testid="stMetric"]').filter(has_text=label)
+    return metric.locator('[data-testid="stMetricValue"]').inner_text()
+
+
+def _screenshot(page: Page, name: str) -> None:
+    """The whole page: the viewport grows to the content, since Streamlit scrolls inside its main block."""
+    height = page.evaluate("document.querySelector('[data-testid=\"stMainBlockContainer\"]').scrollHeight")
+    page.set_viewport_size({"width": 1400, "height": max(1000, height + 150)})
+    page.wait_for_timeout(800)  # charts re-render at the new size
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=SHOTS / f"{name}.png")
+
+
+def _pick(page: Page, key: str, option: str, multi: bool = False) -> None:
+    """Choose `option` in the select widget with key `key` by typing, as a person would."""
+    field = page.locator(f".st-key-{key} input")
+    field.click()
+    field.fill(option)
+    page.get_by_role("option", name=option, exact=True).click()
+    if multi:  # a multiselect stays open for more picks (Escape would clear a selectbox's pick)
+        page.keyboard.press("Escape")
+
+
+def _wait_for_param(page: Page, key: str, value: str) -> None:
+    """The browser has put the widget's value into the URL."""
+    page.wait_for_function("([key, value]) => new URL(location.href).searchParams.get(key) === value",
+                           arg=[key, value])
+
+
+def test_every_page_shows_real_content(server, browser):
+    page = _open(browser, f"{server}/", '[data-testid="stVegaLiteChart"]')
+    expect(page.locator('[data-testid="stVegaLiteChart"]')).to_have_count(3)
+    expect(page.locator('[data-testid="stDataFrame"]').first).to_be_visible()
+    assert _metric(page, "speculative runs") == "9" and _metric(page, "thrown drafts") == "52 of 140"
+    _screenshot(page, "overview")
+
+    page = _open(browser, f"{server}/compare", '[data-testid="stVegaLiteChart"]')
+    expect(page.get_by_role("heading", name="Leaderboard")).to_be_visible()
+    expect(page.locator('[data-testid="stDataFrame"]')).to_have_count(2)
+    _screenshot(page, "compare")
+
+    page = _open(browser, f"{server}/replay?run=p1-ls-k4", 'span[data-fate="bonus"]')
+    expect(page.get_by_text("poem/poem-01 · layerskip:2 k=4 · greedy")).to_be_visible()
+    text = page.locator(".specdash-tokens").nth(1)  # the first one is the legend
+    assert [span.get_attribute("data-fate") for span in text.locator("span").all()] == [
+        "accepted", "accepted", "accepted", "correction", "correction", "accepted", "accepted", "accepted",
+        "accepted", "bonus", "accepted", "bonus"]
+    assert _metric(page, "lossless") == "✗"
+    _screenshot(page, "replay")
+    page.get_by_role("button", name="open the baseline run poem-01-base").click()
+    _wait_for_param(page, "run", "poem-01-base")
+    expect(page.get_by_text("poem/poem-01 · none · greedy")).to_be_visible()
+
+    page = _open(browser, f"{server}/sql", '.st-key-sql textarea')
+    page.get_by_role("button", name="thrown-away drafts").click()
+    _settle(page, '[data-testid="stDataFrame"]')
+    expect(page.get_by_text("4 rows in")).to_be_visible()
+    _screenshot(page, "sql")
+
+
+def test_a_copied_url_reopens_the_same_view(server, browser):
+    page = _open(browser, f"{server}/", '[data-testid="stVegaLiteChart"]')
+    _pick(page, "category", "poem", multi=True)
+    _wait_for_param(page, "category", "poem")
+    _settle(page, '[data-testid="stVegaLiteChart"]')
+    assert _metric(page, "speculative runs") == "4"
+    shared = _open(browser, page.url, '[data-testid="stVegaLiteChart"]')
+    assert _metric(shared, "speculative runs") == "4"
+    expect(shared.locator(".st-key-category")).to_contain_text("poem")
+
+    page = _open(browser, f"{server}/replay", ".st-key-run input")
+    _pick(page, "run", "p1-ng-k2")
+    _wait_for_param(page, "run", "p1-ng-k2")
+    shared = _open(browser, page.url, 'span[data-fate="plain"]')
+    expect(shared.get_by_text("poem/poem-01 · ngram k=2 · greedy")).to_be_visible()
+
+    query = "SELECT draft, count(*) AS runs FROM runs GROUP BY draft ORDER BY draft"
+    page = _open(browser, f"{server}/sql", ".st-key-sql textarea")
+    page.locator(".st-key-sql textarea").fill(query)
+    page.locator(".st-key-sql textarea").blur()
+    _wait_for_param(page, "sql", query)
+    shared = _open(browser, page.url, ".st-key-sql textarea")
+    expect(shared.locator(".st-key-sql textarea")).to_have_value(query)
+    expect(shared.locator('[data-testid="stDataFrame"]')).to_have_count(0)  # it runs only on a click
+    shared.get_by_role("button", name="Run").click()
+    _settle(shared, '[data-testid="stDataFrame"]')
+    expect(shared.get_by_text("3 rows in")).to_be_visible()
+
+
+def test_sql_result_downloads_as_csv(server, browser):
+    query = "SELECT run_id, k, new_tokens FROM runs WHERE draft = 'ngram' ORDER BY run_id"
+    page = _open(browser, f"{server}/sql?sql={quote(query)}", ".st-key-sql textarea")
+    page.get_by_role("button", name="Run").click()
+    _settle(page, '[data-testid="stDownloadButton"]')
+    with page.expect_download() as download:
+        page.get_by_role("button", name="Download CSV").click()
+    content = Path(download.value.path()).read_text()
+    assert list(csv.reader(io.StringIO(content))) == [
+        ["run_id", "k", "new_tokens"], ["c1-ng-k2", "2", "12"], ["c1-ng-k4", "4", "12"], ["c2-ng-k2", "2", "12"],
+        ["p1-ng-k2", "2", "12"], ["p1-ng-k4", "4", "12"]]

@@ -1,0 +1,257 @@
+"""Every dashboard page under Streamlit's AppTest, over the hand-built database (tests/dashboard_fixtures.py).
+
+The expected numbers are the ones worked out in tests/test_dashboard_queries.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import pandas as pd
+import pyarrow as pa
+import pytest
+from dashboard_fixtures import build, speculative_record
+from streamlit.testing.v1 import AppTest
+from tokenizers import Tokenizer, pre_tokenizers
+from tokenizers import models as tok_models
+from transformers import PreTrainedTokenizerFast
+
+from runner import store
+from runner.sql import EXAMPLES
+
+APP = str(Path(__file__).resolve().parent.parent / "dashboard" / "app.py")
+SPAN = re.compile(r'<span class="tok-(\w+)" data-fate="\w+" title="[^"]*">([^<]*)</span>')
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build(tmp_path_factory.mktemp("app") / "runs.duckdb")
+
+
+def app(monkeypatch: pytest.MonkeyPatch, db_path: Path, page: str | None = None, **params: str) -> AppTest:
+    """The app over `db_path`, opened on `page` with the URL parameters `params`."""
+    monkeypatch.setenv("SPECDASH_DB", str(db_path))
+    at = AppTest.from_file(APP, default_timeout=30)
+    if page:
+        at.run()  # switch_page needs the pages st.navigation registers
+        at.switch_page(page)
+    # Set before the page's widgets first run: a URL value only seeds a widget on its first appearance.
+    at.query_params.update(params)
+    return at.run()
+
+
+def metrics(at: AppTest) -> dict[str, str]:
+    return {m.label: m.value for m in at.metric}
+
+
+def chart_data(element) -> tuple[dict, pd.DataFrame]:
+    """A chart's Vega-Lite spec and its data (Streamlit ships named datasets separately, as Arrow)."""
+    spec = json.loads(element.proto.spec)
+    (dataset,) = element.proto.datasets
+    return spec, pa.ipc.open_stream(dataset.data.data).read_pandas()
+
+
+def fates_in(html: str) -> list[tuple[str, str]]:
+    return SPAN.findall(html)
+
+
+def test_overview_shows_the_hand_computed_numbers(monkeypatch, db):
+    at = app(monkeypatch, db)
+    assert not at.exception
+    assert metrics(at) == {"speculative runs": "9", "α": f"{47 / 88:.3f}", "τ": "2.17", "thrown drafts": "52 of 140",
+                           "measured speedup": "1.17×"}
+    cells = at.dataframe[0].value.set_index(["category", "draft", "k"])
+    assert cells.loc[("code", "ngram", 2), ["alpha", "tau", "thrown_share", "measured_speedup"]].tolist() == \
+        pytest.approx([15 / 16, 2.7, 0.0, math.sqrt(8)])
+    assert cells.loc[("poem", "ngram", 4), ["thrown", "drafted", "thrown_share"]].tolist() == \
+        pytest.approx([27, 38, 27 / 38])
+    assert len(at.get("vega_lite_chart")) == 3
+
+
+def test_overview_theory_chart_holds_the_curve_and_the_runs(monkeypatch, db):
+    at = app(monkeypatch, db, chart_k="4")
+    assert at.selectbox(key="chart_k").value == 4
+    spec, data = chart_data(at.get("vega_lite_chart")[0])
+    assert spec["title"].startswith("measured speedup against the formula's curve, k = 4")
+    assert [layer["mark"]["type"] for layer in spec["spec"]["layer"]] == ["line", "rule", "circle"]
+    curve = data[data["source"] == "theory"].set_index(["series", "alpha"])["speedup"]
+    # k = 4, c = 0.05: α = 0.5 → (1 − 0.5⁵) / (0.5 · 1.2)
+    assert curve[("ngram · greedy", 0.5)] == pytest.approx((1 - 0.5**5) / 0.6)
+    dots = data[data["source"] == "measured"].set_index("run_id")
+    assert sorted(dots.index) == ["c1-ls-k4", "c1-ng-k4", "p1-ls-k4", "p1-ng-k4"]
+    assert dots.loc["c1-ng-k4", ["alpha", "speedup"]].tolist() == pytest.approx([0.9, 2.4])
+
+
+def test_overview_filters_come_from_the_url_and_the_widgets(monkeypatch, db):
+    at = app(monkeypatch, db, category="poem")
+    assert at.multiselect(key="category").value == ["poem"]
+    assert metrics(at)["speculative runs"] == "4"
+    assert set(at.dataframe[0].value["category"]) == {"poem"}
+    at.multiselect(key="category").unselect("poem").select("code").run()
+    at.multiselect(key="k").select(4).run()
+    assert metrics(at)["speculative runs"] == "2"
+    assert at.dataframe[0].value[["draft", "k"]].values.tolist() == [["layerskip:2", 4], ["ngram", 4]]
+
+
+def test_compare_leaderboard_and_head_to_head(monkeypatch, db):
+    at = app(monkeypatch, db, "compare.py")
+    assert not at.exception
+    board = at.dataframe[0].value.set_index("draft")
+    assert board.index.tolist() == ["ngram", "layerskip:2"]  # ranked by the geometric mean of best speedups
+    assert board.loc["ngram", ["code α", "code best k", "code speedup"]].tolist() == \
+        pytest.approx([24 / 26, 2, math.sqrt(8)])
+    assert board.loc["layerskip:2", ["poem α", "poem best k", "poem speedup"]].tolist() == pytest.approx([0.6, 4, 1.0])
+    assert board["lossless_rate"].to_dict() == {"ngram": "100%", "layerskip:2": "75%"}
+    at.selectbox(key="a").select("ngram").run()
+    at.selectbox(key="b").select("layerskip:2").run()
+    duel = at.dataframe[1].value.set_index(["category", "k"])
+    assert duel.loc[("poem", 4), ["α · ngram", "α · layerskip:2", "speedup · ngram", "speedup · layerskip:2"]
+                    ].tolist() == pytest.approx([0.0, 0.8, 0.75, 1.0])
+    spec, data = chart_data(at.get("vega_lite_chart")[0])
+    assert set(data["series"]) == {"ngram · greedy", "layerskip:2 · greedy"}
+    assert set(data["source"]) == {"measured", "theory", "formula's best k"}
+
+
+def test_replay_colours_every_token_by_its_fate(monkeypatch, db):
+    at = app(monkeypatch, db, "replay.py", run="p1-ls-k4")
+    assert not at.exception
+    # 13 drafts at 0.02 s; three passes over 4 drafts at 0.05·1.4 s and one over 1 draft at 0.05·1.1 s
+    assert metrics(at) == {"rounds": "4", "drafts accepted / rejected / thrown": "8 / 2 / 3", "α": "0.800",
+                           "τ": "3.00", "draft time": "260.0 ms", "verify time": "265.0 ms",
+                           "measured speedup": "1.00×", "formula's prediction": f"{(1 - 0.8**5) / (0.2 * 2.6):.2f}×",
+                           "lossless": "✗"}
+    text, rounds = (h.proto.body for h in at.get("html")[1:3])
+    assert fates_in(text) == [
+        ("accepted", "[300]"), ("accepted", "[301]"), ("accepted", "[302]"), ("correction", "[303]"),
+        ("correction", "[304]"), ("accepted", "[305]"), ("accepted", "[399]"), ("accepted", "[307]"),
+        ("accepted", "[308]"), ("bonus", "[309]"), ("accepted", "[310]"), ("bonus", "[311]")]
+    first_round = rounds.split('<tr data-round="0">')[1].split("</tr>")[0]
+    assert fates_in(first_round) == [("accepted", "[300]"), ("accepted", "[301]"), ("accepted", "[302]"),
+                                     ("rejected", "[900]"), ("correction", "[303]")]
+    assert at.warning[0].value == "This output differs from its baseline's from token 6 on."
+    at.button(key="open_baseline").click().run()
+    assert at.selectbox(key="run").value == "poem-01-base"
+    assert at.get("html")[1].proto.body.count('data-fate="plain"') == 12
+
+
+def test_replay_of_a_failed_run_and_of_a_draftless_round(monkeypatch, db):
+    at = app(monkeypatch, db, "replay.py", run="c1-ls-k8")
+    assert at.error[0].value == "This run failed: out of memory"
+    at = app(monkeypatch, db, "replay.py", run="p1-ng-k2")
+    text = at.get("html")[1].proto.body
+    assert fates_in(text)[:3] == [("plain", "[300]"), ("accepted", "[301]"), ("correction", "[302]")]
+
+
+def test_replay_decodes_with_the_targets_tokenizer(monkeypatch, tmp_path):
+    vocab = {f"w{i}": i for i in range(1000)} | {"[UNK]": 1000}
+    core = Tokenizer(tok_models.WordLevel(vocab, unk_token="[UNK]"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=core, unk_token="[UNK]").save_pretrained(tmp_path / "tok")
+    db = build(tmp_path / "runs.duckdb", target=str(tmp_path / "tok"))
+    at = app(monkeypatch, db, "replay.py", run="c1-ng-k4")
+    assert fates_in(at.get("html")[1].proto.body)[:6] == [
+        ("accepted", "w100"), ("accepted", "w101"), ("accepted", "w102"), ("accepted", "w103"),
+        ("bonus", "w104"), ("accepted", "w105")]
+
+
+def test_sql_example_runs_on_a_click(monkeypatch, db):
+    at = app(monkeypatch, db, "sql_page.py")
+    assert not at.dataframe  # nothing runs before a click
+    at.button(key="example_0").click().run()
+    assert at.text_area(key="sql").value == EXAMPLES["α per category × draft × k"]
+    result = at.dataframe[0].value
+    assert result[["category", "draft", "k", "runs"]].values.tolist() == [
+        ["code", "layerskip:2", 2, 1], ["code", "layerskip:2", 4, 1], ["code", "ngram", 2, 2], ["code", "ngram", 4, 1],
+        ["poem", "layerskip:2", 2, 1], ["poem", "layerskip:2", 4, 1], ["poem", "ngram", 2, 1], ["poem", "ngram", 4, 1]]
+    assert result["alpha"].tolist() == [0.364, 0.545, 0.938, 0.9, 0.4, 0.8, 0.111, 0.0]
+    assert [c.value for c in at.caption if re.fullmatch(r"8 rows in \d+ ms", c.value)]
+    assert at.get("download_button")
+
+
+def test_sql_from_the_url_fills_the_editor_and_waits_for_run(monkeypatch, db):
+    at = app(monkeypatch, db, "sql_page.py", sql="SELECT count(*) AS n FROM runs")
+    assert at.text_area(key="sql").value == "SELECT count(*) AS n FROM runs"
+    assert not at.dataframe
+    at.button(key="run_sql").click().run()
+    assert at.dataframe[0].value["n"].tolist() == [13]  # 3 baselines, 9 speculative runs, 1 failed run
+
+
+@pytest.mark.parametrize("statement", ["DROP TABLE runs", "COPY runs TO '{out}'"])
+def test_sql_refuses_writes_and_file_access(monkeypatch, db, tmp_path, statement):
+    before = hashlib.sha256(db.read_bytes()).hexdigest()
+    out = tmp_path / "x.csv"
+    at = app(monkeypatch, db, "sql_page.py")
+    at.text_area(key="sql").input(statement.format(out=out)).run()
+    at.button(key="run_sql").click().run()
+    assert at.error[0].value.startswith("refused: only read statements")
+    assert not at.dataframe
+    assert hashlib.sha256(db.read_bytes()).hexdigest() == before and not out.exists()
+
+
+def test_missing_database_shows_how_to_record(monkeypatch, tmp_path):
+    missing = tmp_path / "nowhere.duckdb"
+    for page in (None, "compare.py", "replay.py", "sql_page.py"):
+        at = app(monkeypatch, missing, page)
+        assert not at.exception
+        assert at.info[0].value.startswith(f"There is no database at `{missing}` yet.")
+        assert "python -m runner sweep" in at.markdown[0].value
+    assert not missing.exists()  # looking must not create it
+
+
+def test_empty_database_shows_the_empty_state(monkeypatch, tmp_path):
+    empty = tmp_path / "empty.duckdb"
+    duckdb.connect(str(empty)).close()
+    at = app(monkeypatch, empty)
+    assert at.info[0].value.startswith(f"`{empty}` holds no runs yet.")
+
+
+def test_foreign_files_get_a_clear_message(monkeypatch, tmp_path):
+    text = tmp_path / "notes.duckdb"
+    text.write_text("not a database at all, just some words")
+    at = app(monkeypatch, text)
+    assert not at.exception
+    assert at.error[0].value == f"{text} is not a specdash database (not a DuckDB file)"
+    other = tmp_path / "other.duckdb"
+    with duckdb.connect(str(other)) as con:
+        con.execute("CREATE TABLE measurements (x INTEGER)")
+    at = app(monkeypatch, other, "sql_page.py")
+    assert at.error[0].value == f"{other} is not a specdash database"
+
+
+def test_the_dashboard_lets_the_runner_write_and_shows_new_runs(monkeypatch, tmp_path):
+    db = build(tmp_path / "runs.duckdb")
+    at = app(monkeypatch, db)
+    assert metrics(at)["speculative runs"] == "9"
+    # No handle stays open: the write neither waits for a lock nor spills to runs.duckdb.pending/.
+    assert store.write_run(db, speculative_record("p1-ng-k2-again", "poem-01", "ngram", 2, [2, 2, 2, 2], 0.5),
+                           lock_timeout_s=2) == 0
+    assert not (tmp_path / "runs.duckdb.pending").exists()
+    at.run()  # a refresh
+    assert metrics(at)["speculative runs"] == "10"
+
+
+def test_a_page_waits_for_the_runners_write_lock(monkeypatch, tmp_path):
+    db = build(tmp_path / "runs.duckdb")
+    holder = subprocess.Popen([sys.executable, "-c", "import duckdb, sys, time; con = duckdb.connect(sys.argv[1]); "
+                               "print('locked', flush=True); time.sleep(1.5)", str(db)], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        at = app(monkeypatch, db)  # opens read-only while another process holds the file read-write
+        assert not at.exception and metrics(at)["speculative runs"] == "9"
+    finally:
+        holder.wait(timeout=10)
+
+
+def test_sql_says_when_it_cuts_the_result(monkeypatch, db):
+    at = app(monkeypatch, db, "sql_page.py", sql="SELECT range AS i FROM range(10001)")
+    at.button(key="run_sql").click().run()
+    assert len(at.dataframe[0].value) == 10_000
+    assert at.warning[0].value.startswith("Showing the first 10,000 rows: the query returned more.")

@@ -1,0 +1,189 @@
+"""The dashboard's numbers on a hand-built database (tests/dashboard_fixtures.py): exact values, by hand.
+
+How each expected number comes about is written next to it, from the fixture's accepted counts per
+round. Speedups: baselines take 0.1 s/token (code-02's 0.2 s/token), so measured = 0.1 / (wall_s / 12).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from dashboard_fixtures import build
+
+from dashboard import charts, fates, frames, queries
+from dashboard.queries import Filters
+
+
+def formula(alpha: float, k: int, c: float) -> float:
+    """Leviathan et al., written out again here so the tests do not trust the code under test."""
+    return (k + 1) / (1 + k * c) if alpha == 1 else (1 - alpha ** (k + 1)) / ((1 - alpha) * (1 + k * c))
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build(tmp_path_factory.mktemp("dash") / "runs.duckdb")
+
+
+def rows(frame: pd.DataFrame, columns: list[str]) -> list[list]:
+    return frame[columns].astype(object).where(frame[columns].notna(), None).values.tolist()
+
+
+# (category, draft, k): runs, accepted, rejected, thrown, drafted, α, thrown share, τ, c, measured, predicted
+CELLS = {
+    # rounds accepted 1,0,1,0,1,0,1 of k=2 then one k=0 round: 8 rounds for 12 tokens
+    ("code", "layerskip:2", 2): (1, 4, 7, 3, 14, 4 / 11, 3 / 14, 12 / 8, 0.4, 1.2 / 1.5, formula(4 / 11, 2, 0.4)),
+    # 2,0,1,0,3 of k=4 then k=0: 6 rounds
+    ("code", "layerskip:2", 4): (1, 6, 5, 9, 20, 6 / 11, 9 / 20, 12 / 6, 0.4, 1.2 / 2.0, formula(6 / 11, 4, 0.4)),
+    # code-01 (7 of 8 judged, τ 12/5, 2.0×) pooled with code-02 (8 of 8, τ 3, 0.2/0.05 = 4.0×)
+    ("code", "ngram", 2): (2, 15, 1, 0, 16, 15 / 16, 0.0, (12 / 5 + 3) / 2, 0.05, math.sqrt(2.0 * 4.0),
+                           math.sqrt(formula(7 / 8, 2, 0.05) * formula(1.0, 2, 0.05))),
+    # 4 of 4, 2 of 4 (1 thrown), 3 of 3 (k shrinks to budget − 1)
+    ("code", "ngram", 4): (1, 9, 1, 1, 11, 9 / 10, 1 / 11, 12 / 3, 0.05, 1.2 / 0.5, formula(9 / 10, 4, 0.05)),
+    ("poem", "layerskip:2", 2): (1, 4, 6, 3, 13, 4 / 10, 3 / 13, 12 / 8, 0.4, 1.2 / 2.4, formula(0.4, 2, 0.4)),
+    # 3 of 4, 0 of 4, 4 of 4, 1 of 1: the lossy run
+    ("poem", "layerskip:2", 4): (1, 8, 2, 3, 13, 8 / 10, 3 / 13, 12 / 4, 0.4, 1.2 / 1.2, formula(0.8, 4, 0.4)),
+    # two rounds with no draft, then 1 of 2, 0 of 2 …, 0 of 1: 11 rounds, 15 drafts
+    ("poem", "ngram", 2): (1, 1, 8, 6, 15, 1 / 9, 6 / 15, 12 / 11, 0.05, 1.2 / 1.0, formula(1 / 9, 2, 0.05)),
+    # every draft rejected: 8 rounds of k=4, then k=3, 2, 1, 0
+    ("poem", "ngram", 4): (1, 0, 11, 27, 38, 0.0, 27 / 38, 1.0, 0.05, 1.2 / 1.6, formula(0.0, 4, 0.05)),
+}
+
+
+def test_cells_hold_the_hand_computed_numbers(db):
+    cells = queries.read(db, queries.cells, Filters())
+    columns = ["runs", "accepted", "rejected", "thrown", "drafted", "alpha", "thrown_share", "tau", "c",
+               "measured_speedup", "predicted_speedup"]
+    got = {(r.category, r.draft, r.k): tuple(getattr(r, c) for c in columns) for r in cells.itertuples()}
+    assert got.keys() == CELLS.keys()
+    for cell, expected in CELLS.items():
+        assert got[cell] == pytest.approx(expected), cell
+    assert set(cells["target"]) == {"tiny-target"} and set(cells["mode"]) == {"greedy"}
+    assert cells.set_index(["category", "draft", "k"])["lossless_failures"].to_dict() == {
+        cell: int(cell == ("poem", "layerskip:2", 4)) for cell in CELLS}
+
+
+def test_filters_pick_rows_by_parameters(db):
+    cells = queries.read(db, queries.cells, Filters(category=("poem",), k=(4,)))
+    assert rows(cells, ["category", "draft", "k"]) == [["poem", "layerskip:2", 4], ["poem", "ngram", 4]]
+    hostile = queries.read(db, queries.cells, Filters(draft=("ngram' OR 1=1 --",)))
+    assert hostile.empty
+
+
+def test_filter_options_come_from_runs_with_statistics(db):
+    # The failed k=8 run has no statistics, so k=8 is no option.
+    assert queries.read(db, queries.filter_options) == {
+        "target": ["tiny-target"], "draft": ["layerskip:2", "ngram"], "category": ["code", "poem"], "k": [2, 4],
+        "mode": ["greedy"], "device": ["cpu"], "sweep_id": ["s1"]}
+
+
+def test_totals_pool_every_selected_run(db):
+    totals = queries.read(db, queries.totals, Filters()).iloc[0]
+    taus = [1.5, 2.0, 12 / 5, 3.0, 4.0, 1.5, 3.0, 12 / 11, 1.0]
+    speedups = [0.8, 0.6, 2.0, 4.0, 2.4, 0.5, 1.0, 1.2, 0.75]
+    assert (totals["runs"], totals["rounds"], totals["drafted"], totals["thrown"]) == (9, 61, 140, 52)
+    assert totals["thrown_share"] == pytest.approx(52 / 140)
+    assert totals["alpha"] == pytest.approx(47 / (47 + 41))
+    assert totals["tau"] == pytest.approx(sum(taus) / 9)
+    assert totals["measured_speedup"] == pytest.approx(math.prod(speedups) ** (1 / 9))
+
+
+def test_verify_growth_is_relative_to_the_one_token_pass(db):
+    growth = queries.read(db, queries.verify_growth, Filters())
+    # A pass over k drafts takes 0.05·(1 + 0.1·k) s. Rounds per k: 36 baseline + 8 draftless rounds at k=0.
+    assert rows(growth, ["target", "device", "k", "rounds"]) == [
+        ["tiny-target", "cpu", 0, 44], ["tiny-target", "cpu", 1, 4], ["tiny-target", "cpu", 2, 29],
+        ["tiny-target", "cpu", 3, 2], ["tiny-target", "cpu", 4, 18]]
+    assert growth["relative"].tolist() == pytest.approx([1.0, 1.1, 1.2, 1.3, 1.4])
+    assert growth["verify_s"].tolist() == pytest.approx([0.05, 0.055, 0.06, 0.065, 0.07])
+    # A draft filter keeps the baselines: they have no draft, and they are the reference.
+    ngram = queries.read(db, queries.verify_growth, Filters(draft=("ngram",)))
+    assert rows(ngram, ["k", "rounds"]) == [[0, 36 + 5], [1, 2], [2, 16], [3, 2], [4, 10]]
+    assert ngram["relative"].tolist() == pytest.approx([1.0, 1.1, 1.2, 1.3, 1.4])
+
+
+def test_leaderboard_ranks_drafts_with_best_k_and_lossless_rate(db):
+    per_category = queries.read(db, queries.draft_categories, Filters())
+    table = frames.leaderboard(per_category, queries.read(db, queries.lossless_rates, Filters()))
+    assert table.columns.tolist() == [
+        "target", "mode", "draft", "speedup (geo-mean)", "lossless_rate", "runs", "code α", "code τ", "code best k",
+        "code speedup", "poem α", "poem τ", "poem best k", "poem speedup"]
+    ngram, layerskip = table.to_dict("records")
+    assert ngram["draft"] == "ngram" and layerskip["draft"] == "layerskip:2"
+    # ngram: code α (15 + 9) / (16 + 10); best k 2 (√8 ≈ 2.83× beats 2.4×) with τ 2.7; poem α 1/20, best k 2 (1.2×)
+    assert [ngram[c] for c in table.columns[3:]] == pytest.approx(
+        [math.sqrt(math.sqrt(8) * 1.2), 1.0, 5, 24 / 26, 2.7, 2, math.sqrt(8), 1 / 20, 12 / 11, 2, 1.2])
+    # layerskip: code α 10/22, best k 2 (0.8×); poem α 12/20, best k 4 (1.0× beats 0.5×); 3 of 4 runs lossless
+    assert [layerskip[c] for c in table.columns[3:]] == pytest.approx(
+        [math.sqrt(0.8 * 1.0), 0.75, 4, 10 / 22, 1.5, 2, 0.8, 12 / 20, 3.0, 4, 1.0])
+
+
+def test_head_to_head_puts_two_drafts_side_by_side(db):
+    table = frames.head_to_head(queries.read(db, queries.cells, Filters()), "ngram", "layerskip:2")
+    assert table.columns.tolist() == ["target", "mode", "category", "k", "α · ngram", "α · layerskip:2",
+                                      "τ · ngram", "τ · layerskip:2", "speedup · ngram", "speedup · layerskip:2"]
+    code_k4 = table[(table["category"] == "code") & (table["k"] == 4)].iloc[0]
+    assert code_k4.iloc[4:].tolist() == pytest.approx([9 / 10, 6 / 11, 4.0, 2.0, 2.4, 0.6])
+
+
+def test_speedup_by_k_marks_the_formulas_best_k(db):
+    frame = frames.speedup_by_k(queries.read(db, queries.cells, Filters()))
+    best = frame[frame["source"] == frames.BEST_K].set_index(["series", "category"])
+    # Pooled α and c: layerskip code 10/22, c 0.4: k=1 gives (1 + α)/1.4 ≈ 1.04 > k=2's ≈ 0.92.
+    # ngram code 24/26, c 0.05: the curve still rises at k=16 (≈5.37 vs ≈5.36 at 15), the search's limit.
+    assert best["k"].to_dict() == {("layerskip:2 · greedy", "code"): 1, ("layerskip:2 · greedy", "poem"): 1,
+                                   ("ngram · greedy", "code"): 16, ("ngram · greedy", "poem"): 1}
+    assert best.loc[("layerskip:2 · greedy", "code"), "speedup"] == pytest.approx((1 + 10 / 22) / 1.4)
+    theory = frame[(frame["source"] == frames.THEORY) & (frame["series"] == "ngram · greedy")
+                   & (frame["category"] == "poem")]
+    assert theory["k"].tolist() == [1, 2, 3, 4]
+    assert theory["speedup"].tolist() == pytest.approx([formula(1 / 20, k, 0.05) for k in (1, 2, 3, 4)])
+    measured = frame[frame["source"] == frames.MEASURED]
+    assert len(measured) == 8 and measured["speedup"].max() == pytest.approx(math.sqrt(8))
+
+
+def test_theory_frame_and_chart_hold_the_curve_and_the_runs(db):
+    frame = frames.theory_vs_measured(queries.read(db, queries.runs, Filters()), k=2)
+    dots = frame[frame["source"] == frames.MEASURED].set_index("run_id")
+    picked = dots.loc[["c1-ng-k2", "c2-ng-k2", "p1-ng-k2", "c1-ls-k2", "p1-ls-k2"]]
+    assert picked["alpha"].tolist() == pytest.approx([7 / 8, 1.0, 1 / 9, 4 / 11, 0.4])
+    assert picked["speedup"].tolist() == pytest.approx([2.0, 4.0, 1.2, 0.8, 0.5])
+    spec = charts.speedup_vs_theory(frame, k=2).to_dict()
+    marks = [layer["mark"]["type"] for layer in spec["spec"]["layer"]]
+    assert marks == ["line", "rule", "circle"]
+    filters = [layer.get("transform", [{}])[0].get("filter") for layer in spec["spec"]["layer"]]
+    assert filters[0] == {"field": "source", "equal": "theory"} and filters[2] == {"field": "source",
+                                                                                   "equal": "measured"}
+    data = pd.DataFrame(spec["datasets"][spec["data"]["name"]])
+    curve = data[(data["source"] == "theory")].set_index(["series", "alpha"])["speedup"]
+    # At c = 0.05, k = 2: α=0 → 1/1.1; α=0.5 → 0.875/(0.5·1.1); α=1 → 3/1.1. At c = 0.4: α=0.5 → 0.875/0.9.
+    assert [curve[("ngram · greedy", a)] for a in (0.0, 0.5, 1.0)] == pytest.approx([1 / 1.1, 0.875 / 0.55, 3 / 1.1])
+    assert curve[("layerskip:2 · greedy", 0.5)] == pytest.approx(0.875 / 0.9)
+    assert len(data[data["source"] == "measured"]) == 5
+
+
+def test_token_fates_follow_the_rounds(db):
+    rounds = queries.read(db, queries.run_rounds, "p1-ls-k4")
+    tokens = [(t.token_id, t.fate) for t in fates.text_tokens(rounds)]
+    assert tokens == [(300, "accepted"), (301, "accepted"), (302, "accepted"), (303, "correction"),
+                      (304, "correction"), (305, "accepted"), (399, "accepted"), (307, "accepted"),
+                      (308, "accepted"), (309, "bonus"), (310, "accepted"), (311, "bonus")]
+    assert [(t.token_id, t.fate) for t in fates.drafts(rounds.iloc[1])] == [
+        (904, "rejected"), (954, "thrown"), (955, "thrown"), (956, "thrown")]
+    plain = fates.text_tokens(queries.read(db, queries.run_rounds, "p1-ng-k2"))
+    assert [t.fate for t in plain][:4] == ["plain", "accepted", "correction", "correction"]
+    assert fates.first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert fates.first_difference([1, 9, 3], [1, 2, 3]) == 1
+    assert fates.first_difference([1, 2], [1, 2, 3]) == 2
+
+
+def test_text_html_escapes_and_marks_every_token():
+    rounds = pd.DataFrame([{"round": 0, "k": 2, "accepted": 1, "rejected": 1, "thrown": 0, "bonus": False,
+                            "emitted": 2, "draft_s": 0.0, "verify_s": 0.05, "draft_tokens": [1, 2],
+                            "target_tokens": [1, 3, 4]}])
+    pieces = {1: "<b>", 3: "\n"}
+    html = fates.text_html(fates.text_tokens(rounds), pieces.__getitem__)
+    assert '<span class="tok-accepted" data-fate="accepted" title="round 0 · accepted draft · id 1">&lt;b&gt;' in html
+    assert 'data-fate="correction" title="round 0 · correction · id 3">⏎\n</span>' in html
