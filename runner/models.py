@@ -130,16 +130,24 @@ def _source(spec: str) -> str:
     return str(Path(spec).expanduser()) if spec.startswith("~") else spec
 
 
+def _local_only() -> bool:
+    # No model hub is assumed: repo ids come from the local Hugging Face cache unless HF_HUB_OFFLINE=0.
+    return os.environ.get("HF_HUB_OFFLINE", "1") != "0"
+
+
+def load_tokenizer(spec: str) -> PreTrainedTokenizerBase:
+    """The tokenizer of a model spec, without its weights (the dashboard's replay needs only this)."""
+    return AutoTokenizer.from_pretrained(_source(spec), local_files_only=_local_only())
+
+
 def load(spec: str, device: str | None = None, dtype: str | None = None) -> Loaded:
     """Load a model spec for inference. Offline by default: a repo id must be in the local cache."""
     chosen = pick_device(device)
     chosen_dtype = pick_dtype(dtype, chosen)
     try:
         where = _source(spec)
-        # No model hub is assumed: repo ids come from the local Hugging Face cache unless HF_HUB_OFFLINE=0.
-        local = os.environ.get("HF_HUB_OFFLINE", "1") != "0"
-        tokenizer = AutoTokenizer.from_pretrained(where, local_files_only=local)
-        model = AutoModelForCausalLM.from_pretrained(where, dtype=chosen_dtype, local_files_only=local)
+        tokenizer = AutoTokenizer.from_pretrained(where, local_files_only=_local_only())
+        model = AutoModelForCausalLM.from_pretrained(where, dtype=chosen_dtype, local_files_only=_local_only())
     except ModelError:
         raise
     except OSError:
