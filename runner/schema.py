@@ -65,9 +65,23 @@ def _add_device_name(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("ALTER TABLE runs ADD COLUMN device_name TEXT")
 
 
+def _create_bench_results(con: duckdb.DuckDBPyConnection) -> None:
+    # `make bench`: one row per printed line of its table, so the dashboard shows exactly what was printed.
+    # Values are medians over repeats with their min and max; ratio = ours / theirs, per repeat, then the median.
+    con.execute("""CREATE TABLE bench_results (
+        bench_id TEXT NOT NULL, started_at TIMESTAMP, device TEXT, device_name TEXT, dtype TEXT, threads INTEGER,
+        target TEXT, draft TEXT NOT NULL, k INTEGER NOT NULL, category TEXT NOT NULL, metric TEXT NOT NULL, unit TEXT,
+        ours DOUBLE, ours_min DOUBLE, ours_max DOUBLE, theirs DOUBLE, theirs_min DOUBLE, theirs_max DOUBLE,
+        ratio DOUBLE, ratio_min DOUBLE, ratio_max DOUBLE, repeats INTEGER, prompts INTEGER,
+        max_new_tokens INTEGER, mismatches INTEGER, alpha DOUBLE, c DOUBLE, goal TEXT, goal_met BOOLEAN,
+        load_before DOUBLE, load_after DOUBLE, command TEXT, torch_version TEXT, transformers_version TEXT,
+        host TEXT, git_commit TEXT, PRIMARY KEY (bench_id, metric, draft, k, category))""")
+
+
 MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     _create_runs_and_rounds,
     _create_run_stats,
     _add_device_name,
+    _create_bench_results,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)

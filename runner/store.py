@@ -9,9 +9,11 @@ next write (or `flush_pending`) moves it into the database.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import os
 import random
+import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -103,24 +105,67 @@ def _is_lock_conflict(error: duckdb.Error) -> bool:
         isinstance(error, duckdb.ConnectionException) and "different configuration" in text)
 
 
+READER_YIELD_S = 1.0  # a reader waits at most this long for a writer that is waiting
+
+
+def _writer_flag(path: Path) -> Path:
+    return path.with_name(path.name + ".writer")
+
+
+def _yield_to_writer(path: Path, bound_s: float) -> None:
+    """DuckDB admits a writer only when no reader holds the file, so readers in a loop could starve the
+    runner forever. A waiting writer holds an exclusive flock on `<db>.writer`; a reader lets it in first."""
+    try:
+        fd = os.open(_writer_flag(path), os.O_RDONLY)
+    except OSError:  # no writer has waited here yet
+        return
+    try:
+        deadline = time.monotonic() + min(bound_s, READER_YIELD_S)
+        while time.monotonic() < deadline:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # free: no writer waiting
+                return
+            except BlockingIOError:
+                time.sleep(0.005)
+    finally:
+        os.close(fd)
+
+
+def _claim_writer(path: Path) -> int | None:
+    """Announce a waiting writer (the kernel drops the flock if the process dies); None if impossible."""
+    try:
+        fd = os.open(_writer_flag(path), os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        return None
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
 def open_db(db_path: str | os.PathLike, *, read_only: bool, bound_s: float = 30.0,
             config: dict | None = None) -> tuple[duckdb.DuckDBPyConnection, int]:
     """Connect, retrying lock conflicts with jittered exponential backoff; (connection, retries)."""
     path = Path(db_path)
     if not _may_be_duckdb(path):
         raise StoreError(f"{path} is not a specdash database (not a DuckDB file)")
+    if read_only:
+        _yield_to_writer(path, bound_s)
+    flag = None if read_only else _claim_writer(path)
     deadline, retries = time.monotonic() + bound_s, 0
-    while True:
-        try:
-            return duckdb.connect(str(path), read_only=read_only, config={**_CONFIG, **(config or {})}), retries
-        except duckdb.Error as error:
-            if not _is_lock_conflict(error):
-                raise _open_error(path, error) from None
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise Locked(path, bound_s, retries) from None
-            time.sleep(min(remaining, min(0.5, 0.01 * 2**retries) * random.uniform(0.5, 1.5)))
-            retries += 1
+    try:
+        while True:
+            try:
+                return duckdb.connect(str(path), read_only=read_only, config={**_CONFIG, **(config or {})}), retries
+            except duckdb.Error as error:
+                if not _is_lock_conflict(error):
+                    raise _open_error(path, error) from None
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise Locked(path, bound_s, retries) from None
+                time.sleep(min(remaining, min(0.5, 0.01 * 2**retries) * random.uniform(0.5, 1.5)))
+                retries += 1
+    finally:
+        if flag is not None:
+            os.close(flag)
 
 
 def _may_be_duckdb(path: Path) -> bool:
@@ -248,6 +293,21 @@ def _open_for_write(db_path: Path, bound_s: float) -> tuple[duckdb.DuckDBPyConne
     return con, retries
 
 
+def check_db(db_path: str | os.PathLike, lock_timeout_s: float = 30.0) -> None:
+    """Fail now on a --db that cannot be used, creating and changing nothing (the first write creates it)."""
+    path = Path(db_path)
+    if path.exists():
+        _read(path, "SELECT 1", [], lock_timeout_s)  # read-only: refuses foreign, newer and non-DuckDB files
+        return
+    if not path.parent.is_dir():
+        raise StoreError(f"cannot create {path}: {path.parent} is not a directory")
+    try:
+        with tempfile.TemporaryFile(dir=path.parent):  # /proc and read-only mounts refuse even root
+            pass
+    except OSError as error:
+        raise StoreError(f"cannot create {path}: {error.strerror}") from None
+
+
 def init_db(db_path: str | os.PathLike, lock_timeout_s: float = 30.0) -> None:
     """Create or migrate the database now, so a bad path fails before any model is loaded."""
     con, _ = _open_for_write(Path(db_path), lock_timeout_s)
@@ -352,3 +412,37 @@ def sweep_summary(db_path: str | os.PathLike, sweep_id: str, lock_timeout_s: flo
     columns = ["category", "draft", "k", "mode", "runs", "alpha", "tau", "thrown_share", "measured_speedup",
                "predicted_speedup", "lossless_failures"]
     return pd.DataFrame(_read(Path(db_path), _SWEEP_SUMMARY, [sweep_id], lock_timeout_s), columns=columns)
+
+
+BENCH_COLUMNS = (
+    "bench_id", "started_at", "device", "device_name", "dtype", "threads", "target", "draft", "k", "category", "metric",
+    "unit",
+    "ours", "ours_min", "ours_max", "theirs", "theirs_min", "theirs_max", "ratio", "ratio_min", "ratio_max",
+    "repeats", "prompts", "max_new_tokens", "mismatches", "alpha", "c", "goal", "goal_met", "load_before",
+    "load_after", "command", "torch_version", "transformers_version", "host", "git_commit",
+)
+_INSERT_BENCH = (f"INSERT INTO bench_results ({', '.join(BENCH_COLUMNS)}) "
+                 f"VALUES ({', '.join('?' * len(BENCH_COLUMNS))})")
+
+
+def write_bench(db_path: str | os.PathLike, rows: list[dict], lock_timeout_s: float = 30.0) -> None:
+    """Record one `make bench` table (each dict holds every BENCH_COLUMNS key) in one transaction."""
+    path = Path(db_path)
+    con, _ = _open_for_write(path, lock_timeout_s)
+    try:
+        con.begin()
+        try:
+            con.executemany(_INSERT_BENCH, [[row[c] for c in BENCH_COLUMNS] for row in rows])
+            con.commit()
+        except duckdb.Error as error:
+            con.rollback()
+            raise StoreError(f"could not record the bench: {str(error).splitlines()[0]}") from None
+    finally:
+        con.close()
+
+
+def bench_results(db_path: str | os.PathLike, bench_id: str, lock_timeout_s: float = 30.0) -> pd.DataFrame:
+    """The rows of one bench, in the order they were printed (metric, draft, k, category as written)."""
+    rows = _read(Path(db_path), f"SELECT {', '.join(BENCH_COLUMNS)} FROM bench_results WHERE bench_id = ? "
+                                "ORDER BY rowid", [bench_id], lock_timeout_s)
+    return pd.DataFrame(rows, columns=list(BENCH_COLUMNS))

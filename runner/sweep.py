@@ -139,7 +139,7 @@ class Recorder:
 def run_sweep(config: SweepConfig, console: Console) -> tuple[str, Recorder]:
     """Load once, warm up, then record every cell not yet recorded. Returns the sweep id and its recorder."""
     sweep_id = config.sweep_id or new_sweep_id()
-    store.init_db(config.db)  # fail on a bad --db before loading any model
+    store.check_db(config.db)  # fail on a bad --db before loading any model, creating nothing
     done = store.recorded_runs(config.db, sweep_id) if config.sweep_id else set()
     cells = [c for c in plan(config) if c.key(config.seed) not in done]
     target = models.load(config.target, config.device, config.dtype)

@@ -97,7 +97,7 @@ def test_runs_and_rounds_have_the_documented_columns(db):
         "measured_speedup", "target_pass_s", "verify_pass_s", "draft_token_s", "c", "theoretical_speedup",
         "lossless"]
     assert query(db, "SELECT version, name FROM schema_migrations ORDER BY version") == [
-        (1, "create_runs_and_rounds"), (2, "create_run_stats"), (3, "add_device_name")]
+        (1, "create_runs_and_rounds"), (2, "create_run_stats"), (3, "add_device_name"), (4, "create_bench_results")]
 
 
 def schema_dump(db: Path) -> list:
@@ -122,7 +122,7 @@ def test_migrating_from_every_older_version_ends_identical(tmp_path, start):
     store.migrate(con)  # a second run finds nothing to do
     con.close()
     assert schema_dump(old) == schema_dump(fresh)
-    assert len(MIGRATIONS) == SCHEMA_VERSION == 3
+    assert len(MIGRATIONS) == SCHEMA_VERSION == 4
     if start >= 1:
         assert query(old, "SELECT run_id, tau FROM run_stats") == [("base", 1.0)]
 
