@@ -1,0 +1,222 @@
+"""Shared by the tests/test_reliability_*.py files: prompt files, sweep processes, invariant checks, readers.
+
+Run as a script it is one of two processes the concurrency tests start:
+
+    python tests/reliability_helpers.py sweep OUT.json -- <runner sweep arguments>
+        the real `python -m runner sweep`, counting the store's lock retries and spills into OUT.json;
+    python tests/reliability_helpers.py reader dashboard|sql DB STOP OUT.json
+        a reader that queries DB in a loop, as the dashboard or `runner sql` does, until the file STOP
+        appears, then writes what it saw (queries, lock retries, errors, partial runs) into OUT.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+
+ROOT = Path(__file__).resolve().parent.parent
+CATEGORIES = ("code", "summary", "poem")
+# A run whose rounds are not all there: what a reader must never see. Also rounds without their run.
+PARTIAL_RUNS = """SELECT
+    (SELECT count(*) FROM runs r WHERE status = 'ok'
+        AND n_rounds <> (SELECT count(*) FROM rounds WHERE run_id = r.run_id)) AS partial,
+    (SELECT count(*) FROM rounds WHERE run_id NOT IN (SELECT run_id FROM runs)) AS orphan_rounds,
+    (SELECT count(*) FROM runs) AS runs"""
+CELLS = "SELECT prompt_id, draft, k, mode FROM runs WHERE sweep_id = ? AND status = 'ok'"
+
+
+def write_prompts(path: Path, n: int) -> Path:
+    """n short prompts spread over the three categories."""
+    lines = [json.dumps({"id": f"p{i:02d}", "category": CATEGORIES[i % 3],
+                         "prompt": f"Prompt {i}: write one short line about {CATEGORIES[i % 3]}."}) for i in range(n)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def planned_cells(n_prompts: int, drafts: list[str], ks: list[int]) -> list[tuple]:
+    """What a greedy sweep over write_prompts(n_prompts) must record: a baseline and every draft × k per prompt."""
+    cells = []
+    for i in range(n_prompts):
+        cells.append((f"p{i:02d}", "none", None, "greedy"))
+        cells += [(f"p{i:02d}", draft, k, "greedy") for draft in drafts for k in ks]
+    return cells
+
+
+def sweep_args(target: Path, db: Path, prompts: Path, drafts: list[str], ks: list[int]) -> list[str]:
+    drafts_args = [arg for draft in drafts for arg in ("--draft", draft)]
+    return ["--target", str(target), *drafts_args, "--k", ",".join(map(str, ks)), "--prompts", str(prompts),
+            "--max-new-tokens", "4", "--db", str(db)]
+
+
+def child_env() -> dict[str, str]:
+    """One torch thread per process: with two, the tiny model's passes are ~5x slower on a busy 2-core box."""
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
+
+
+def query(db: Path, sql: str, params: list | None = None) -> list[tuple]:
+    with duckdb.connect(str(db), read_only=True) as con:
+        return con.execute(sql, params or []).fetchall()
+
+
+def sweep_ids(db: Path) -> list[str]:
+    return [s for (s,) in query(db, "SELECT DISTINCT sweep_id FROM runs ORDER BY ALL")]
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """End a child this test started, politely and then not."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def start_script(role: str, *args: str, log: Path) -> subprocess.Popen:
+    with log.open("w") as out:
+        return subprocess.Popen([sys.executable, str(Path(__file__).resolve()), role, *args], cwd=ROOT,
+                                env=child_env(), stdout=out, stderr=subprocess.STDOUT)
+
+
+# --- the two script roles ------------------------------------------------------------------------------------
+
+
+def _counting_sweep(out: Path, argv: list[str]) -> int:
+    """`runner sweep argv`, with every open_db/write_run of the store counted."""
+    from runner import cli, store
+
+    counts = {"writes": 0, "write_retries": 0, "read_opens": 0, "read_retries": 0, "spills": 0,
+              "max_write_s": 0.0, "exit_code": None}
+    real_open, real_write, real_spill = store.open_db, store.write_run, store._spill
+
+    def open_db(db_path, *, read_only, bound_s=30.0, config=None):
+        con, retries = real_open(db_path, read_only=read_only, bound_s=bound_s, config=config)
+        if read_only:
+            counts["read_opens"] += 1
+            counts["read_retries"] += retries
+        return con, retries
+
+    def write_run(db_path, record, lock_timeout_s=30.0):
+        started = time.monotonic()
+        retries = real_write(db_path, record, lock_timeout_s)
+        counts["writes"] += 1
+        counts["write_retries"] += retries
+        counts["max_write_s"] = max(counts["max_write_s"], time.monotonic() - started)
+        return retries
+
+    def spill(db_path, record):
+        counts["spills"] += 1
+        real_spill(db_path, record)
+
+    store.open_db, store.write_run, store._spill = open_db, write_run, spill
+    sys.argv = ["runner", "sweep", *argv]
+    try:
+        cli.main()
+        counts["exit_code"] = 0
+    except SystemExit as exit_:
+        counts["exit_code"] = exit_.code if isinstance(exit_.code, int) else 1
+    finally:
+        out.write_text(json.dumps(counts))
+    return counts["exit_code"]
+
+
+def _dashboard_reads(db: Path, seen: dict) -> None:
+    """What the Overview and the Replay pages read, one short connection per query function, as the app does."""
+    from dashboard import queries
+
+    if queries.read(db, queries.run_count) == 0:
+        return
+    filters = queries.Filters()
+    for fn in (queries.filter_options, queries.cells, queries.totals, queries.runs, queries.verify_growth,
+               queries.lossless_rates, queries.draft_categories):
+        queries.read(db, fn, *([] if fn is queries.filter_options else [filters]))
+        seen["queries"] += 1
+    choices = queries.read(db, queries.run_choices)
+    ok = choices[choices["status"] == "ok"]
+    if len(ok):
+        newest = ok["run_id"].iloc[0]
+
+        def replay(con: duckdb.DuckDBPyConnection) -> tuple[int, int]:
+            return int(queries.run_detail(con, newest)["n_rounds"].iloc[0]), len(queries.run_rounds(con, newest))
+
+        n_rounds, rounds = queries.read(db, replay)
+        seen["partial"] += int(n_rounds != rounds)
+        seen["queries"] += 2
+    partial, orphans, runs = queries.read(db, lambda con: con.execute(PARTIAL_RUNS).fetchone())
+    seen["partial"] += partial + orphans
+    seen["queries"] += 1
+    seen["shrank"] += int(runs < seen["runs"])  # committed runs never disappear
+    seen["runs"] = max(seen["runs"], runs)
+
+
+def _sql_reads(db: Path, seen: dict, turn: int) -> None:
+    """What `runner sql` and the SQL page run: the examples and the invariant check, through run_query."""
+    from runner.sql import EXAMPLES, run_query
+
+    if not db.is_file() or db.stat().st_size < 12:
+        return
+    try:
+        partial, orphans, runs = run_query(db, PARTIAL_RUNS).frame.iloc[0].tolist()
+    except Exception as error:  # the schema is not there yet: the same as the empty state
+        if "does not exist" in str(error):
+            seen["not_ready"] += 1
+            return
+        raise
+    seen["partial"] += int(partial) + int(orphans)
+    seen["shrank"] += int(runs < seen["runs"])
+    seen["runs"] = max(seen["runs"], int(runs))
+    run_query(db, list(EXAMPLES.values())[turn % len(EXAMPLES)])
+    seen["queries"] += 2
+
+
+def _reader(kind: str, db: Path, stop_file: Path, out: Path, pause_s: float = 0.02) -> int:
+    from dashboard import queries
+    from runner import sql
+
+    seen = {"kind": kind, "queries": 0, "not_ready": 0, "opens": 0, "retries": 0, "partial": 0, "shrank": 0, "runs": 0,
+            "errors": [], "error_count": 0}
+    module = queries if kind == "dashboard" else sql
+    real_open = module.open_db
+
+    def open_db(db_path, *, read_only, bound_s=30.0, config=None):
+        con, retries = real_open(db_path, read_only=read_only, bound_s=bound_s, config=config)
+        seen["opens"] += 1
+        seen["retries"] += retries
+        return con, retries
+
+    module.open_db = open_db
+    turn = 0
+    while not stop_file.exists():
+        try:
+            if not db.exists():
+                pass  # the dashboard's empty state: nothing to read yet
+            elif kind == "dashboard":
+                _dashboard_reads(db, seen)
+            else:
+                _sql_reads(db, seen, turn)
+        except Exception as error:  # noqa: BLE001 - every error a user would see is what this test counts
+            seen["error_count"] += 1
+            if len(seen["errors"]) < 5:
+                seen["errors"].append(f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
+        turn += 1
+        time.sleep(pause_s)
+    out.write_text(json.dumps(seen))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    role, rest = sys.argv[1], sys.argv[2:]
+    if role == "sweep":
+        sys.exit(_counting_sweep(Path(rest[0]), rest[2:] if rest[1:2] == ["--"] else rest[1:]))
+    if role == "reader":
+        sys.exit(_reader(rest[0], Path(rest[1]), Path(rest[2]), Path(rest[3])))
+    sys.exit(f"unknown role {role}")

@@ -1,0 +1,120 @@
+"""SIGKILL the runner at random points of a sweep: the file always opens, holds no partial run, and
+`--resume SWEEP_ID` records exactly the missing cells, leaving the runs recorded before the kill as they were.
+
+A killed sweep never printed its id (the summary comes at the end), so it is read from the file.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import duckdb
+import pytest
+import torch
+from reliability_helpers import (
+    CELLS,
+    PARTIAL_RUNS,
+    ROOT,
+    child_env,
+    planned_cells,
+    query,
+    sweep_args,
+    sweep_ids,
+    write_prompts,
+)
+from typer.testing import CliRunner
+
+from runner import store
+from runner.cli import app
+
+TRIALS = 10
+SEED = 20261129  # the kill points are random but reproducible
+DRAFTS, KS, PROMPTS = ["ngram", "layerskip:2"], [1, 2, 4], 3  # 21 runs, a few seconds of recording
+KILL_WINDOW_S = 6.0  # from the file's creation: model load, warm-up, then the runs
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """The in-process resume, like the sweeps it finishes, on one torch thread (a busy 2-core machine)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _runs_so_far(db: Path) -> int:
+    try:
+        return query(db, "SELECT count(*) FROM runs")[0][0]
+    except duckdb.Error:  # locked by the writer, or the schema is still being created
+        return 0
+
+
+def _kill_at_random(args: list[str], db: Path, rng: random.Random, after_first_run: bool, log: Path) -> str:
+    """Start a sweep, SIGKILL it at a random point; says where the kill landed."""
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "runner", "sweep", *args], cwd=ROOT, env=child_env(),
+                                stdout=subprocess.DEVNULL, stderr=out)
+    try:
+        deadline = time.monotonic() + 120
+        # Half the trials count from the file's creation, half from the first recorded run.
+        while not db.exists() or (after_first_run and _runs_so_far(db) == 0):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+            time.sleep(0.05)
+        time.sleep(rng.uniform(0, KILL_WINDOW_S / (2 if after_first_run else 1)))
+        if proc.poll() is not None:
+            return "finished before the kill"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        return "killed"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+
+
+def _snapshot(db: Path) -> tuple[list, list]:
+    return (query(db, "SELECT * FROM runs ORDER BY run_id"),
+            query(db, "SELECT * FROM rounds ORDER BY run_id, round"))
+
+
+def test_sigkill_at_random_points_then_resume_records_exactly_the_missing_cells(tiny_dir, tmp_path, one_thread):
+    rng = random.Random(SEED)
+    prompts = write_prompts(tmp_path / "prompts.jsonl", PROMPTS)
+    planned = sorted(planned_cells(PROMPTS, DRAFTS, KS), key=repr)
+    outcomes: Counter[str] = Counter()
+    for trial in range(TRIALS):
+        db = tmp_path / f"trial{trial}.duckdb"
+        args = sweep_args(tiny_dir, db, prompts, DRAFTS, KS)
+        landed = _kill_at_random(args, db, rng, after_first_run=trial % 2 == 1, log=tmp_path / f"trial{trial}.log")
+        if not db.exists():
+            outcomes["killed before the file was created"] += 1
+            continue
+        # The file opens, read-only and read-write, and holds no partial run.
+        assert query(db, PARTIAL_RUNS)[0][:2] == (0, 0)
+        store.init_db(db)  # completes the migrations a kill may have interrupted
+        ids = sweep_ids(db)
+        if not ids:
+            outcomes[f"{landed}, before any run was recorded"] += 1
+            continue
+        (sweep_id,) = ids
+        runs_before, rounds_before = _snapshot(db)
+        outcomes[f"{landed}, {'all' if len(runs_before) == len(planned) else 'some'} runs recorded: resumed"] += 1
+        result = CliRunner().invoke(app, ["sweep", *args, "--resume", sweep_id])
+        assert result.exit_code == 0, result.stderr
+        recorded = sorted(query(db, CELLS, [sweep_id]), key=repr)
+        assert recorded == planned, f"trial {trial}: after resume the cells differ from the plan"
+        assert query(db, PARTIAL_RUNS) == [(0, 0, len(planned))]
+        runs_after, rounds_after = _snapshot(db)
+        kept = {row[0] for row in runs_before}
+        assert [row for row in runs_after if row[0] in kept] == runs_before  # untouched, byte for byte
+        assert [row for row in rounds_after if row[0] in kept] == rounds_before
+    print(f"\ncrash trials: {dict(outcomes)}", file=sys.stderr)
+    assert sum(outcomes.values()) == TRIALS

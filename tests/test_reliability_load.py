@@ -1,0 +1,28 @@
+"""Twenty browser sessions open the Overview of one `streamlit run` at once: every one renders, none errors.
+
+The work is bench/load.py's (run it for the p50/p95 figures); this bounds it and asserts no errors, not times.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from dashboard_fixtures import build
+
+from bench.load import CHROMIUM, open_sessions, serve, summary
+
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(),
+                                reason=f"no Debian Chromium at {CHROMIUM} (`make browser` installs it)")
+SESSIONS = 20
+
+
+def test_twenty_concurrent_sessions_render_the_overview_without_errors(tmp_path):
+    db = build(tmp_path / "runs.duckdb")
+    with serve(db, tmp_path / "streamlit.log") as url:
+        open_sessions(url, 1, timeout_s=120)  # the first session pays for the imports
+        results = open_sessions(url, SESSIONS, timeout_s=180)
+    print(f"\nload: {summary(results)}", file=sys.stderr)
+    assert len(results) == SESSIONS
+    assert [r for r in results if r.error] == []
