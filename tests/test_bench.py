@@ -1,0 +1,109 @@
+"""`make bench` (bench/bench.py): a quick run end to end, and the table's arithmetic by hand."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+
+import duckdb
+import pytest
+import torch
+
+from bench import bench
+from runner import store
+from runner.stats import theoretical_speedup
+
+
+def test_rows_hold_medians_and_min_max_over_repeats_and_judge_the_goal():
+    row = bench.Row("spec_tokens_per_s", "ngram", 4, "all", [10.0, 12.0, 11.0], [8.0, 10.0, 10.0], mismatches=0)
+    assert row.ratios == [1.25, 1.2, 1.1]
+    assert row.goal() == ("ratio >= 1.15", True)  # the median ratio, 1.2
+    [record] = bench.db_rows([row], {"bench_id": "b1"})
+    assert (record["ours"], record["ours_min"], record["ours_max"]) == (11.0, 10.0, 12.0)
+    assert (record["theirs"], record["theirs_min"], record["theirs_max"]) == (10.0, 8.0, 10.0)
+    assert (record["ratio"], record["ratio_min"], record["ratio_max"]) == (1.2, 1.1, 1.25)
+    assert bench.format_line(record) == (
+        "| spec_tokens_per_s | ngram | 4 | all | 11.00 (10.00–12.00) | 10.00 (8.00–10.00) | 1.20 (1.10–1.25) "
+        "|  |  | ratio >= 1.15: met | 0 |")
+    share = bench.Row("overhead_share", "ngram", 4, "all", [0.04, 0.07, 0.06])
+    assert share.ratios is None and share.goal() == ("ours <= 0.05", False)  # median 0.06
+    assert "6.00% (4.00%–7.00%) | — | — |" in bench.format_line(bench.db_rows([share], {})[0])
+
+
+@pytest.fixture(scope="module")
+def quick(tiny_dir, tmp_path_factory) -> tuple[int, str, list[dict]]:
+    """One --quick bench on a tiny random model (SmolLM2's tokenizer): every path, in seconds."""
+    db = tmp_path_factory.mktemp("bench") / "runs.duckdb"
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = bench.main(["--quick", "--target", str(tiny_dir), "--drafts", "ngram,layerskip:2", "--db", str(db)])
+    printed = out.getvalue()
+    bench_id = printed.rsplit("recorded as bench ", 1)[1].split()[0]
+    assert len(store.bench_results(db, bench_id)) > 0
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        rows = con.execute(f"SELECT {', '.join(store.BENCH_COLUMNS)} FROM bench_results WHERE bench_id = ? "
+                           "ORDER BY rowid", [bench_id]).fetchall()
+    finally:
+        con.close()
+    return code, printed, [dict(zip(store.BENCH_COLUMNS, row, strict=True)) for row in rows]
+
+
+def of(rows: list[dict], metric: str) -> list[dict]:
+    return [r for r in rows if r["metric"] == metric]
+
+
+def test_quick_bench_has_a_row_for_every_draft_and_k_with_lossless_outputs(quick):
+    code, printed, rows = quick
+    assert code == 0
+    assert [(r["draft"], r["k"], r["category"]) for r in of(rows, "spec_tokens_per_s")] == [
+        ("ngram", 2, "all"), ("ngram", 2, "code"), ("layerskip:2", 2, "all"), ("layerskip:2", 2, "code")]
+    assert [(r["draft"], r["k"], r["category"]) for r in of(rows, "plain_tokens_per_s")] == [
+        ("none", 0, "all"), ("none", 0, "code")]
+    # Equal to greedy: ours and transformers' plain outputs agree, and each engine's speculative output
+    # equals its own plain output.
+    throughput = of(rows, "plain_tokens_per_s") + of(rows, "spec_tokens_per_s")
+    assert [r["mismatches"] for r in throughput] == [0] * 6
+    assert "lossless: every output equal to its engine's plain greedy output" in printed
+    for r in throughput:
+        assert r["ours"] > 0 and r["theirs"] > 0 and math.isfinite(r["ratio"]) and r["ratio"] > 0
+        assert r["ratio"] == pytest.approx(r["ours"] / r["theirs"])  # one repeat: the ratio of the values
+        assert (r["repeats"], r["prompts"], r["max_new_tokens"]) == (1, 1, 8) and r["goal"] is not None
+
+
+def test_quick_bench_overheads_speedups_and_verify_curve_are_sane(quick):
+    _, _, rows = quick
+    for metric in ("overhead_share", "loop_overhead_share", "record_share", "record_ms"):
+        assert [r["draft"] for r in of(rows, metric)] == ["ngram", "layerskip:2"]
+    for metric in ("overhead_share", "loop_overhead_share"):
+        assert all(0 <= r["ours"] < 1 for r in of(rows, metric)), metric
+    assert all(0 <= r["theirs"] < 1 for r in of(rows, "overhead_share"))
+    # Writing a run costs something (on a tiny model, more than the run itself).
+    assert all(0 < r["ours"] for r in of(rows, "record_share") + of(rows, "record_ms"))
+    for r in of(rows, "speedup"):
+        assert 0 <= r["alpha"] <= 1 and r["c"] >= 0 and r["ours"] > 0
+        assert r["theirs"] == pytest.approx(theoretical_speedup(r["alpha"], r["k"], r["c"]))
+    # Prompt lookup calls no draft model; the layer-skip draft runs k=2 forwards a round in both engines.
+    assert [(r["draft"], r["k"]) for r in of(rows, "target_passes")] == [("none", 0), ("ngram", 2), ("layerskip:2", 2)]
+    assert [(r["draft"], r["k"]) for r in of(rows, "draft_passes")] == [("layerskip:2", 2)]
+    plain = of(rows, "target_passes")[0]
+    assert (plain["ours"], plain["theirs"]) == (9, 8)  # 8 tokens: our separate prefill pass, then one pass each
+    verify = of(rows, "verify_ms")
+    assert [r["k"] for r in verify] == list(range(9)) and all(r["ours"] > 0 for r in verify)
+    assert verify[0]["ratio"] == 1.0 and [r["theirs"] for r in verify] == [verify[0]["ours"]] * 9
+
+
+def test_what_is_printed_is_what_is_stored(quick):
+    _, printed, rows = quick
+    table_lines = [line for line in printed.splitlines() if line.startswith("| ") and "| metric |" not in line]
+    assert len(rows) == 2 + 4 + (3 + 1) + 4 * 2 + 4 + 9
+    assert [bench.format_line(r) for r in rows] == table_lines
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_device_cuda_without_cuda_fails_in_one_line(tmp_path, capsys):
+    assert bench.main(["--quick", "--device", "cuda", "--db", str(tmp_path / "runs.duckdb")]) == 2
+    err = capsys.readouterr().err
+    assert err == "bench: error: --device cuda asked for, but no CUDA device is available\n"
+    assert not (tmp_path / "runs.duckdb").exists()
