@@ -83,7 +83,7 @@ RUNS = """INSERT INTO runs (run_id, sweep_id, started_at, target, draft, draft_k
     k, mode, temperature, top_p, seed, max_new_tokens, device, dtype, new_tokens, n_rounds, target_passes,
     draft_calls, wall_s, prefill_s, draft_s, verify_s, prompt_tokens, output_tokens, output_text, stop_reason,
     baseline_run_id, lossless, status, error, torch_version, transformers_version, python_version, host, git_commit,
-    device_name)
+    device_name, accepted, rejected, thrown, drafted)
 SELECT p.run_id, p.sweep_id, TIMESTAMP '2026-01-01' + p.i * INTERVAL 1 SECOND, ?, p.draft,
     CASE WHEN p.draft = 'none' THEN 'baseline' ELSE split_part(p.draft, ':', 1) END, p.category, p.prompt_id,
     'prompt ' || p.prompt_id, p.k, p.mode, CASE WHEN p.mode = 'greedy' THEN 0.0 ELSE 0.7 END, 1.0, p.seed,
@@ -92,9 +92,12 @@ SELECT p.run_id, p.sweep_id, TIMESTAMP '2026-01-01' + p.i * INTERVAL 1 SECOND, ?
     [1, 2, 3], range(a.new_tokens)::INTEGER[], 'synthetic', 'max_new_tokens',
     CASE WHEN p.pos > 0 THEN p.base_id END,
     CASE WHEN p.pos > 0 AND p.mode = 'greedy' THEN hash(p.i) % 1000 <> 0 END,
-    'ok', NULL, '2.13.0', '5.24.0', '3.11.7', 'synthetic', '', 'synthetic CPU'
+    'ok', NULL, '2.13.0', '5.24.0', '3.11.7', 'synthetic', '', 'synthetic CPU',
+    a.accepted, a.rejected, a.thrown, a.drafted
 FROM plan p JOIN (SELECT run_id, sum(emitted)::INTEGER AS new_tokens, count(*)::INTEGER AS n_rounds,
-                         sum(draft_s) AS draft_s, sum(verify_s) AS verify_s FROM rounds GROUP BY run_id) a
+                         sum(draft_s) AS draft_s, sum(verify_s) AS verify_s, sum(accepted)::INTEGER AS accepted,
+                         sum(rejected)::INTEGER AS rejected, sum(thrown)::INTEGER AS thrown,
+                         sum(k)::INTEGER AS drafted FROM rounds GROUP BY run_id) a
     USING (run_id)"""
 
 

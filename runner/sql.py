@@ -30,6 +30,9 @@ _SANDBOX = {
 # PRAGMAs that only read; every other PRAGMA sets something (or is a function call in disguise).
 _READ_PRAGMAS = {"table_info", "show_tables", "show_tables_expanded", "database_list", "database_size",
                  "storage_info", "version", "platform", "functions", "collations"}
+# Table functions that read files. DuckDB exempts a connection's own database file and WAL from
+# enable_external_access = false, so these are refused by name too; query() would run a string past this check.
+_FILE_FUNCTIONS = ("read_", "parquet_", "glob", "sniff_csv", "query", "query_table")
 _READ_ONLY_REFUSAL = "refused: only read statements (SELECT, WITH, VALUES, DESCRIBE, SHOW, EXPLAIN) are allowed"
 
 
@@ -82,9 +85,21 @@ def _single(sql: str) -> duckdb.Statement:
     return statements[0]
 
 
+def _file_function(words: list[tuple[int, str]]) -> str | None:
+    """The first call of a file-reading table function among the tokens, if any."""
+    for (_, name), (_, after) in zip(words, words[1:], strict=False):
+        name = name.strip('"')
+        if after == "(" and (name.startswith(_FILE_FUNCTIONS[:2]) or name.endswith("_scan")
+                             or name in _FILE_FUNCTIONS[2:]):
+            return name
+    return None
+
+
 def check_statement(sql: str) -> str:
     """The one read statement in `sql`, or QueryError saying why it is refused."""
     statement = _single(sql)
+    if name := _file_function(_words(statement.query)):
+        raise QueryError(f"refused: file access is disabled ({name} reads files)")
     try:
         readable = _is_read(statement)
     except QueryError:

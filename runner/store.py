@@ -49,6 +49,7 @@ _RUN_COLUMNS = (
     "target_passes", "draft_calls", "wall_s", "prefill_s", "draft_s", "verify_s", "prompt_tokens", "output_tokens",
     "output_text", "stop_reason", "baseline_run_id", "lossless", "status", "error", "torch_version",
     "transformers_version", "python_version", "host", "git_commit", "device_name",
+    "accepted", "rejected", "thrown", "drafted",
 )
 _INSERT_RUN = f"INSERT INTO runs ({', '.join(_RUN_COLUMNS)}) VALUES ({', '.join('?' * len(_RUN_COLUMNS))})"
 # One statement for all rounds: unnest zips the column lists (~10x faster than executemany).
@@ -215,7 +216,14 @@ def _run_row(record: RunRecord) -> list:
             *generated, record.output_text, gen.stop_reason if gen else None, record.baseline_run_id,
             record.lossless, record.status, record.error,
             *(prov.get(key) for key in ("torch_version", "transformers_version", "python_version", "host",
-                                        "git_commit", "device_name"))]
+                                        "git_commit", "device_name")),
+            *(_totals(gen.rounds) if gen else [None] * 4)]
+
+
+def _totals(rounds: tuple[Round, ...]) -> list[int]:
+    """accepted, rejected, thrown and drafted, summed over the rounds."""
+    return [sum(r.accepted for r in rounds), sum(r.rejected for r in rounds), sum(r.thrown for r in rounds),
+            sum(r.k for r in rounds)]
 
 
 def _round_columns(record: RunRecord) -> list[list]:

@@ -85,7 +85,8 @@ def test_runs_and_rounds_have_the_documented_columns(db):
         ("prompt_tokens", ints), ("output_tokens", ints), ("output_text", text), ("stop_reason", text),
         ("baseline_run_id", text), ("lossless", "BOOLEAN"), ("status", text), ("error", text),
         ("torch_version", text), ("transformers_version", text), ("python_version", text), ("host", text),
-        ("git_commit", text), ("device_name", text)]
+        ("git_commit", text), ("device_name", text), ("accepted", i), ("rejected", i), ("thrown", i),
+        ("drafted", i)]
     assert columns(db, "rounds") == [
         ("run_id", text), ("round", i), ("k", i), ("accepted", i), ("rejected", i), ("thrown", i),
         ("bonus", "BOOLEAN"), ("emitted", i), ("draft_s", f), ("verify_s", f), ("draft_tokens", ints),
@@ -97,7 +98,8 @@ def test_runs_and_rounds_have_the_documented_columns(db):
         "measured_speedup", "target_pass_s", "verify_pass_s", "draft_token_s", "c", "theoretical_speedup",
         "lossless"]
     assert query(db, "SELECT version, name FROM schema_migrations ORDER BY version") == [
-        (1, "create_runs_and_rounds"), (2, "create_run_stats"), (3, "add_device_name"), (4, "create_bench_results")]
+        (1, "create_runs_and_rounds"), (2, "create_run_stats"), (3, "add_device_name"), (4, "create_bench_results"),
+        (5, "add_run_totals")]
 
 
 def schema_dump(db: Path) -> list:
@@ -116,15 +118,19 @@ def test_migrating_from_every_older_version_ends_identical(tmp_path, start):
     if start >= 1:  # data written under the old schema (v1 columns only) survives and shows in the new view
         con.execute("INSERT INTO runs (run_id, sweep_id, draft, status, new_tokens, n_rounds, wall_s) "
                     "VALUES ('base', 's1', 'none', 'ok', 1, 1, 0.1)")
+        con.execute("INSERT INTO runs (run_id, sweep_id, draft, k, status, new_tokens, n_rounds, wall_s, "
+                    "baseline_run_id) VALUES ('spec', 's1', 'ngram', 2, 'ok', 4, 2, 0.1, 'base')")
         con.execute("INSERT INTO rounds (run_id, round, k, accepted, rejected, thrown, bonus, emitted) "
-                    "VALUES ('base', 0, 0, 0, 0, 0, true, 1)")
+                    "VALUES ('base', 0, 0, 0, 0, 0, true, 1), ('spec', 0, 2, 2, 0, 0, true, 3), "
+                    "('spec', 1, 2, 0, 1, 1, false, 1)")
     store.migrate(con)
     store.migrate(con)  # a second run finds nothing to do
     con.close()
     assert schema_dump(old) == schema_dump(fresh)
-    assert len(MIGRATIONS) == SCHEMA_VERSION == 4
+    assert len(MIGRATIONS) == SCHEMA_VERSION == 5
     if start >= 1:
-        assert query(old, "SELECT run_id, tau FROM run_stats") == [("base", 1.0)]
+        assert query(old, "SELECT run_id, accepted, rejected, thrown, drafted, alpha, tau FROM run_stats "
+                          "ORDER BY run_id") == [("base", 0, 0, 0, 0, None, 1.0), ("spec", 2, 1, 1, 4, 2 / 3, 2.0)]
 
 
 def test_a_newer_database_is_refused(db):
