@@ -79,12 +79,18 @@ def serve(db: Path, log: Path, port: int | None = None, timeout_s: float = 90) -
         _wait_healthy(base, server, timeout_s)
         yield base
     finally:
-        server.terminate()
+        stop(server)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """End a child process, politely and then not."""
+    if proc.poll() is None:
+        proc.terminate()
         try:
-            server.wait(timeout=10)
+            proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(timeout=10)
+            proc.kill()
+            proc.wait(timeout=10)
 
 
 async def _one(browser, url: str, index: int, timeout_s: float) -> Session:

@@ -83,7 +83,7 @@ RUNS = """INSERT INTO runs (run_id, sweep_id, started_at, target, draft, draft_k
     k, mode, temperature, top_p, seed, max_new_tokens, device, dtype, new_tokens, n_rounds, target_passes,
     draft_calls, wall_s, prefill_s, draft_s, verify_s, prompt_tokens, output_tokens, output_text, stop_reason,
     baseline_run_id, lossless, status, error, torch_version, transformers_version, python_version, host, git_commit,
-    device_name, accepted, rejected, thrown, drafted)
+    device_name)
 SELECT p.run_id, p.sweep_id, TIMESTAMP '2026-01-01' + p.i * INTERVAL 1 SECOND, ?, p.draft,
     CASE WHEN p.draft = 'none' THEN 'baseline' ELSE split_part(p.draft, ':', 1) END, p.category, p.prompt_id,
     'prompt ' || p.prompt_id, p.k, p.mode, CASE WHEN p.mode = 'greedy' THEN 0.0 ELSE 0.7 END, 1.0, p.seed,
@@ -92,13 +92,13 @@ SELECT p.run_id, p.sweep_id, TIMESTAMP '2026-01-01' + p.i * INTERVAL 1 SECOND, ?
     [1, 2, 3], range(a.new_tokens)::INTEGER[], 'synthetic', 'max_new_tokens',
     CASE WHEN p.pos > 0 THEN p.base_id END,
     CASE WHEN p.pos > 0 AND p.mode = 'greedy' THEN hash(p.i) % 1000 <> 0 END,
-    'ok', NULL, '2.13.0', '5.24.0', '3.11.7', 'synthetic', '', 'synthetic CPU',
-    a.accepted, a.rejected, a.thrown, a.drafted
-FROM plan p JOIN (SELECT run_id, sum(emitted)::INTEGER AS new_tokens, count(*)::INTEGER AS n_rounds,
-                         sum(draft_s) AS draft_s, sum(verify_s) AS verify_s, sum(accepted)::INTEGER AS accepted,
-                         sum(rejected)::INTEGER AS rejected, sum(thrown)::INTEGER AS thrown,
-                         sum(k)::INTEGER AS drafted FROM rounds GROUP BY run_id) a
+    'ok', NULL, '2.13.0', '5.24.0', '3.11.7', 'synthetic', '', 'synthetic CPU'
+FROM plan p JOIN (SELECT run_id, sum(emitted)::INTEGER + 1 AS new_tokens, count(*)::INTEGER AS n_rounds,
+                         sum(draft_s) AS draft_s, sum(verify_s) AS verify_s FROM rounds GROUP BY run_id) a
     USING (run_id)"""
+
+TOTALS = """INSERT INTO run_totals SELECT run_id, sum(accepted), sum(rejected), sum(thrown), sum(k), sum(emitted)
+FROM rounds GROUP BY run_id"""
 
 
 def build(db: Path, runs: int, rounds_per_run: int) -> None:
@@ -112,6 +112,7 @@ def build(db: Path, runs: int, rounds_per_run: int) -> None:
         con.execute(PLAN, [runs])
         con.execute(ROUNDS, [rounds_per_run])
         con.execute(RUNS, [TARGET])
+        con.execute(TOTALS)
         con.execute("CHECKPOINT")
     print(f"built {db}: {runs:,} runs × {rounds_per_run} rounds in {time.perf_counter() - started:.0f} s, "
           f"{db.stat().st_size / 2**20:,.0f} MiB", flush=True)
@@ -124,7 +125,7 @@ def check(db: Path) -> tuple[int, int]:
             (SELECT count(*) FROM rounds WHERE accepted + rejected + thrown <> k OR bonus <> (accepted = k)
                 OR emitted <> accepted + 1 OR rejected NOT IN (0, 1)),
             (SELECT count(*) FROM runs r JOIN (SELECT run_id, count(*) AS n, sum(emitted) AS e FROM rounds
-                GROUP BY run_id) a USING (run_id) WHERE r.n_rounds <> a.n OR r.new_tokens <> a.e
+                GROUP BY run_id) a USING (run_id) WHERE r.n_rounds <> a.n OR r.new_tokens <> a.e + 1
                 OR len(r.output_tokens) <> r.new_tokens),
             (SELECT count(*) FROM runs r LEFT JOIN runs b ON b.run_id = r.baseline_run_id
                 WHERE r.draft <> 'none' AND (b.draft IS DISTINCT FROM 'none' OR b.prompt_id <> r.prompt_id))

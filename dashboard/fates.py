@@ -1,9 +1,10 @@
 """What happened to every token of a run, from its `rounds` rows, and the replay's HTML; pure.
 
-A round's drafts are accepted (left to right while the target agrees), then at most one rejected,
-then thrown (never judged). The round emits the accepted drafts plus one target token: the
-correction after a rejection, the bonus when all k were accepted, or a plain token when nothing was
-drafted (k = 0: a baseline, or prompt lookup finding no match). EOS or max_new_tokens can cut it.
+The prefill's pass over the prompt makes the first new token. Then a round's drafts are accepted (left
+to right while the target agrees), then at most one rejected, then thrown (never judged). The round
+emits the accepted drafts plus one target token: the correction after a rejection, the bonus when all k
+were accepted, or a plain token when nothing was drafted (k = 0: a baseline, or prompt lookup finding
+no match). EOS or max_new_tokens can cut it.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ from dataclasses import dataclass
 import pandas as pd
 
 Decode = Callable[[int], str]
-LABELS = {"accepted": "accepted draft", "correction": "correction", "bonus": "bonus", "plain": "plain (no draft)",
-          "rejected": "rejected draft", "thrown": "thrown draft"}
+LABELS = {"prefill": "from the prefill", "accepted": "accepted draft", "correction": "correction", "bonus": "bonus",
+          "plain": "plain (no draft)", "rejected": "rejected draft", "thrown": "thrown draft"}
 CSS = """<style>
 .specdash-tokens { white-space: pre-wrap; line-height: 1.9; font-family: ui-monospace, monospace; font-size: 0.9rem; }
 .specdash-tokens span { border-radius: 3px; padding: 1px 1px; margin-right: 1px; }
+.tok-prefill { background: #e8e0f5; }
 .tok-accepted { background: #c8ecc9; }
 .tok-correction { background: #ffd59e; font-weight: 600; }
 .tok-bonus { background: #c9dbff; font-weight: 600; }
@@ -54,15 +56,17 @@ def drafts(row: pd.Series) -> list[Token]:
     return [Token(int(t), fate, int(row["round"])) for t, fate in zip(row["draft_tokens"], fates, strict=True)]
 
 
-def text_tokens(rounds: pd.DataFrame) -> list[Token]:
-    """The run's output, token by token, in order."""
-    return [token for _, row in rounds.iterrows() for token in emitted(row)]
+def text_tokens(output: Sequence[int], rounds: pd.DataFrame) -> list[Token]:
+    """The run's output, token by token, in order: what no round emitted came from the prefill."""
+    made = [token for _, row in rounds.iterrows() for token in emitted(row)]
+    return [Token(int(t), "prefill", -1) for t in output[: len(output) - len(made)]] + made
 
 
 def _span(token: Token, decode: Decode, breaks: bool = True) -> str:
     # A newline shows as ⏎; in the text it still breaks the line, so the text keeps its shape.
     shown = html.escape(decode(token.token_id)).replace("\n", "⏎\n" if breaks else "⏎")
-    title = html.escape(f"round {token.round} · {LABELS[token.fate]} · id {token.token_id}", quote=True)
+    where = "prefill" if token.round < 0 else f"round {token.round} · {LABELS[token.fate]}"
+    title = html.escape(f"{where} · id {token.token_id}", quote=True)
     return f'<span class="tok-{token.fate}" data-fate="{token.fate}" title="{title}">{shown}</span>'
 
 
@@ -72,7 +76,7 @@ def text_html(tokens: Sequence[Token], decode: Decode) -> str:
 
 
 def legend_html() -> str:
-    fates = ("accepted", "correction", "bonus", "plain", "rejected", "thrown")
+    fates = ("prefill", "accepted", "correction", "bonus", "plain", "rejected", "thrown")
     chips = " ".join(f'<span class="tok-{fate}">{LABELS[fate]}</span>' for fate in fates)
     return f'<div class="specdash-tokens">{chips}</div>'
 

@@ -30,6 +30,9 @@ CELL_COLUMNS = {
 }
 
 
+RUNS_SHOWN = 1000  # a table of every run would ship 100k rows to the browser on a large database
+
+
 def _headline(totals: pd.Series) -> None:
     cols = st.columns(5)
     cols[0].metric("speculative runs", f"{int(totals['runs']):,}", help="baselines not counted")
@@ -54,8 +57,9 @@ def _theory_chart(runs: pd.DataFrame, ks: list[int]) -> None:
 
 
 def _runs_table(runs: pd.DataFrame) -> None:
-    with st.expander(f"runs ({len(runs)}): open one in the replay"):
-        table = runs.assign(replay="replay?run=" + runs["run_id"])
+    shown = f"the newest {RUNS_SHOWN:,} shown; " if len(runs) > RUNS_SHOWN else ""
+    with st.expander(f"runs ({len(runs):,}): {shown}open one in the replay"):
+        table = runs.head(RUNS_SHOWN).assign(replay="replay?run=" + runs["run_id"])
         st.dataframe(table, hide_index=True, column_order=["replay", *runs.columns], column_config={
             "replay": st.column_config.LinkColumn("replay", display_text="open ↗"),
             **{name: CELL_COLUMNS[name] for name in ("alpha", "tau", "thrown_share", "c")},

@@ -94,7 +94,7 @@ def _tokens(run: pd.Series, rounds: pd.DataFrame) -> None:
         st.caption(f"Showing token ids: the tokenizer of {run['target']} could not be loaded ({problem}).")
     st.html(fates.CSS + fates.legend_html())
     st.markdown("**Generated text**")
-    st.html(fates.text_html(fates.text_tokens(rounds), decode))
+    st.html(fates.text_html(fates.text_tokens(list(run["output_tokens"]), rounds), decode))
     if not pd.isna(run["lossless"]) and not run["lossless"]:
         at = fates.first_difference(list(run["output_tokens"]), list(run["baseline_tokens"]))
         st.warning(f"This output differs from its baseline's from token {at} on.")

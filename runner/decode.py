@@ -15,7 +15,7 @@ from transformers import DynamicCache
 from runner.drafters import Drafter, crop_to
 from runner.models import Loaded
 from runner.records import Generation, Round
-from runner.sampling import Decoding, accept_greedy, accept_sampled, probabilities
+from runner.sampling import Decoding, accept_greedy, accept_sampled, draw, probabilities
 
 
 class Clock:
@@ -41,9 +41,9 @@ class Target:
         self.model = loaded.model
         self.cache = DynamicCache(config=loaded.model.config)
 
-    def prefill(self, tokens: Tensor) -> None:
-        if tokens.numel() > 1:
-            self.model(input_ids=tokens[None, :-1], cache=self.cache, use_cache=True, logits_to_keep=1)
+    def prefill(self, tokens: Tensor) -> Tensor:
+        """One pass over the whole prompt: the logits (V,) of the first new token."""
+        return self.model(input_ids=tokens[None], cache=self.cache, use_cache=True, logits_to_keep=1).logits[0, -1]
 
     def verify(self, fed: Tensor, want_hidden: bool) -> tuple[Tensor, Tensor | None]:
         """One pass over `fed` (T,): the logits at every fed position (T, V), and the last hidden states."""
@@ -141,21 +141,20 @@ def generate(
         start = clock()
         model = Target(target)
         text = Sequence(prompt, len(prompt) + max_new_tokens, device)
-        # Prefill both models on the prompt but its last token, which round 0 feeds with its drafts.
-        model.prefill(text.tokens)
+        # The prefill: one target pass over the prompt makes the first new token, as in plain decoding. The
+        # drafter reads the prompt too; the new token is fed with round 0's drafts, like every later one.
+        logits = model.prefill(text.tokens)
+        text.append([int(logits.argmax() if decoding.greedy else draw(probabilities(logits, decoding), generator))])
         drafter.prefill(text.tokens)
         prefilled = clock()
         rounds: list[Round] = []
-        stop = "max_new_tokens"
-        while (made := text.length - len(prompt)) < max_new_tokens:
+        while text.last not in target.eos_ids and (made := text.length - len(prompt)) < max_new_tokens:
             budget = max_new_tokens - made
             # Never draft past the budget: k drafts can yield k+1 tokens.
             rounds.append(speculative_round(
                 model, drafter, text, min(k, budget - 1), decoding, generator, clock, budget, target.eos_ids,
             ))
-            if text.last in target.eos_ids:
-                stop = "eos"
-                break
+        stop = "eos" if text.last in target.eos_ids else "max_new_tokens"
         end = clock()
     return Generation(
         prompt_tokens=tuple(prompt), output_tokens=tuple(text.tokens[len(prompt) :].tolist()),

@@ -32,7 +32,7 @@ class Drafter(Protocol):
     wants_hidden: bool  # ask for the target's last hidden states at the committed positions
 
     def prefill(self, tokens: Tensor) -> None:
-        """Start a new sequence from the prompt (1-D ids)."""
+        """Start a new sequence: the prompt and the prefill's first new token (1-D ids)."""
 
     def propose(self, tokens: Tensor, k: int) -> Draft:
         """Up to k tokens to follow `tokens`, all committed text so far (1-D ids)."""

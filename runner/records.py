@@ -31,9 +31,9 @@ class Generation:
     """The result of decoding one prompt, speculative or plain."""
 
     prompt_tokens: tuple[int, ...]  # the exact ids fed to the model
-    output_tokens: tuple[int, ...]  # new tokens only
+    output_tokens: tuple[int, ...]  # new tokens only: the prefill's, then each round's emitted tokens
     rounds: tuple[Round, ...]
-    prefill_s: float  # the target pass over the prompt (all but its last token), before round 0
+    prefill_s: float  # the target pass over the prompt, which makes the first new token, and the drafter's
     wall_s: float  # prefill to the last token, everything included
     draft_calls: int  # forward passes of a draft model; lookups for ngram; 0 for plain decoding
     stop_reason: str  # 'eos' | 'max_new_tokens'

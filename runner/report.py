@@ -46,7 +46,7 @@ def summary_table(s: Summary, run: Generation, baseline: Generation) -> Table:
         ("rounds", str(s.rounds)),
         ("drafts accepted / rejected / thrown", f"{s.accepted} / {s.rejected} / {s.thrown}"),
         ("α (accepted / judged)", _fmt(s.alpha, ".3f")),
-        ("τ (tokens per round)", f"{s.tau:.2f}"),
+        ("τ (tokens per round)", _fmt(s.tau, ".2f")),
         ("time: speculative / baseline", f"{run.wall_s:.2f} s / {baseline.wall_s:.2f} s"),
         ("tokens: speculative / baseline", f"{len(run.output_tokens)} / {len(baseline.output_tokens)}"),
         ("c (draft token / target pass)", _fmt(s.c, ".3f")),

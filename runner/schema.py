@@ -83,19 +83,19 @@ def _create_bench_results(con: duckdb.DuckDBPyConnection) -> None:
         host TEXT, git_commit TEXT, PRIMARY KEY (bench_id, metric, draft, k, category))""")
 
 
-def _add_run_totals(con: duckdb.DuckDBPyConnection) -> None:
+def _create_run_totals(con: duckdb.DuckDBPyConnection) -> None:
     # Per-run sums of the rounds, written with the run, so run_stats no longer aggregates every round on
-    # every query (at 10M rounds that cost 0.15-0.6 s per query). Σ emitted = new_tokens, so τ = new_tokens / n_rounds.
-    for column in ("accepted", "rejected", "thrown", "drafted"):
-        con.execute(f"ALTER TABLE runs ADD COLUMN {column} INTEGER")
-    con.execute("""UPDATE runs SET accepted = t.accepted, rejected = t.rejected, thrown = t.thrown, drafted = t.drafted
-        FROM (SELECT run_id, sum(accepted) AS accepted, sum(rejected) AS rejected, sum(thrown) AS thrown,
-                     sum(k) AS drafted FROM rounds GROUP BY run_id) t
-        WHERE runs.run_id = t.run_id""")
+    # every query (at 10M rounds that cost 0.15-0.6 s per query). A table of its own, so that the columns of
+    # rounds JOIN runs stay unambiguous.
+    con.execute("""CREATE TABLE run_totals (
+        run_id TEXT PRIMARY KEY, accepted INTEGER, rejected INTEGER, thrown INTEGER, drafted INTEGER,
+        emitted INTEGER)""")
+    con.execute("""INSERT INTO run_totals SELECT run_id, sum(accepted), sum(rejected), sum(thrown), sum(k),
+        sum(emitted) FROM rounds GROUP BY run_id""")
     con.execute(_run_stats("""
-        SELECT run_id, accepted::BIGINT AS accepted, rejected::BIGINT AS rejected, thrown::BIGINT AS thrown,
-               drafted::BIGINT AS drafted, new_tokens / n_rounds AS tau
-        FROM runs WHERE n_rounds > 0"""))
+        SELECT t.run_id, t.accepted::BIGINT AS accepted, t.rejected::BIGINT AS rejected,
+               t.thrown::BIGINT AS thrown, t.drafted::BIGINT AS drafted, t.emitted / r.n_rounds AS tau
+        FROM run_totals t JOIN runs r USING (run_id)"""))
 
 
 MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
@@ -103,6 +103,6 @@ MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     _create_run_stats,
     _add_device_name,
     _create_bench_results,
-    _add_run_totals,
+    _create_run_totals,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)

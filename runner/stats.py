@@ -27,7 +27,7 @@ class Summary:
     rejected: int
     thrown: int
     alpha: float | None  # accepted / (accepted + rejected); thrown drafts were never judged
-    tau: float  # tokens emitted per round
+    tau: float | None  # tokens emitted per round
     c: float | None  # one drafted token's time / one one-token target pass (of the baseline)
     measured_speedup: float  # baseline s/token ÷ speculative s/token
     predicted_speedup: float | None  # the formula at this run's α, k and c
@@ -39,11 +39,12 @@ def summarize(run: Generation, baseline: Generation, k: int, greedy: bool) -> Su
     rejected = sum(r.rejected for r in run.rounds)
     drafted = sum(r.k for r in run.rounds)
     alpha = accepted / (accepted + rejected) if accepted + rejected else None
-    target_pass_s = baseline.verify_s / len(baseline.rounds)
-    c = run.draft_s / drafted / target_pass_s if drafted else None
+    # No rounds at all when the prefill's token already ends the run (EOS, or max-new-tokens 1).
+    target_pass_s = baseline.verify_s / len(baseline.rounds) if baseline.rounds else None
+    c = run.draft_s / drafted / target_pass_s if drafted and target_pass_s else None
     return Summary(
         rounds=len(run.rounds), accepted=accepted, rejected=rejected, thrown=drafted - accepted - rejected,
-        alpha=alpha, tau=sum(r.emitted for r in run.rounds) / len(run.rounds), c=c,
+        alpha=alpha, tau=sum(r.emitted for r in run.rounds) / len(run.rounds) if run.rounds else None, c=c,
         measured_speedup=(baseline.wall_s / len(baseline.output_tokens)) / (run.wall_s / len(run.output_tokens)),
         predicted_speedup=theoretical_speedup(alpha, k, c) if alpha is not None and c is not None else None,
         lossless=run.output_tokens == baseline.output_tokens if greedy else None,

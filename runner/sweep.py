@@ -104,12 +104,16 @@ class Recorder:
         self.provenance = provenance(bench.target.device)
         self.lossless_failures: list[str] = []
         self.errors: list[str] = []
+        # (prompt id, decoding) -> the baseline's (run_id, output tokens), kept from this process's runs so a
+        # speculative cell need not read them back; a resumed sweep finds earlier ones in the database.
+        self.baselines: dict[tuple, tuple[str, tuple[int, ...]]] = {}
 
     def record(self, cell: Cell) -> None:
         cfg, target = self.config, self.bench.target
         ids = models.encode_chat(target, cell.prompt.text)
         d = cell.decoding
-        baseline = None if cell.k is None else store.baseline_for(
+        key = (cell.prompt.id, d.mode, d.temperature, d.top_p)
+        baseline = None if cell.k is None else self.baselines.get(key) or store.baseline_for(
             cfg.db, self.sweep_id, cell.prompt.id, d.mode, d.temperature, d.top_p, cfg.seed)
         started = datetime.now(UTC).isoformat()
         try:
@@ -124,8 +128,9 @@ class Recorder:
             lossless = generation.output_tokens == baseline[1]
             if not lossless:
                 self.lossless_failures.append(f"{cell.prompt.id} {cell.draft.text} k={cell.k}")
+        run_id = uuid.uuid4().hex[:16]
         store.write_run(cfg.db, RunRecord(
-            run_id=uuid.uuid4().hex[:16], sweep_id=self.sweep_id, started_at=started, target=cfg.target,
+            run_id=run_id, sweep_id=self.sweep_id, started_at=started, target=cfg.target,
             draft=cell.draft.text, draft_kind=cell.draft.kind, category=cell.prompt.category,
             prompt_id=cell.prompt.id, prompt_text=cell.prompt.text, k=cell.k, mode=d.mode,
             temperature=d.temperature, top_p=d.top_p, seed=cfg.seed, max_new_tokens=cfg.max_new_tokens,
@@ -134,6 +139,8 @@ class Recorder:
             output_text=None if generation is None else target.tokenizer.decode(list(generation.output_tokens)),
             baseline_run_id=None if baseline is None else baseline[0], lossless=lossless, provenance=self.provenance,
         ))
+        if cell.k is None and generation is not None:
+            self.baselines[key] = (run_id, generation.output_tokens)
 
 
 def run_sweep(config: SweepConfig, console: Console) -> tuple[str, Recorder]:

@@ -69,17 +69,6 @@ def sweep_ids(db: Path) -> list[str]:
     return [s for (s,) in query(db, "SELECT DISTINCT sweep_id FROM runs ORDER BY ALL")]
 
 
-def stop(proc: subprocess.Popen) -> None:
-    """End a child this test started, politely and then not."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-
-
 def start_script(role: str, *args: str, log: Path) -> subprocess.Popen:
     with log.open("w") as out:
         return subprocess.Popen([sys.executable, str(Path(__file__).resolve()), role, *args], cwd=ROOT,

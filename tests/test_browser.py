@@ -7,11 +7,6 @@ from __future__ import annotations
 
 import csv
 import io
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
@@ -20,59 +15,22 @@ import pytest
 from dashboard_fixtures import build
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
-CHROMIUM = "/usr/bin/chromium"
+from bench.load import CHROMIUM, LAUNCH_ARGS, READY, serve
+
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(),
                                 reason=f"no Debian Chromium at {CHROMIUM} (`make browser` installs it)")
 
 ROOT = Path(__file__).resolve().parent.parent
 SHOTS = ROOT / "artifacts" / "screenshots"
-LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
-               "--disable-component-update", "--no-first-run"]
-READY = '[data-testid="stApp"][data-test-script-state="notRunning"]'
 WAIT_MS = 30_000
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_healthy(base: str, server: subprocess.Popen, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"streamlit exited with {server.returncode}")
-        try:
-            with urllib.request.urlopen(f"{base}/_stcore/health", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass  # not listening yet
-        time.sleep(0.2)
-    raise TimeoutError(f"streamlit did not become healthy within {timeout_s} s")
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The app over the fixture database, given with `-- --db` (the AppTest tests use SPECDASH_DB)."""
     folder = tmp_path_factory.mktemp("browser")
-    db, port = build(folder / "runs.duckdb"), _free_port()
-    with (folder / "streamlit.log").open("w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "streamlit", "run", "dashboard/app.py", "--server.headless=true",
-             f"--server.port={port}", "--server.address=127.0.0.1", "--browser.gatherUsageStats=false",
-             "--", "--db", str(db)], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            _wait_healthy(f"http://127.0.0.1:{port}", proc)
-            yield f"http://127.0.0.1:{port}"
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
+    with serve(build(folder / "runs.duckdb"), folder / "streamlit.log", timeout_s=60) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

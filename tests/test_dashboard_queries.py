@@ -166,14 +166,20 @@ def test_theory_frame_and_chart_hold_the_curve_and_the_runs(db):
 
 def test_token_fates_follow_the_rounds(db):
     rounds = queries.read(db, queries.run_rounds, "p1-ls-k4")
-    tokens = [(t.token_id, t.fate) for t in fates.text_tokens(rounds)]
+    output = [300, 301, 302, 303, 304, 305, 399, 307, 308, 309, 310, 311]
+    tokens = [(t.token_id, t.fate) for t in fates.text_tokens(output, rounds)]
     assert tokens == [(300, "accepted"), (301, "accepted"), (302, "accepted"), (303, "correction"),
                       (304, "correction"), (305, "accepted"), (399, "accepted"), (307, "accepted"),
                       (308, "accepted"), (309, "bonus"), (310, "accepted"), (311, "bonus")]
     assert [(t.token_id, t.fate) for t in fates.drafts(rounds.iloc[1])] == [
         (904, "rejected"), (954, "thrown"), (955, "thrown"), (956, "thrown")]
-    plain = fates.text_tokens(queries.read(db, queries.run_rounds, "p1-ng-k2"))
+    ngram = queries.read(db, queries.run_rounds, "p1-ng-k2")
+    plain = fates.text_tokens(list(range(int(ngram["emitted"].sum()))), ngram)
     assert [t.fate for t in plain][:4] == ["plain", "accepted", "correction", "correction"]
+    # What no round emitted came from the prefill: the first new token.
+    with_prefill = fates.text_tokens([7, 300, 301, 302, 303, 304, 305, 399, 307, 308, 309, 310, 311], rounds)
+    assert [(t.token_id, t.fate, t.round) for t in with_prefill[:2]] == [(7, "prefill", -1), (300, "accepted", 0)]
+    assert len(with_prefill) == 13
     assert fates.first_difference([1, 2, 3], [1, 2, 3]) is None
     assert fates.first_difference([1, 9, 3], [1, 2, 3]) == 1
     assert fates.first_difference([1, 2], [1, 2, 3]) == 2
@@ -184,6 +190,8 @@ def test_text_html_escapes_and_marks_every_token():
                             "emitted": 2, "draft_s": 0.0, "verify_s": 0.05, "draft_tokens": [1, 2],
                             "target_tokens": [1, 3, 4]}])
     pieces = {1: "<b>", 3: "\n"}
-    html = fates.text_html(fates.text_tokens(rounds), pieces.__getitem__)
+    pieces[0] = "hi"
+    html = fates.text_html(fates.text_tokens([0, 1, 3], rounds), pieces.__getitem__)
+    assert '<span class="tok-prefill" data-fate="prefill" title="prefill · id 0">hi</span>' in html
     assert '<span class="tok-accepted" data-fate="accepted" title="round 0 · accepted draft · id 1">&lt;b&gt;' in html
     assert 'data-fate="correction" title="round 0 · correction · id 3">⏎\n</span>' in html

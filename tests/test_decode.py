@@ -74,29 +74,30 @@ def test_the_target_drafting_for_itself_gets_a_bonus_every_round(smollm2):
 
 def test_scripted_drafts_give_exactly_the_explainers_round(smollm2):
     prompt = models.encode_chat(smollm2, PROMPT)
-    g = plain(smollm2, prompt, 8)
-    wrong = (g[2] + 1) % len(smollm2.tokenizer)
-    drafter = Scripted([[g[0], g[1], wrong, g[3]], [g[3], g[4], g[5], g[6]]])
-    run = generate(smollm2, drafter, prompt, 4, GREEDY, 8, torch.Generator())
+    g = plain(smollm2, prompt, 9)
+    wrong = (g[3] + 1) % len(smollm2.tokenizer)
+    drafter = Scripted([[g[1], g[2], wrong, g[4]], [g[4], g[5], g[6], g[7]]])
+    run = generate(smollm2, drafter, prompt, 4, GREEDY, 9, torch.Generator())
     first, second = run.rounds
-    # Round 0: two accepted, the third rejected and corrected to the target's g[2], the fourth thrown.
+    # The prefill made g[0]. Round 0: two accepted, the third rejected and corrected to the target's g[3], the
+    # fourth thrown.
     assert (first.k, first.accepted, first.rejected, first.thrown, first.bonus, first.emitted) == (4, 2, 1, 1, False, 3)
-    assert first.target_tokens[:3] == g[:3]
-    # Round 1: all four accepted, plus the bonus g[7].
+    assert first.target_tokens[:3] == g[1:4]
+    # Round 1: all four accepted, plus the bonus g[8].
     assert (second.k, second.accepted, second.rejected, second.thrown, second.bonus, second.emitted) == (
         4, 4, 0, 0, True, 5,
     )
-    assert second.target_tokens[4] == g[7]
+    assert second.target_tokens[4] == g[8]
     assert run.output_tokens == g
     assert drafter.told == [2, 4]
-    assert run.target_passes == 3  # prefill + two rounds for 8 tokens
+    assert run.target_passes == 3  # the prefill (1 token) + two rounds (3 + 5) for 9 tokens
 
 
 def test_rounds_are_cut_by_max_new_tokens_and_never_draft_past_it(smollm2):
     prompt = models.encode_chat(smollm2, PROMPT)
-    run = generate(smollm2, ModelDrafter(smollm2.model, GREEDY, None), prompt, 4, GREEDY, 7, torch.Generator())
-    assert [(r.k, r.emitted) for r in run.rounds] == [(4, 5), (1, 2)]
-    assert len(run.output_tokens) == 7 and run.stop_reason == "max_new_tokens"
+    run = generate(smollm2, ModelDrafter(smollm2.model, GREEDY, None), prompt, 4, GREEDY, 8, torch.Generator())
+    assert [(r.k, r.emitted) for r in run.rounds] == [(4, 5), (1, 2)]  # after the prefill's token: 1 + 5 + 2
+    assert len(run.output_tokens) == 8 and run.stop_reason == "max_new_tokens"
 
 
 def test_generation_stops_at_eos_and_the_round_is_recorded_as_cut(smollm2):
@@ -106,7 +107,7 @@ def test_generation_stops_at_eos_and_the_round_is_recorded_as_cut(smollm2):
     assert expected[-1] == eos and len(expected) < 64
     run = generate(smollm2, NgramDrafter(3), prompt, 8, GREEDY, 64, torch.Generator())
     assert run.output_tokens == expected and run.stop_reason == "eos"
-    assert sum(r.emitted for r in run.rounds) == len(expected)
+    assert sum(r.emitted for r in run.rounds) == len(expected) - 1  # the first came from the prefill
 
 
 def test_after_every_round_the_caches_hold_exactly_the_committed_text(smollm2):
@@ -114,9 +115,9 @@ def test_after_every_round_the_caches_hold_exactly_the_committed_text(smollm2):
     drafter = ModelDrafter(smollm2.model, GREEDY, None)
     target, text = Target(smollm2), Sequence(prompt, len(prompt) + 40, smollm2.device)
     with torch.inference_mode():
-        target.prefill(text.tokens)
+        text.append([int(target.prefill(text.tokens).argmax())])
         drafter.prefill(text.tokens)
-        assert target.length == len(prompt) - 1
+        assert target.length == len(prompt) == text.length - 1
         for _ in range(6):
             r = speculative_round(target, drafter, text, 3, GREEDY, None, Clock(smollm2.device), 40, frozenset())
             # The target's cache holds every committed token but the newest, fed with the next drafts.
@@ -134,10 +135,10 @@ def test_drafters_that_ask_get_the_targets_hidden_states_of_the_kept_positions(s
 
     prompt = models.encode_chat(smollm2, PROMPT)
     g = plain(smollm2, prompt, 4)
-    drafter = Listening([[g[0], g[1], 7]])
-    run = generate(smollm2, drafter, prompt, 3, GREEDY, 3, torch.Generator())
+    drafter = Listening([[g[1], g[2], 7]])
+    run = generate(smollm2, drafter, prompt, 3, GREEDY, 4, torch.Generator())  # k = 2: the budget's limit
     assert run.rounds[0].accepted == 2 and drafter.hidden.shape == (3, smollm2.model.config.hidden_size)
     with torch.inference_mode():  # independently: one pass over the whole text
-        full = torch.tensor([prompt + list(g[:2])])
+        full = torch.tensor([prompt + list(g[:3])])
         expected = smollm2.model(input_ids=full, output_hidden_states=True).hidden_states[-1][0, -3:]
     torch.testing.assert_close(drafter.hidden, expected, atol=1e-4, rtol=1e-4)

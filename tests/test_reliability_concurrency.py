@@ -23,11 +23,12 @@ from reliability_helpers import (
     planned_cells,
     query,
     start_script,
-    stop,
     sweep_args,
     sweep_ids,
     write_prompts,
 )
+
+from bench.load import stop
 
 DRAFTS = ["ngram", "layerskip:2"]
 KS = list(range(1, 9))

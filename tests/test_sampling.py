@@ -77,21 +77,25 @@ def test_speculative_sampling_reproduces_the_targets_distribution(q):
 
 
 def test_end_to_end_sampling_matches_the_targets_joint_distribution():
-    """A tiny target and a different tiny draft, vocabulary 8: the joint law of the first two tokens
-    out of `generate` equals the target's, computed exactly by an independent full forward pass."""
+    """A tiny target and a different tiny draft, vocabulary 8: the joint law of the two tokens after the
+    prefill's (both from one speculative round of k = 2) out of `generate` equals the target's, computed
+    exactly by independent full forward passes."""
     vocab, decoding, prompt, n = 8, Decoding("sample", 0.5, 0.9), [1, 2, 3], 2000
     target = Loaded("tiny-target", _shaped(tiny_llama(vocab, seed=3), 3), None, torch.device("cpu"), torch.float32)
     draft = _shaped(tiny_llama(vocab, seed=4), 4)
     counts = torch.zeros(vocab, vocab)
     for seed in range(n):
         gen = torch.Generator().manual_seed(seed)
-        out = generate(target, ModelDrafter(draft, decoding, gen), prompt, 2, decoding, 3, gen).output_tokens
-        counts[out[0], out[1]] += 1
+        out = generate(target, ModelDrafter(draft, decoding, gen), prompt, 2, decoding, 4, gen).output_tokens
+        counts[out[1], out[2]] += 1
     with torch.inference_mode():
-        p1 = probabilities(target.model(torch.tensor([prompt])).logits[0, -1], decoding)
-        rows = torch.tensor([prompt + [x] for x in range(vocab)])
-        p2 = probabilities(target.model(rows).logits[:, -1], decoding)  # (x1, x2)
-    joint = (p1[:, None] * p2).view(-1)
+        def law(texts: list[list[int]]) -> torch.Tensor:
+            return probabilities(target.model(torch.tensor(texts)).logits[:, -1], decoding)
+        p1 = law([prompt])[0]  # (x1,)
+        p2 = law([prompt + [x] for x in range(vocab)])  # (x1, x2)
+        p3 = law([prompt + [x, y] for x in range(vocab) for y in range(vocab)]).view(vocab, vocab, vocab)
+    # P(x2, x3) = Σ_x1 p1(x1) p2(x2 | x1) p3(x3 | x1, x2)
+    joint = (p1[:, None, None] * p2[:, :, None] * p3).sum(0).view(-1)
     observed = counts.view(-1)
     big = joint * n >= 5  # chi-square needs expected counts of 5 or more; the rest is pooled
     expected = torch.cat([joint[big], joint[~big].sum().view(1)]) * n
