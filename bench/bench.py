@@ -16,7 +16,6 @@ Every value is the median over repeats with its min–max; each printed row is a
 from __future__ import annotations
 
 import argparse
-import copy
 import functools
 import os
 import platform
@@ -200,8 +199,6 @@ class Engines:
         self.timer = ForwardTimer(target.device)
         self.timer.wrap("target", target.model)
         for spec, draft in self.bench.draft_models.items():
-            # layer_skip shares the target's generation_config object; the assistant needs its own.
-            draft.generation_config = copy.deepcopy(draft.generation_config)
             self.timer.wrap(spec, draft)
         self.record_dir = tempfile.TemporaryDirectory(prefix="specdash-bench-")
         self.record_db = Path(self.record_dir.name) / "record.duckdb"

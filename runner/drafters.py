@@ -172,5 +172,6 @@ def layer_skip(model: PreTrainedModel, layers: int) -> PreTrainedModel:
     short_decoder.config = config
     draft = _shallow(model)
     draft.config = config
+    draft.generation_config = copy.deepcopy(model.generation_config)  # its own, not the target's object
     setattr(draft, model.base_model_prefix, short_decoder)
     return draft
