@@ -156,6 +156,7 @@ def page_queries(newest_run: str) -> dict[str, list[tuple[Callable, tuple]]]:
         "replay (no run picked)": [(queries.run_count, ()), (queries.run_choices, ())],
         "replay ?run=…": [(queries.run_count, ()), (queries.run_choices, ()), (queries.run_detail, (newest_run,)),
                           (queries.run_rounds, (newest_run,))],
+        "bench": [(queries.run_count, ()), (queries.benches, ())],
         "sql": [(queries.run_count, ()), (queries.schema, ())],
     }
 
@@ -183,7 +184,7 @@ def measure_pages(db: Path, repeats: int, newest_run: str) -> dict[str, float]:
     os.environ["SPECDASH_DB"] = str(db)
     pages = {"overview": ("overview.py", {}), "compare": ("compare.py", {}),
              "replay (no run picked)": ("replay.py", {}), "replay ?run=…": ("replay.py", {"run": newest_run}),
-             "sql": ("sql_page.py", {})}
+             "bench": ("bench_page.py", {}), "sql": ("sql_page.py", {})}
     results = {}
     for name, (page, params) in pages.items():
         times = []

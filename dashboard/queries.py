@@ -190,3 +190,27 @@ def schema(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
         SELECT table_name, column_name, data_type FROM duckdb_columns()
         WHERE database_name = current_database() AND schema_name = 'main'
         ORDER BY table_name, column_index""", [])
+
+
+def benches(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
+    """One row per recorded `make bench`, newest first, with how many of its goals were met."""
+    if schema_version(con) < 4:  # bench_results came with version 4
+        return pd.DataFrame(columns=["bench_id"])
+    return _frame(con, """
+        SELECT bench_id, any_value(started_at) AS started_at, any_value(target) AS target,
+            any_value(device) AS device, any_value(device_name) AS device_name, any_value(dtype) AS dtype,
+            any_value(threads) AS threads, any_value(max_new_tokens) AS max_new_tokens,
+            any_value(prompts) AS prompts, any_value(repeats) AS repeats, any_value(load_before) AS load_before,
+            any_value(load_after) AS load_after, any_value(command) AS command,
+            any_value(torch_version) AS torch_version, any_value(transformers_version) AS transformers_version,
+            any_value(git_commit) AS git_commit,
+            count(*) FILTER (goal_met) AS goals_met, count(goal_met) AS goals
+        FROM bench_results GROUP BY bench_id ORDER BY started_at DESC, bench_id""", [])
+
+
+def bench_rows(con: duckdb.DuckDBPyConnection, bench_id: str) -> pd.DataFrame:
+    """The rows of one bench in the order it printed them."""
+    return _frame(con, """
+        SELECT metric, unit, draft, k, category, ours, ours_min, ours_max, theirs, theirs_min, theirs_max,
+            ratio, ratio_min, ratio_max, alpha, c, goal, goal_met, mismatches
+        FROM bench_results WHERE bench_id = ? ORDER BY rowid""", [bench_id])

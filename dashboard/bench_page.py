@@ -1,0 +1,83 @@
+"""Benchmark: the `make bench` results recorded in the file (ours against transformers, overhead, the
+formula against measurement) and the measured verify curve, per bench."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from bench.metrics import ABOUT, GOALS
+from dashboard import charts, common, queries
+
+
+def _value(row: pd.Series, name: str) -> str:
+    """'median (min–max)', as percentages for shares."""
+    if pd.isna(row[name]):
+        return "—"
+    pattern = ".2%" if row["unit"] == "share" else ".2f"
+    low, high = row[f"{name}_min"], row[f"{name}_max"]
+    return f"{row[name]:{pattern}} ({low:{pattern}}–{high:{pattern}})"
+
+
+def _goal(row: pd.Series) -> str:
+    if pd.isna(row["goal_met"]):
+        return ""
+    return f"{'✓' if row['goal_met'] else '✗'} {row['goal']}"
+
+
+def table(rows: pd.DataFrame) -> pd.DataFrame:
+    """The printed table: one line per row, values as median (min–max)."""
+    return pd.DataFrame({
+        "draft": rows["draft"], "k": rows["k"], "category": rows["category"],
+        "ours": rows.apply(_value, axis=1, name="ours"), "theirs": rows.apply(_value, axis=1, name="theirs"),
+        "ours / theirs": rows.apply(_value, axis=1, name="ratio"), "α": rows["alpha"], "c": rows["c"],
+        "goal": rows.apply(_goal, axis=1), "mismatches": rows["mismatches"],
+    })
+
+
+def verify_frame(rows: pd.DataFrame, bench: pd.Series) -> pd.DataFrame:
+    """The verify curve in the shape of the Overview's chart: time of a pass over k+1 tokens / at k = 0."""
+    curve = rows[rows["metric"] == "verify_ms"]
+    return pd.DataFrame({"target": bench["target"], "device": f"{bench['device']} ({bench['device_name']})",
+                         "k": curve["k"], "rounds": bench["repeats"],
+                         "verify_s": curve["ours"] / 1000, "relative": curve["ratio"]})
+
+
+def _header(bench: pd.Series) -> None:
+    st.caption(f"bench {bench['bench_id']} · {bench['started_at']:%Y-%m-%d %H:%M} UTC · {bench['target']} on "
+               f"{bench['device']} ({bench['device_name']}, {bench['dtype']}, {bench['threads']} threads) · "
+               f"{bench['prompts']} prompts × {bench['repeats']} repeats × {bench['max_new_tokens']} tokens · "
+               f"load average {bench['load_before']:.1f} before, {bench['load_after']:.1f} after · torch "
+               f"{bench['torch_version']}, transformers {bench['transformers_version']}")
+    st.code(bench["command"], language="bash")
+    st.metric("goals met", f"{bench['goals_met']} of {bench['goals']}",
+              help="on the medians: " + "; ".join(f"{m} {v} {op} {bound:g}" for m, (v, op, bound) in GOALS.items()))
+
+
+def render() -> None:
+    st.title("Benchmark")
+    if not common.require_data(common.db_path(), need_runs=False):
+        return
+    benches = common.load(queries.benches)
+    if benches.empty:
+        st.info("No benchmark is recorded in this file. `make bench` (or `python bench/bench.py --db PATH`) "
+                "records one here.")
+        return
+    bench_id = st.selectbox("bench", benches["bench_id"].tolist(), key="bench", bind="query-params")
+    bench = benches.set_index("bench_id").loc[bench_id]
+    bench["bench_id"] = bench_id
+    _header(bench)
+    rows = common.load(queries.bench_rows, bench_id)
+    st.subheader("Verify pass time against k")
+    st.altair_chart(charts.verify_growth(verify_frame(rows, bench)))
+    st.caption("One target pass over k+1 tokens at a fixed context, over the same pass at k = 0. The explainer "
+               "assumes it is flat (the dashed line), and so does the formula's prediction in (d).")
+    for metric, about in ABOUT.items():
+        picked = rows[rows["metric"] == metric]
+        if not picked.empty:
+            st.markdown(f"**{about}** [{picked['unit'].iloc[0]}]")
+            st.dataframe(table(picked), hide_index=True)
+
+
+if __name__ == "__main__":  # st.navigation runs each page file as __main__
+    render()
