@@ -47,7 +47,9 @@ _attachments = itertools.count()
 
 class _Attachment:
     """A file attached to this process's in-memory DuckDB for one write. Starting a DuckDB costs ~18 ms,
-    attaching a file to a running one ~2 ms. Closing detaches the file, which checkpoints it and frees its lock."""
+    attaching a file to a running one ~2 ms. Closing checkpoints the file, then detaches it, which frees its lock.
+    The explicit CHECKPOINT matters: without it, readers in other processes intermittently failed with "Could not
+    read enough bytes" (4 readers, 60 s: 2 of them failed thousands of times; with it, 0 errors)."""
 
     def __init__(self, path: Path) -> None:
         global _process_db
@@ -68,6 +70,7 @@ class _Attachment:
 
     def close(self) -> None:
         try:
+            self.con.execute(f"CHECKPOINT {self.alias}")
             self.con.execute("USE memory")
             self.con.execute(f"DETACH {self.alias}")
         finally:

@@ -121,8 +121,9 @@ con.close()"""
 @pytest.mark.parametrize("hold_s", [3.0])
 def test_a_reader_holding_the_file_makes_the_runner_wait_then_write_everything(tiny_dir, tmp_path, hold_s):
     db = tmp_path / "runs.duckdb"
-    prompts = write_prompts(tmp_path / "prompts.jsonl", 3)
-    drafts, ks = ["ngram"], [1, 2, 3]
+    # 40 runs: enough that the hold lands mid-sweep even when a run and its write take a few tens of ms
+    prompt_count, drafts, ks = 10, ["ngram"], [1, 2, 3]
+    prompts = write_prompts(tmp_path / "prompts.jsonl", prompt_count)
     writer = start_script("sweep", str(tmp_path / "sweep.json"), "--", *sweep_args(tiny_dir, db, prompts, drafts, ks),
                           log=tmp_path / "sweep.log")
     holder = None
@@ -146,7 +147,7 @@ def test_a_reader_holding_the_file_makes_the_runner_wait_then_write_everything(t
     sweep = json.loads((tmp_path / "sweep.json").read_text())
     _report("held for 3 s", {**sweep, "runs_when_held": runs_at_hold})
     (sweep_id,) = sweep_ids(db)
-    planned = planned_cells(3, drafts, ks)
+    planned = planned_cells(prompt_count, drafts, ks)
     assert sorted(query(db, CELLS, [sweep_id]), key=repr) == sorted(planned, key=repr)
     assert query(db, PARTIAL_RUNS) == [(0, 0, len(planned))]
     assert runs_at_hold < len(planned)  # the hold really came while runs were still to be written
