@@ -1,7 +1,7 @@
 """specdash dashboard: `streamlit run dashboard/app.py [-- --db runs.duckdb]` (or set SPECDASH_DB).
 
 The router: page config, the navigation, and where the database is. Each page is its own file so
-that every page keeps its URL (/, /compare, /replay, /bench, /sql) and its state in the query string.
+that every page keeps its URL (/ for the Overview, /compare, /replay, /bench, /sql) and its state in the query string.
 """
 
 import sys

@@ -26,13 +26,14 @@ def _goal(row: pd.Series) -> str:
 
 
 def table(rows: pd.DataFrame) -> pd.DataFrame:
-    """The printed table: one line per row, values as median (min–max)."""
-    return pd.DataFrame({
+    """The printed table: one line per row, values as median (min–max); α and c only where measured."""
+    shown = pd.DataFrame({
         "draft": rows["draft"], "k": rows["k"], "category": rows["category"],
         "ours": rows.apply(_value, axis=1, name="ours"), "theirs": rows.apply(_value, axis=1, name="theirs"),
         "ours / theirs": rows.apply(_value, axis=1, name="ratio"), "α": rows["alpha"], "c": rows["c"],
         "goal": rows.apply(_goal, axis=1), "mismatches": rows["mismatches"],
     })
+    return shown.drop(columns=[c for c in ("α", "c") if shown[c].isna().all()])
 
 
 def verify_frame(rows: pd.DataFrame, bench: pd.Series) -> pd.DataFrame:

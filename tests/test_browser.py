@@ -12,7 +12,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
-from dashboard_fixtures import build
+from dashboard_fixtures import add_benches, build
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from bench.load import CHROMIUM, LAUNCH_ARGS, READY, serve
@@ -29,7 +29,7 @@ WAIT_MS = 30_000
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The app over the fixture database, given with `-- --db` (the AppTest tests use SPECDASH_DB)."""
     folder = tmp_path_factory.mktemp("browser")
-    with serve(build(folder / "runs.duckdb"), folder / "streamlit.log", timeout_s=60) as url:
+    with serve(add_benches(build(folder / "runs.duckdb")), folder / "streamlit.log", timeout_s=60) as url:
         yield url
 
 
@@ -98,6 +98,11 @@ def test_every_page_shows_real_content(server, browser):
     expect(page.get_by_role("heading", name="Leaderboard")).to_be_visible()
     expect(page.locator('[data-testid="stDataFrame"]')).to_have_count(2)
     _screenshot(page, "compare")
+
+    page = _open(browser, f"{server}/bench", '[data-testid="stVegaLiteChart"]')
+    assert _metric(page, "goals met") == "1 of 2"  # the newest bench, b-new
+    expect(page.locator('[data-testid="stDataFrame"]')).to_have_count(3)
+    _screenshot(page, "bench")
 
     page = _open(browser, f"{server}/replay?run=p1-ls-k4", 'span[data-fate="bonus"]')
     expect(page.get_by_text("poem/poem-01 · layerskip:2 k=4 · greedy")).to_be_visible()

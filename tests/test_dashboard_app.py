@@ -17,7 +17,7 @@ import duckdb
 import pandas as pd
 import pyarrow as pa
 import pytest
-from dashboard_fixtures import build, speculative_record
+from dashboard_fixtures import add_benches, build, speculative_record
 from streamlit.testing.v1 import AppTest
 from tokenizers import Tokenizer, pre_tokenizers
 from tokenizers import models as tok_models
@@ -257,33 +257,11 @@ def test_sql_says_when_it_cuts_the_result(monkeypatch, db):
     assert at.warning[0].value.startswith("Showing the first 10,000 rows: the query returned more.")
 
 
-def _bench_row(bench_id: str, started: str, metric: str, draft: str, k: int, ours: float, theirs: float | None,
-               ratio: float | None, goal: str | None = None, met: bool | None = None) -> dict:
-    row = dict.fromkeys(store.BENCH_COLUMNS)
-    spread = {"ours": ours, "theirs": theirs, "ratio": ratio}
-    for name, value in spread.items():  # min and max 10% around the median
-        row |= {name: value, f"{name}_min": value and value * 0.9, f"{name}_max": value and value * 1.1}
-    unit = {"plain_tokens_per_s": "tokens/s", "spec_tokens_per_s": "tokens/s", "verify_ms": "ms"}[metric]
-    return row | {"bench_id": bench_id, "started_at": pd.Timestamp(started), "device": "cpu",
-                  "device_name": "a test CPU", "dtype": "float32", "threads": 1, "target": "smollm2-135m",
-                  "draft": draft, "k": k, "category": "all", "metric": metric, "unit": unit, "repeats": 3,
-                  "prompts": 3, "max_new_tokens": 32, "mismatches": 0, "goal": goal, "goal_met": met,
-                  "load_before": 0.5, "load_after": 1.5, "command": "python bench/bench.py", "torch_version": "2",
-                  "transformers_version": "5", "host": "h", "git_commit": ""}
-
-
 def test_benchmark_page_shows_each_bench_its_goals_and_its_verify_curve(monkeypatch, tmp_path):
     db = build(tmp_path / "runs.duckdb")
     at = app(monkeypatch, db, "bench_page.py")
     assert [i.value for i in at.info][0].startswith("No benchmark is recorded in this file.")
-    store.write_bench(db, [_bench_row("b-old", "2026-01-01", "plain_tokens_per_s", "none", 0, 10, 10, 1.0,
-                                      "ratio >= 1", True)])
-    store.write_bench(db, [
-        _bench_row("b-new", "2026-02-01", "plain_tokens_per_s", "none", 0, 12, 10, 1.2, "ratio >= 1", True),
-        _bench_row("b-new", "2026-02-01", "spec_tokens_per_s", "ngram", 2, 21, 20, 1.1, "ratio >= 1.15", False),
-        *(_bench_row("b-new", "2026-02-01", "verify_ms", "none", k, ms, 70, ms / 70)
-          for k, ms in ((0, 70), (1, 112), (2, 140))),
-    ])
+    add_benches(db)
     at = app(monkeypatch, db, "bench_page.py")
     assert not at.exception and at.selectbox(key="bench").value == "b-new"  # the newest first
     assert metrics(at)["goals met"] == "1 of 2"
