@@ -14,7 +14,7 @@ Measured, as medians over --repeats, each on a fresh cache:
       dashboard/common.load does — the server-side data time of the page;
   (2) each page rendered whole by Streamlit's AppTest (queries, frames, charts, tables) — the server-side time;
   (3) the ad-hoc aggregate "α per category × draft × k" through runner.sql.run_query.
-Goals (issue 'scale'): every page under 2 s server-side, the aggregate under 1 s.
+Goals: every page under 2 s server-side, the aggregate under 1 s.
 """
 
 from __future__ import annotations
