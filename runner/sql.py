@@ -32,7 +32,9 @@ _READ_PRAGMAS = {"table_info", "show_tables", "show_tables_expanded", "database_
                  "storage_info", "version", "platform", "functions", "collations"}
 # Table functions that read files. DuckDB exempts a connection's own database file and WAL from
 # enable_external_access = false, so these are refused by name too; query() would run a string past this check.
-_FILE_FUNCTIONS = ("read_", "parquet_", "glob", "sniff_csv", "query", "query_table")
+_FILE_FUNCTION_PREFIXES = ("read_", "parquet_")
+_FILE_FUNCTION_SUFFIX = "_scan"
+_FILE_FUNCTIONS = {"glob", "sniff_csv", "query", "query_table"}
 _READ_ONLY_REFUSAL = "refused: only read statements (SELECT, WITH, VALUES, DESCRIBE, SHOW, EXPLAIN) are allowed"
 
 
@@ -89,8 +91,8 @@ def _file_function(words: list[tuple[int, str]]) -> str | None:
     """The first call of a file-reading table function among the tokens, if any."""
     for (_, name), (_, after) in zip(words, words[1:], strict=False):
         name = name.strip('"')
-        if after == "(" and (name.startswith(_FILE_FUNCTIONS[:2]) or name.endswith("_scan")
-                             or name in _FILE_FUNCTIONS[2:]):
+        if after == "(" and (name.startswith(_FILE_FUNCTION_PREFIXES) or name.endswith(_FILE_FUNCTION_SUFFIX)
+                             or name in _FILE_FUNCTIONS):
             return name
     return None
 
