@@ -33,6 +33,7 @@ import duckdb  # noqa: E402
 
 from dashboard import queries  # noqa: E402
 from runner import store  # noqa: E402
+from runner.schema import FILL_RUN_TOTALS  # noqa: E402
 from runner.sql import EXAMPLES, run_query  # noqa: E402
 
 DRAFTS = ["ngram", "ngram:2", "layerskip:24", "layerskip:15"]
@@ -97,9 +98,6 @@ FROM plan p JOIN (SELECT run_id, sum(emitted)::INTEGER + 1 AS new_tokens, count(
                          sum(draft_s) AS draft_s, sum(verify_s) AS verify_s FROM rounds GROUP BY run_id) a
     USING (run_id)"""
 
-TOTALS = """INSERT INTO run_totals SELECT run_id, sum(accepted), sum(rejected), sum(thrown), sum(k), sum(emitted)
-FROM rounds GROUP BY run_id"""
-
 
 def build(db: Path, runs: int, rounds_per_run: int) -> None:
     """Create (or re-create) the synthetic file: `runs` runs × `rounds_per_run` rounds."""
@@ -112,7 +110,7 @@ def build(db: Path, runs: int, rounds_per_run: int) -> None:
         con.execute(PLAN, [runs])
         con.execute(ROUNDS, [rounds_per_run])
         con.execute(RUNS, [TARGET])
-        con.execute(TOTALS)
+        con.execute(FILL_RUN_TOTALS)
         con.execute("CHECKPOINT")
     print(f"built {db}: {runs:,} runs × {rounds_per_run} rounds in {time.perf_counter() - started:.0f} s, "
           f"{db.stat().st_size / 2**20:,.0f} MiB", flush=True)

@@ -45,7 +45,7 @@ def verify_frame(rows: pd.DataFrame, bench: pd.Series) -> pd.DataFrame:
 
 
 def _header(bench: pd.Series) -> None:
-    st.caption(f"bench {bench['bench_id']} · {bench['started_at']:%Y-%m-%d %H:%M} UTC · {bench['target']} on "
+    st.caption(f"bench {bench.name} · {bench['started_at']:%Y-%m-%d %H:%M} UTC · {bench['target']} on "
                f"{bench['device']} ({bench['device_name']}, {bench['dtype']}, {bench['threads']} threads) · "
                f"{bench['prompts']} prompts × {bench['repeats']} repeats × {bench['max_new_tokens']} tokens · "
                f"load average {bench['load_before']:.1f} before, {bench['load_after']:.1f} after · torch "
@@ -65,8 +65,7 @@ def render() -> None:
                 "records one here.")
         return
     bench_id = st.selectbox("bench", benches["bench_id"].tolist(), key="bench", bind="query-params")
-    bench = benches.set_index("bench_id").loc[bench_id]
-    bench["bench_id"] = bench_id
+    bench = benches.set_index("bench_id").loc[bench_id]  # bench.name is the id
     _header(bench)
     rows = common.load(queries.bench_rows, bench_id)
     st.subheader("Verify pass time against k")

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
+import pandas as pd
 import streamlit as st
 
 from dashboard import queries
@@ -92,3 +93,18 @@ def filter_widgets(options: dict[str, list], names: Sequence[str]) -> queries.Fi
         picked[name] = tuple(st.sidebar.multiselect(key, options[name], key=key, bind="query-params",
                                                     placeholder="all"))
     return queries.Filters(**picked)
+
+
+def filtered(title: str, names: Sequence[str], query: Callable[..., pd.DataFrame]) -> tuple[queries.Filters,
+                                                                                             pd.DataFrame] | None:
+    """A filtered page's start: its title, the sidebar filters and its first query. None, with the reason shown,
+    when there is no data or no speculative run matches."""
+    st.title(title)
+    if not require_data(db_path()):
+        return None
+    filters = filter_widgets(load(queries.filter_options), names)
+    frame = load(query, filters)
+    if frame.empty:
+        st.info("No speculative run matches these filters.")
+        return None
+    return filters, frame

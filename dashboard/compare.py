@@ -40,14 +40,9 @@ def _head_to_head(cells: pd.DataFrame, drafts: list[str]) -> None:
 
 
 def render() -> None:
-    st.title("Compare drafts")
-    if not common.require_data(common.db_path()):
+    if (start := common.filtered("Compare drafts", FILTERS, queries.draft_categories)) is None:
         return
-    filters = common.filter_widgets(common.load(queries.filter_options), FILTERS)
-    per_category = common.load(queries.draft_categories, filters)
-    if per_category.empty:
-        st.info("No speculative run matches these filters.")
-        return
+    filters, per_category = start
     st.subheader("Leaderboard")
     table = frames.leaderboard(per_category, common.load(queries.lossless_rates, filters))
     table["lossless_rate"] = table["lossless_rate"].map(_lossless)

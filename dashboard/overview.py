@@ -69,14 +69,9 @@ def _runs_table(runs: pd.DataFrame) -> None:
 
 
 def render() -> None:
-    st.title("Overview")
-    if not common.require_data(common.db_path()):
+    if (start := common.filtered("Overview", FILTERS, queries.cells)) is None:
         return
-    filters = common.filter_widgets(common.load(queries.filter_options), FILTERS)
-    cells = common.load(queries.cells, filters)
-    if cells.empty:
-        st.info("No speculative run matches these filters.")
-        return
+    filters, cells = start
     _headline(common.load(queries.totals, filters).iloc[0])
     st.subheader("Acceptance per category × draft × k")
     st.dataframe(cells, hide_index=True, column_config=CELL_COLUMNS, column_order=list(CELL_COLUMNS))

@@ -83,6 +83,11 @@ def _create_bench_results(con: duckdb.DuckDBPyConnection) -> None:
         host TEXT, git_commit TEXT, PRIMARY KEY (bench_id, metric, draft, k, category))""")
 
 
+# Every run's totals from its rounds: the backfill of migration 5 (and of bench/scale.py's synthetic file).
+FILL_RUN_TOTALS = """INSERT INTO run_totals SELECT run_id, sum(accepted), sum(rejected), sum(thrown), sum(k),
+    sum(emitted) FROM rounds GROUP BY run_id"""
+
+
 def _create_run_totals(con: duckdb.DuckDBPyConnection) -> None:
     # Per-run sums of the rounds, written with the run, so run_stats no longer aggregates every round on
     # every query (at 10M rounds that cost 0.15-0.6 s per query). A table of its own, so that the columns of
@@ -90,8 +95,7 @@ def _create_run_totals(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("""CREATE TABLE run_totals (
         run_id TEXT PRIMARY KEY, accepted INTEGER, rejected INTEGER, thrown INTEGER, drafted INTEGER,
         emitted INTEGER)""")
-    con.execute("""INSERT INTO run_totals SELECT run_id, sum(accepted), sum(rejected), sum(thrown), sum(k),
-        sum(emitted) FROM rounds GROUP BY run_id""")
+    con.execute(FILL_RUN_TOTALS)
     con.execute(_run_stats("""
         SELECT t.run_id, t.accepted::BIGINT AS accepted, t.rejected::BIGINT AS rejected,
                t.thrown::BIGINT AS thrown, t.drafted::BIGINT AS drafted, t.emitted / r.n_rounds AS tau

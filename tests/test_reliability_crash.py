@@ -13,12 +13,9 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import duckdb
-import pytest
-import torch
 from reliability_helpers import (
     CELLS,
     PARTIAL_RUNS,
@@ -39,15 +36,6 @@ TRIALS = 10
 SEED = 20261129  # the kill points are random but reproducible
 DRAFTS, KS, PROMPTS = ["ngram", "layerskip:2"], [1, 2, 4], 3  # 21 runs, a few seconds of recording
 LOAD_WINDOW_S = 3.0  # a kill aimed before the first run lands in model load or warm-up
-
-
-@pytest.fixture
-def one_thread() -> Iterator[None]:
-    """The in-process resume, like the sweeps it finishes, on one torch thread (a busy 2-core machine)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _runs_so_far(db: Path) -> int:

@@ -10,13 +10,11 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import duckdb
 import pytest
-import torch
-from reliability_helpers import write_prompts
+from reliability_helpers import one_torch_thread, write_prompts
 from rich.console import Console
 from typer.testing import CliRunner
 
@@ -93,21 +91,9 @@ def recorded(inputs: Path, tiny_dir: Path, tmp_path_factory: pytest.TempPathFact
     config = SweepConfig(target=str(tiny_dir), drafts=("ngram",), ks=(1,), decodings=(Decoding("greedy", 0.0, 1.0),),
                          prompts=tuple(load_prompts(inputs / "good.jsonl")), max_new_tokens=4, seed=0, db=db,
                          device=None, dtype=None)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_torch_thread():
         run_sweep(config, Console(quiet=True))
-    finally:
-        torch.set_num_threads(threads)
     return db
-
-
-@pytest.fixture
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def sweep(db: Path, tiny_dir: Path, foreign_dir: Path, inputs: Path, extra: list[str]) -> tuple[int, str]:
