@@ -5,7 +5,7 @@ For every prompt, the two engines alternate (which goes first flips each time) a
 (b) speculative decoding: ours over transformers' assisted generation with the same draft and k
     (prompt lookup: `prompt_lookup_num_tokens`; a layer-skip draft: `assistant_model`, constant k);
 (c) overhead: the share of a speculative run's wall time spent outside the forward passes of the target
-    and the draft, and the share that recording its rounds (store.write_run) adds;
+    and the draft, and the share that recording its rounds (write_run) adds;
 (d) our measured speedup over our plain decoding next to the formula's, at the run's own α and c.
 And the verify curve: one target pass over k+1 tokens at a ~200-token context, k = 0..8.
 
@@ -37,16 +37,24 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 from transformers import DynamicCache  # noqa: E402
 
-from bench.metrics import ABOUT, GOALS, UNITS  # noqa: E402
-from runner import models, store  # noqa: E402
-from runner.decode import Clock  # noqa: E402
-from runner.drafters import crop_to  # noqa: E402
-from runner.engine import BASELINE, Bench, DraftSpec, parse_draft  # noqa: E402
-from runner.prompts import Prompt, PromptError, load_prompts, select_prompts  # noqa: E402
+from runner.engine import models  # noqa: E402
+from runner.engine.decode import Clock  # noqa: E402
+from runner.engine.drafters import crop_to  # noqa: E402
+from runner.engine.pair import BASELINE, DraftSpec, Pair, parse_draft  # noqa: E402
+from runner.engine.sampling import Decoding  # noqa: E402
 from runner.records import Generation, RunRecord  # noqa: E402
-from runner.sampling import Decoding  # noqa: E402
 from runner.stats import theoretical_speedup  # noqa: E402
-from runner.sweep import provenance  # noqa: E402
+from runner.store.bench_rows import (  # noqa: E402
+    ABOUT,
+    GOALS,
+    UNITS,
+    write_bench,  # noqa: E402
+)
+from runner.store.connect import init_db  # noqa: E402
+from runner.store.runs import write_run  # noqa: E402
+from runner.store.schema import StoreError  # noqa: E402
+from runner.sweep.prompts import Prompt, PromptError, load_prompts, select_prompts  # noqa: E402
+from runner.sweep.run import provenance  # noqa: E402
 
 GREEDY = Decoding("greedy", 0.0, 1.0)
 PLAIN = parse_draft(BASELINE)
@@ -175,21 +183,21 @@ class Engines:
         self.config, self.target = config, target
         self.clock = Clock(target.device)
         specs = [parse_draft(d) for d in config.drafts]
-        self.bench = Bench(target, specs)
+        self.pair = Pair(target, specs)
         self.timer = ForwardTimer(target.device)
         self.timer.wrap("target", target.model)
-        for spec, draft in self.bench.draft_models.items():
+        for spec, draft in self.pair.draft_models.items():
             self.timer.wrap(spec, draft)
         self.record_dir = tempfile.TemporaryDirectory(prefix="specdash-bench-")
         self.record_db = Path(self.record_dir.name) / "record.duckdb"
-        store.init_db(self.record_db)  # created and migrated now: the first timed write pays no more than the rest
+        init_db(self.record_db)  # created and migrated now: the first timed write pays no more than the rest
         self.provenance = provenance(target.device)
 
     def run(self, engine: str, cell: Cell, prompt: Prompt, ids: list[int], n: int, repeat: int) -> Sample:
         self.timer.take()
         start = self.clock()
         if engine == "ours":
-            generation = self.bench.run(cell.draft, ids, cell.k, GREEDY, n, seed=0)
+            generation = self.pair.run(cell.draft, ids, cell.k, GREEDY, n, seed=0)
             tokens = generation.output_tokens
         else:
             generation, tokens = None, self._theirs(cell, ids, n)
@@ -209,7 +217,7 @@ class Engines:
             # transformers' default is 2 (`max_matching_ngram_size or 2`); ours looks up DEFAULT_NGRAM.
             kwargs |= {"prompt_lookup_num_tokens": cell.k, "max_matching_ngram_size": int(cell.draft.arg)}
         elif cell.draft.kind != "baseline":
-            assistant = self.bench.draft_models[cell.draft.text]
+            assistant = self.pair.draft_models[cell.draft.text]
             # AssistedCandidateGenerator reads these from the ASSISTANT's generation_config (5.24), not from
             # generate's kwargs: exactly k drafts a round, and no confidence stop (0 leaves ConfidenceCriteria out).
             assistant.generation_config.num_assistant_tokens = cell.k
@@ -223,7 +231,7 @@ class Engines:
         """The sweep's per-run recording: build the RunRecord (decode the text) and write it with its rounds."""
         start = time.perf_counter()
         target = self.target
-        store.write_run(self.record_db, RunRecord(
+        write_run(self.record_db, RunRecord(
             run_id=uuid.uuid4().hex[:16], sweep_id="bench", started_at=datetime.now(UTC).isoformat(),
             target=self.config.target, draft=cell.draft.text, draft_kind=cell.draft.kind,
             category=prompt.category, prompt_id=prompt.id, prompt_text=prompt.text,
@@ -447,7 +455,7 @@ class Outcome:
 def run_bench(config: BenchConfig, progress: Callable[[str], None]) -> Outcome:
     load_before = os.getloadavg()[0]
     started = datetime.now(UTC)
-    store.init_db(config.db)  # a bad --db fails before the model loads
+    init_db(config.db)  # a bad --db fails before the model loads
     if config.threads is not None:
         torch.set_num_threads(config.threads)
     target = models.load(config.target, config.device, config.dtype)
@@ -478,7 +486,7 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None]) -> Outcome:
                "load_before": load_before, "load_after": os.getloadavg()[0], "command": config.command,
                **{k: prov.get(k) for k in ("torch_version", "transformers_version", "host", "git_commit")}}
     records = db_rows(rows, context)
-    store.write_bench(config.db, records)
+    write_bench(config.db, records)
     return Outcome(bench_id, rows, records, table(records), mismatch_lines(samples, reference))
 
 
@@ -562,7 +570,7 @@ def main(argv: list[str] | None = None) -> int:
         config, report = parse_args(argv)
         models.pick_device(config.device)  # --device cuda without CUDA: one line, before anything loads
         outcome = run_bench(config, lambda text: print(f"bench: {text}", file=sys.stderr, flush=True))
-    except (models.ModelError, PromptError, store.StoreError, UsageError) as error:
+    except (models.ModelError, PromptError, StoreError, UsageError) as error:
         print(f"bench: error: {error}", file=sys.stderr)
         return 2
     loads.append(os.getloadavg())

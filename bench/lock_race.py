@@ -2,7 +2,7 @@
 processes that open the file read-only and query it, all for a while; prints each one's counts.
 
 `python bench/lock_race.py [--seconds 60] [--readers 4] [--no-checkpoint]`: without the CHECKPOINT before the
-DETACH (as runner/store.py does it), readers intermittently fail with "Could not read enough bytes".
+DETACH (as runner/store/connect.py does it), readers intermittently fail with "Could not read enough bytes".
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def writer(path: str, seconds: float, checkpoint: bool) -> Counter:
     while time.monotonic() < end:
         cursor, i = memory.cursor(), i + 1
         try:
-            cursor.execute(f"ATTACH '{path}' AS w{i}")  # as runner/store.py's _Attachment does it
+            cursor.execute(f"ATTACH '{path}' AS w{i}")  # as runner/store/connect.py's _Attachment does it
             cursor.execute(f"USE w{i}")
             cursor.execute("INSERT INTO t SELECT range, repeat('x', 200) FROM range(20)")
             if checkpoint:

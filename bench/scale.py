@@ -4,7 +4,7 @@
     python bench/scale.py --runs 10000          # a 1M-round file, for a quick look
     python bench/scale.py --explain             # also print where the time of the slowest query goes
 
-The file has the real schema (store.init_db) and consistent contents: sweeps of prompt groups, each a
+The file has the real schema (init_db) and consistent contents: sweeps of prompt groups, each a
 baseline plus every draft × k, 100 rounds per run whose accepted counts follow a geometric law per draft and
 category (accepted + rejected + thrown = k, bonus = all accepted, emitted = accepted + 1), and run rows whose
 new_tokens, n_rounds, draft_s, verify_s and wall_s are the sums of their rounds.
@@ -32,9 +32,9 @@ sys.path.insert(0, str(ROOT))  # `python bench/scale.py` puts bench/, not the re
 import duckdb  # noqa: E402
 
 from dashboard import queries  # noqa: E402
-from runner import store  # noqa: E402
-from runner.schema import FILL_RUN_TOTALS  # noqa: E402
-from runner.sql import EXAMPLES, run_query  # noqa: E402
+from runner.store.connect import init_db  # noqa: E402
+from runner.store.schema import FILL_RUN_TOTALS  # noqa: E402
+from runner.store.sql import EXAMPLES, run_query  # noqa: E402
 
 DRAFTS = ["ngram", "ngram:2", "layerskip:24", "layerskip:15"]
 KS = [1, 2, 3, 4, 6, 8]
@@ -104,7 +104,7 @@ def build(db: Path, runs: int, rounds_per_run: int) -> None:
     for stale in (db, db.with_name(db.name + ".wal")):
         stale.unlink(missing_ok=True)
     db.parent.mkdir(parents=True, exist_ok=True)
-    store.init_db(db)
+    init_db(db)
     started = time.perf_counter()
     with duckdb.connect(str(db)) as con:
         con.execute(PLAN, [runs])

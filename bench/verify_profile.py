@@ -18,8 +18,8 @@ import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 from transformers import DynamicCache  # noqa: E402
 
-from runner import models  # noqa: E402
-from runner.drafters import crop_to  # noqa: E402
+from runner.engine import models  # noqa: E402
+from runner.engine.drafters import crop_to  # noqa: E402
 
 
 def _median_ms(fn, repeats: int) -> float:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from bench.metrics import ABOUT, GOALS
 from dashboard import charts, common, queries
+from runner.store.bench_rows import ABOUT, GOALS
 
 
 def _value(row: pd.Series, name: str) -> str:

@@ -13,7 +13,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import queries
-from runner.store import StoreError
+from runner.store.schema import StoreError
 
 T = TypeVar("T")
 DB_ENV = "SPECDASH_DB"

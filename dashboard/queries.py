@@ -15,7 +15,8 @@ from typing import TypeVar
 import duckdb
 import pandas as pd
 
-from runner.store import open_db, schema_version
+from runner.store.connect import open_db
+from runner.store.schema import schema_version
 
 T = TypeVar("T")
 # A reader waits this long for the runner's write transaction (milliseconds each) before giving up.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from dashboard import common, queries
-from runner.sql import EXAMPLES, QueryError, QueryResult, run_query
+from runner.store.sql import EXAMPLES, QueryError, QueryResult, run_query
 
 MAX_ROWS = 10_000
 

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 def load(spec: str) -> PreTrainedTokenizerBase:
     """The tokenizer of a model spec; raises (OSError, ValueError, ModelError) when it cannot be had."""
     # Imported here: transformers and torch take seconds to import, and only the replay needs them.
-    from runner import models
+    from runner.engine import models
 
     return models.load_tokenizer(spec)
 

@@ -9,14 +9,16 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from runner import models, store
-from runner.engine import Bench, DraftSpec, parse_draft
-from runner.prompts import load_prompts, select_prompts
+from runner.engine import models
+from runner.engine.pair import DraftSpec, Pair, parse_draft
+from runner.engine.sampling import Decoding
 from runner.report import frame_table, print_generation, sweep_table
-from runner.sampling import Decoding
-from runner.sql import QueryError, run_query
 from runner.stats import summarize
-from runner.sweep import SweepConfig, run_sweep
+from runner.store.runs import list_sweeps, sweep_summary
+from runner.store.schema import StoreError
+from runner.store.sql import QueryError, run_query
+from runner.sweep.prompts import load_prompts, select_prompts
+from runner.sweep.run import SweepConfig, run_sweep
 
 K_MAX = 64  # more drafts than this per round only burns draft calls
 app = typer.Typer(
@@ -84,7 +86,7 @@ def generate(
         if not prompt.strip():
             raise UsageError("the prompt is empty")
         loaded = models.load(target, device, dtype)
-        bench = Bench(loaded, [spec])
+        pair = Pair(loaded, [spec])
         ids = models.encode_chat(loaded, prompt)
         if len(ids) + max_new_tokens > loaded.max_context:
             raise UsageError(
@@ -92,9 +94,9 @@ def generate(
                 f"context of {loaded.max_context} tokens"
             )
         baseline_spec = DraftSpec("none", "baseline", None)
-        bench.warm_up([baseline_spec, spec], ids, k, decoding)
-        baseline = bench.run(baseline_spec, ids, k, decoding, max_new_tokens, seed)
-        run = bench.run(spec, ids, k, decoding, max_new_tokens, seed)
+        pair.warm_up([baseline_spec, spec], ids, k, decoding)
+        baseline = pair.run(baseline_spec, ids, k, decoding, max_new_tokens, seed)
+        run = pair.run(spec, ids, k, decoding, max_new_tokens, seed)
     except ValueError as exc:  # ModelError, UsageError and the engine's checks are all ValueErrors
         fail(str(exc))
     text = loaded.tokenizer.decode(list(run.output_tokens), skip_special_tokens=True)
@@ -154,12 +156,12 @@ def sweep(
             prompts=tuple(chosen), max_new_tokens=max_new_tokens, seed=seed, db=db, device=device, dtype=dtype,
             sweep_id=resume,
         )
-        if resume and resume not in set(store.list_sweeps(db)["sweep_id"]):
+        if resume and resume not in set(list_sweeps(db)["sweep_id"]):
             raise UsageError(f'no sweep "{resume}" in {db}')
         sweep_id, recorder = run_sweep(config, stderr)
-    except (ValueError, store.StoreError) as exc:
+    except (ValueError, StoreError) as exc:
         fail(str(exc))
-    stdout.print(sweep_table(store.sweep_summary(db, sweep_id), sweep_id))
+    stdout.print(sweep_table(sweep_summary(db, sweep_id), sweep_id))
     for problem in recorder.errors:
         stderr.print(f"[red]error run:[/] {problem}", highlight=False)
     if recorder.lossless_failures:
@@ -187,8 +189,8 @@ def sql_command(
 def list_command(db: Annotated[Path, typer.Option(help="the DuckDB file")] = Path("runs.duckdb")) -> None:
     """List the recorded sweeps, newest first."""
     try:
-        sweeps = store.list_sweeps(db)
-    except store.StoreError as exc:
+        sweeps = list_sweeps(db)
+    except StoreError as exc:
         fail(str(exc))
     stdout.print(frame_table(sweeps), highlight=False)
 

@@ -12,7 +12,7 @@ from tokenizers import Tokenizer, pre_tokenizers
 from tokenizers import models as tok_models
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from runner import models
+from runner.engine import models
 
 
 def tiny_llama(vocab_size: int, seed: int, layers: int = 2) -> LlamaForCausalLM:

@@ -15,8 +15,9 @@ from __future__ import annotations
 from datetime import datetime
 from pathlib import Path
 
-from runner import store
 from runner.records import Generation, Round, RunRecord
+from runner.store.bench_rows import BENCH_COLUMNS, write_bench
+from runner.store.runs import write_run
 
 SWEEP = "s1"
 TARGET = "tiny-target"  # not a loadable model: the replay falls back to token ids
@@ -86,24 +87,24 @@ def build(db: Path, target: str = TARGET) -> Path:
     minute = 0
     for prompt_id, (_, truth) in PROMPTS.items():
         rounds = speculative_rounds(truth, 0, [0] * len(truth), 0.0)
-        store.write_run(db, _record(f"{prompt_id}-base", prompt_id, "none", None, rounds,
+        write_run(db, _record(f"{prompt_id}-base", prompt_id, "none", None, rounds,
                                     BASELINE_WALL_S[prompt_id], None, None, target, minute))
         minute += 1
     for run_id, prompt_id, draft, k, schedule, wall_s, lossless in SPECULATIVE:
-        store.write_run(db, speculative_record(run_id, prompt_id, draft, k, schedule, wall_s, lossless, target,
+        write_run(db, speculative_record(run_id, prompt_id, draft, k, schedule, wall_s, lossless, target,
                                                minute))
         minute += 1
     failed = RunRecord("c1-ls-k8", SWEEP, "2026-01-01T12:59:00", target, "layerskip:2", "layerskip", "code",
                        "code-01", "write some code", 8, "greedy", 0.0, 1.0, 0, 12, "cpu", "float32", "error",
                        "out of memory", None, None, None, None)
-    store.write_run(db, failed)
+    write_run(db, failed)
     return db
 
 
 def bench_row(bench_id: str, started: str, metric: str, draft: str, k: int, ours: float, theirs: float | None,
               ratio: float | None, goal: str | None = None, met: bool | None = None) -> dict:
     """One `bench_results` row; each value's min and max lie 10% around it."""
-    row = dict.fromkeys(store.BENCH_COLUMNS)
+    row = dict.fromkeys(BENCH_COLUMNS)
     for name, value in {"ours": ours, "theirs": theirs, "ratio": ratio}.items():
         row |= {name: value, f"{name}_min": value and value * 0.9, f"{name}_max": value and value * 1.1}
     unit = {"plain_tokens_per_s": "tokens/s", "spec_tokens_per_s": "tokens/s", "verify_ms": "ms"}[metric]
@@ -117,9 +118,9 @@ def bench_row(bench_id: str, started: str, metric: str, draft: str, k: int, ours
 
 def add_benches(db: Path) -> Path:
     """Two benches: b-old (one goal, met) and the newer b-new (goals 1 of 2 met; verify curve 1, 1.6, 2)."""
-    store.write_bench(db, [bench_row("b-old", "2026-01-01", "plain_tokens_per_s", "none", 0, 10, 10, 1.0,
+    write_bench(db, [bench_row("b-old", "2026-01-01", "plain_tokens_per_s", "none", 0, 10, 10, 1.0,
                                      "ratio >= 1", True)])
-    store.write_bench(db, [
+    write_bench(db, [
         bench_row("b-new", "2026-02-01", "plain_tokens_per_s", "none", 0, 12, 10, 1.2, "ratio >= 1", True),
         bench_row("b-new", "2026-02-01", "spec_tokens_per_s", "ngram", 2, 21, 20, 1.1, "ratio >= 1.15", False),
         *(bench_row("b-new", "2026-02-01", "verify_ms", "none", k, ms, 70, ms / 70)

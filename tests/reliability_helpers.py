@@ -95,11 +95,13 @@ def start_script(role: str, *args: str, log: Path) -> subprocess.Popen:
 
 def _counting_sweep(out: Path, argv: list[str]) -> int:
     """`runner sweep argv`, with every open_db/write_run of the store counted."""
-    from runner import cli, store
+    from runner import cli
+    from runner.store import connect, pending
+    from runner.sweep import run
 
     counts = {"writes": 0, "write_retries": 0, "read_opens": 0, "read_retries": 0, "spills": 0,
               "max_write_s": 0.0, "exit_code": None}
-    real_open, real_write, real_spill = store.open_db, store.write_run, store._spill
+    real_open, real_write, real_spill = connect.open_db, run.write_run, pending.spill
 
     def open_db(db_path, *, read_only, bound_s=30.0, config=None):
         con, retries = real_open(db_path, read_only=read_only, bound_s=bound_s, config=config)
@@ -120,7 +122,8 @@ def _counting_sweep(out: Path, argv: list[str]) -> int:
         counts["spills"] += 1
         real_spill(db_path, record)
 
-    store.open_db, store.write_run, store._spill = open_db, write_run, spill
+    # Where each is looked up: the store's reads and writes open through connect; the sweep writes its runs.
+    connect.open_db, run.write_run, pending.spill = open_db, write_run, spill
     sys.argv = ["runner", "sweep", *argv]
     try:
         cli.main()
@@ -163,7 +166,7 @@ def _dashboard_reads(db: Path, seen: dict) -> None:
 
 def _sql_reads(db: Path, seen: dict, turn: int) -> None:
     """What `runner sql` and the SQL page run: the examples and the invariant check, through run_query."""
-    from runner.sql import EXAMPLES, run_query
+    from runner.store.sql import EXAMPLES, run_query
 
     if not db.is_file() or db.stat().st_size < 12:
         return
@@ -183,7 +186,7 @@ def _sql_reads(db: Path, seen: dict, turn: int) -> None:
 
 def _reader(kind: str, db: Path, stop_file: Path, out: Path, pause_s: float = 0.02) -> int:
     from dashboard import queries
-    from runner import sql
+    from runner.store import sql
 
     seen = {"kind": kind, "queries": 0, "not_ready": 0, "opens": 0, "retries": 0, "partial": 0, "shrank": 0, "runs": 0,
             "errors": [], "error_count": 0}

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from bench import bench
-from runner import store
 from runner.stats import theoretical_speedup
+from runner.store.bench_rows import BENCH_COLUMNS, bench_results
 
 
 def test_rows_hold_medians_and_min_max_over_repeats_and_judge_the_goal():
@@ -40,14 +40,14 @@ def quick(tiny_dir, tmp_path_factory) -> tuple[int, str, list[dict]]:
         code = bench.main(["--quick", "--target", str(tiny_dir), "--drafts", "ngram,layerskip:2", "--db", str(db)])
     printed = out.getvalue()
     bench_id = printed.rsplit("recorded as bench ", 1)[1].split()[0]
-    assert len(store.bench_results(db, bench_id)) > 0
+    assert len(bench_results(db, bench_id)) > 0
     con = duckdb.connect(str(db), read_only=True)
     try:
-        rows = con.execute(f"SELECT {', '.join(store.BENCH_COLUMNS)} FROM bench_results WHERE bench_id = ? "
+        rows = con.execute(f"SELECT {', '.join(BENCH_COLUMNS)} FROM bench_results WHERE bench_id = ? "
                            "ORDER BY rowid", [bench_id]).fetchall()
     finally:
         con.close()
-    return code, printed, [dict(zip(store.BENCH_COLUMNS, row, strict=True)) for row in rows]
+    return code, printed, [dict(zip(BENCH_COLUMNS, row, strict=True)) for row in rows]
 
 
 def of(rows: list[dict], metric: str) -> list[dict]:

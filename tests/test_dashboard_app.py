@@ -23,8 +23,8 @@ from tokenizers import Tokenizer, pre_tokenizers
 from tokenizers import models as tok_models
 from transformers import PreTrainedTokenizerFast
 
-from runner import store
-from runner.sql import EXAMPLES
+from runner.store.runs import write_run
+from runner.store.sql import EXAMPLES
 
 APP = str(Path(__file__).resolve().parent.parent / "dashboard" / "app.py")
 SPAN = re.compile(r'<span class="tok-(\w+)" data-fate="\w+" title="[^"]*">([^<]*)</span>')
@@ -230,7 +230,7 @@ def test_the_dashboard_lets_the_runner_write_and_shows_new_runs(monkeypatch, tmp
     at = app(monkeypatch, db)
     assert metrics(at)["speculative runs"] == "9"
     # No handle stays open: the write neither waits for a lock nor spills to runs.duckdb.pending/.
-    assert store.write_run(db, speculative_record("p1-ng-k2-again", "poem-01", "ngram", 2, [2, 2, 2, 2], 0.5),
+    assert write_run(db, speculative_record("p1-ng-k2-again", "poem-01", "ngram", 2, [2, 2, 2, 2], 0.5),
                            lock_timeout_s=2) == 0
     assert not (tmp_path / "runs.duckdb.pending").exists()
     at.run()  # a refresh

@@ -5,11 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runner import models
-from runner.decode import Clock, Sequence, Target, generate, speculative_round
-from runner.drafters import Draft, ModelDrafter, NgramDrafter, NoDraft
-from runner.engine import Bench, parse_draft
-from runner.sampling import Decoding
+from runner.engine.decode import Clock, Sequence, Target, generate, speculative_round
+from runner.engine.drafters import Draft, ModelDrafter, NgramDrafter, NoDraft
+from runner.engine.pair import Pair, models, parse_draft
+from runner.engine.sampling import Decoding
 
 GREEDY = Decoding("greedy", 0.0, 1.0)
 PROMPT = (
@@ -46,22 +45,22 @@ class Scripted:
 @pytest.mark.parametrize("draft", ["ngram", "ngram:1", "layerskip:6", "model:tiny", "model:smollm2-135m"])
 def test_greedy_speculative_equals_plain_greedy_on_smollm2(smollm2, tiny_dir, draft):
     spec = parse_draft(draft.replace("tiny", str(tiny_dir)))
-    bench = Bench(smollm2, [spec])
+    pair = Pair(smollm2, [spec])
     prompt = models.encode_chat(smollm2, PROMPT)
     expected = plain(smollm2, prompt, 40)
     for k in (1, 2, 4, 8):
-        assert bench.run(spec, prompt, k, GREEDY, 40, seed=0).output_tokens == expected, (draft, k)
+        assert pair.run(spec, prompt, k, GREEDY, 40, seed=0).output_tokens == expected, (draft, k)
 
 
 @pytest.mark.parametrize("draft", ["ngram", "layerskip:1", "layerskip:3", "model:tiny"])
 def test_greedy_speculative_equals_plain_greedy_on_a_tiny_random_model(tiny, tiny_dir, draft):
     spec = parse_draft(draft.replace("tiny", str(tiny_dir)))
-    bench = Bench(tiny, [spec])
+    pair = Pair(tiny, [spec])
     prompt = list(range(100, 140)) * 2  # repeats, so prompt lookup finds matches
     expected = plain(tiny, prompt, 48)
     assert len(expected) == 48
     for k in (1, 2, 4, 8):
-        assert bench.run(spec, prompt, k, GREEDY, 48, seed=0).output_tokens == expected, (draft, k)
+        assert pair.run(spec, prompt, k, GREEDY, 48, seed=0).output_tokens == expected, (draft, k)
 
 
 def test_the_target_drafting_for_itself_gets_a_bonus_every_round(smollm2):

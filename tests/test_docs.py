@@ -9,7 +9,7 @@ import duckdb
 import pytest
 
 from runner.cli import app
-from runner.schema import MIGRATIONS
+from runner.store.schema import MIGRATIONS
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 

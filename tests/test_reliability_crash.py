@@ -29,8 +29,8 @@ from reliability_helpers import (
 )
 from typer.testing import CliRunner
 
-from runner import store
 from runner.cli import app
+from runner.store.connect import init_db
 
 TRIALS = 10
 SEED = 20261129  # the kill points are random but reproducible
@@ -88,7 +88,7 @@ def test_sigkill_at_random_points_then_resume_records_exactly_the_missing_cells(
             continue
         # The file opens, read-only and read-write, and holds no partial run.
         assert query(db, PARTIAL_RUNS)[0][:2] == (0, 0)
-        store.init_db(db)  # completes the migrations a kill may have interrupted
+        init_db(db)  # completes the migrations a kill may have interrupted
         ids = sweep_ids(db)
         if not ids:
             outcomes[f"{landed}, before any run was recorded"] += 1

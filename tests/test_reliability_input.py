@@ -19,9 +19,9 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from runner.cli import app
-from runner.prompts import load_prompts
-from runner.sampling import Decoding
-from runner.sweep import SweepConfig, run_sweep
+from runner.engine.sampling import Decoding
+from runner.sweep.prompts import load_prompts
+from runner.sweep.run import SweepConfig, run_sweep
 
 BAD_PROMPT_FILES = {
     "empty.jsonl": "",

@@ -8,10 +8,10 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from runner.decode import generate
-from runner.drafters import ModelDrafter
-from runner.models import Loaded
-from runner.sampling import Decoding, accept_greedy, accept_sampled, probabilities, residual
+from runner.engine.decode import generate
+from runner.engine.drafters import ModelDrafter
+from runner.engine.models import Loaded
+from runner.engine.sampling import Decoding, accept_greedy, accept_sampled, probabilities, residual
 from tests.conftest import tiny_llama
 
 

@@ -10,10 +10,10 @@ import duckdb
 import pandas as pd
 import pytest
 
-from runner import sql as user_sql
-from runner import store
 from runner.records import Generation, Round, RunRecord
-from runner.sql import EXAMPLES, QueryError, run_query
+from runner.store import sql as user_sql
+from runner.store.runs import write_run
+from runner.store.sql import EXAMPLES, QueryError, run_query
 
 
 def run(run_id: str, draft: str, k: int | None, rounds: tuple[Round, ...], wall_s: float) -> RunRecord:
@@ -27,9 +27,9 @@ def run(run_id: str, draft: str, k: int | None, rounds: tuple[Round, ...], wall_
 def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("sql") / "runs.duckdb"
     one_token = Round(0, 0, 0, 0, False, 1, 0.0, 0.05, (), (5,))
-    store.write_run(path, run("base", "none", None, (one_token,) * 4, 0.3))
+    write_run(path, run("base", "none", None, (one_token,) * 4, 0.3))
     # k=3: Σaccepted 3, Σrejected 1, emitted 4 + 0: α = 3/4
-    store.write_run(path, run("spec", "ngram", 3, (
+    write_run(path, run("spec", "ngram", 3, (
         Round(3, 3, 0, 0, True, 4, 0.003, 0.06, (5, 6, 7), (5, 6, 7, 8)),
         Round(3, 0, 1, 2, False, 0, 0.003, 0.06, (1, 1, 1), (9, 0, 0, 0)),  # cut by max_new_tokens
     ), 0.2))

@@ -15,9 +15,11 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from runner import store
 from runner.records import Generation, Round, RunRecord
-from runner.store import MIGRATIONS, SCHEMA_VERSION, StoreError
+from runner.store.connect import init_db
+from runner.store.pending import record_from_dict, record_to_dict, spill
+from runner.store.runs import baseline_for, flush_pending, list_sweeps, recorded_runs, write_run
+from runner.store.schema import MIGRATIONS, SCHEMA_VERSION, StoreError, migrate
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -74,7 +76,7 @@ def db(tmp_path: Path) -> Path:
 
 
 def test_runs_and_rounds_have_the_documented_columns(db):
-    store.init_db(db)
+    init_db(db)
     text, i, f, ints = "VARCHAR", "INTEGER", "DOUBLE", "INTEGER[]"
     assert columns(db, "runs") == [
         ("run_id", text), ("sweep_id", text), ("started_at", "TIMESTAMP"), ("target", text), ("draft", text),
@@ -111,9 +113,9 @@ def schema_dump(db: Path) -> list:
 @pytest.mark.parametrize("start", range(SCHEMA_VERSION))
 def test_migrating_from_every_older_version_ends_identical(tmp_path, start):
     fresh, old = tmp_path / "fresh.duckdb", tmp_path / "old.duckdb"
-    store.init_db(fresh)
+    init_db(fresh)
     con = duckdb.connect(str(old))
-    store.migrate(con, to_version=start)
+    migrate(con, to_version=start)
     if start >= 1:  # data written under the old schema (v1 columns only) survives and shows in the new view
         con.execute("INSERT INTO runs (run_id, sweep_id, draft, status, new_tokens, n_rounds, wall_s) "
                     "VALUES ('base', 's1', 'none', 'ok', 1, 1, 0.1)")
@@ -122,8 +124,8 @@ def test_migrating_from_every_older_version_ends_identical(tmp_path, start):
         con.execute("INSERT INTO rounds (run_id, round, k, accepted, rejected, thrown, bonus, emitted) "
                     "VALUES ('base', 0, 0, 0, 0, 0, true, 1), ('spec', 0, 2, 2, 0, 0, true, 3), "
                     "('spec', 1, 2, 0, 1, 1, false, 1)")
-    store.migrate(con)
-    store.migrate(con)  # a second run finds nothing to do
+    migrate(con)
+    migrate(con)  # a second run finds nothing to do
     con.close()
     assert schema_dump(old) == schema_dump(fresh)
     assert len(MIGRATIONS) == SCHEMA_VERSION == 5
@@ -133,16 +135,16 @@ def test_migrating_from_every_older_version_ends_identical(tmp_path, start):
 
 
 def test_a_newer_database_is_refused(db):
-    store.init_db(db)
+    init_db(db)
     con = duckdb.connect(str(db))
     con.execute("INSERT INTO schema_migrations VALUES (?, 'from_the_future', NULL)", [SCHEMA_VERSION + 1])
     con.close()
     newer = SCHEMA_VERSION + 1
     message = f"runs.duckdb has schema version {newer}, newer than this specdash ({SCHEMA_VERSION}); upgrade specdash"
     with pytest.raises(StoreError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        store.write_run(db, SPEC)
+        write_run(db, SPEC)
     with pytest.raises(StoreError, match="newer than this specdash"):
-        store.recorded_runs(db, "s1")
+        recorded_runs(db, "s1")
     assert query(db, "SELECT count(*) FROM runs") == [(0,)]
 
 
@@ -150,7 +152,7 @@ def test_a_newer_database_is_refused(db):
 def test_a_file_that_is_not_duckdb_is_refused_and_left_alone(db, content):
     db.write_bytes(content)
     with pytest.raises(StoreError, match=r"runs\.duckdb is not a specdash database \(not a DuckDB file\)$"):
-        store.write_run(db, SPEC)
+        write_run(db, SPEC)
     assert db.read_bytes() == content
     assert not db.with_name("runs.duckdb.pending").exists()
 
@@ -163,21 +165,21 @@ def test_a_foreign_duckdb_database_is_refused(db, setup):
     con.execute(setup)
     con.close()
     with pytest.raises(StoreError, match=r"runs\.duckdb is not a specdash database$"):
-        store.write_run(db, SPEC)
+        write_run(db, SPEC)
     with pytest.raises(StoreError, match="is not a specdash database"):
-        store.list_sweeps(db)
+        list_sweeps(db)
 
 
 def test_a_missing_or_unwritable_directory_is_a_clear_error(tmp_path):
     with pytest.raises(StoreError, match="is not a directory"):
-        store.write_run(tmp_path / "nowhere" / "runs.duckdb", SPEC)
+        write_run(tmp_path / "nowhere" / "runs.duckdb", SPEC)
     if os.geteuid() == 0:
         locked_dir = Path("/proc")  # root ignores file modes; nobody can create files in /proc
     else:
         locked_dir = tmp_path / "ro"
         locked_dir.mkdir(mode=0o555)
     with pytest.raises(StoreError, match=f"^cannot open {locked_dir}/runs.duckdb: "):
-        store.write_run(locked_dir / "runs.duckdb", SPEC)
+        write_run(locked_dir / "runs.duckdb", SPEC)
 
 
 def stats(db: Path, run_id: str) -> dict:
@@ -190,8 +192,8 @@ def stats(db: Path, run_id: str) -> dict:
 
 
 def test_run_stats_match_hand_computed_values(db):
-    store.write_run(db, BASELINE)
-    store.write_run(db, SPEC)
+    write_run(db, BASELINE)
+    write_run(db, SPEC)
     s = stats(db, "spec")
     counts = (s["accepted"], s["rejected"], s["thrown"], s["drafted"], s["n_rounds"], s["new_tokens"])
     assert counts == (7, 2, 3, 12, 3, 10)
@@ -211,7 +213,7 @@ def test_run_stats_match_hand_computed_values(db):
 
 
 def test_a_run_and_its_rounds_are_stored_as_given(db):
-    store.write_run(db, SPEC)
+    write_run(db, SPEC)
     assert query(db, "SELECT started_at, prompt_tokens, output_tokens, target_passes, draft_calls, prefill_s, "
                      "stop_reason, torch_version, transformers_version, host, git_commit FROM runs") == [
         (datetime(2025, 3, 1, 12), [1, 2, 3], list(range(10, 20)), 4, 3, 0.1, "max_new_tokens", "2.13.0", None,
@@ -224,7 +226,7 @@ def test_a_run_and_its_rounds_are_stored_as_given(db):
 
 
 def test_baseline_rows_have_no_speculative_stats(db):
-    store.write_run(db, BASELINE)
+    write_run(db, BASELINE)
     s = stats(db, "base")
     assert (s["k"], s["drafted"], s["accepted"], s["tau"], s["verify_pass_s"]) == (None, 0, 0, 1.0, pytest.approx(0.05))
     assert [s[c] for c in ("alpha", "thrown_share", "measured_speedup", "draft_token_s", "c", "theoretical_speedup",
@@ -232,9 +234,9 @@ def test_baseline_rows_have_no_speculative_stats(db):
 
 
 def test_alpha_of_one_uses_the_limit_of_the_formula(db):
-    store.write_run(db, BASELINE)
+    write_run(db, BASELINE)
     perfect = Round(2, 2, 0, 0, True, 3, 0.002, 0.06, (10, 11), (10, 11, 12))
-    store.write_run(db, record("all", (perfect, perfect), wall_s=0.3, k=2))
+    write_run(db, record("all", (perfect, perfect), wall_s=0.3, k=2))
     s = stats(db, "all")
     assert (s["alpha"], s["thrown_share"], s["c"]) == (1.0, 0.0, pytest.approx(0.02))
     assert s["theoretical_speedup"] == pytest.approx(3 / 1.04)  # (k + 1) / (1 + k·c)
@@ -243,21 +245,21 @@ def test_alpha_of_one_uses_the_limit_of_the_formula(db):
 def test_an_error_run_has_no_generation_and_no_stats(db):
     failed = replace(SPEC, run_id="bad", status="error", error="CUDA OOM", generation=None, output_text=None,
                      lossless=None)
-    store.write_run(db, failed)
+    write_run(db, failed)
     assert query(db, "SELECT status, error, new_tokens, n_rounds, wall_s, output_tokens, stop_reason FROM runs") == [
         ("error", "CUDA OOM", None, None, None, None, None)]
     assert query(db, "SELECT count(*) FROM rounds") == [(0,)]
     assert query(db, "SELECT count(*) FROM run_stats") == [(0,)]
-    assert store.recorded_runs(db, "s1") == set()
+    assert recorded_runs(db, "s1") == set()
 
 
 def test_a_write_that_fails_midway_leaves_nothing(db):
-    store.init_db(db)
+    init_db(db)
     con = duckdb.connect(str(db))
     con.execute("INSERT INTO rounds (run_id, round) VALUES ('spec', 2)")  # collides with SPEC's last round
     con.close()
     with pytest.raises(StoreError, match="^could not record run spec: Constraint Error"):
-        store.write_run(db, SPEC)
+        write_run(db, SPEC)
     assert query(db, "SELECT count(*) FROM runs") == [(0,)]
     assert query(db, "SELECT run_id, round, k FROM rounds") == [("spec", 2, None)]
 
@@ -266,7 +268,7 @@ WRITER = """
 import sys
 sys.path.insert(0, sys.argv[2])
 from runner.records import Generation, Round, RunRecord
-from runner.store import write_run
+from runner.store.runs import write_run
 rounds = tuple(Round(4, 2, 1, 1, False, 3, 0.001, 0.01, (1, 2, 3, 4), (1, 2, 5, 0, 0)) for _ in range(400))
 gen = Generation((1,), (7,) * 1200, rounds, 0.1, 1.0, 400, "max_new_tokens")
 for i in range(10**6):
@@ -309,10 +311,10 @@ def hold_read_only(db: Path, seconds: float) -> subprocess.Popen:
 
 
 def test_a_locked_write_retries_until_the_reader_lets_go(db):
-    store.write_run(db, BASELINE)
+    write_run(db, BASELINE)
     holder = hold_read_only(db, 1.0)
     started = time.monotonic()
-    retries = store.write_run(db, SPEC, lock_timeout_s=10)
+    retries = write_run(db, SPEC, lock_timeout_s=10)
     assert retries > 0
     assert 0.5 < time.monotonic() - started < 5
     holder.wait()
@@ -321,50 +323,50 @@ def test_a_locked_write_retries_until_the_reader_lets_go(db):
 
 
 def test_a_write_locked_past_its_bound_spills_and_is_flushed_exactly_once(db):
-    store.write_run(db, many_rounds("first", 5))
+    write_run(db, many_rounds("first", 5))
     holder = hold_read_only(db, 1.5)
-    assert store.write_run(db, BASELINE, lock_timeout_s=0.2) > 0
+    assert write_run(db, BASELINE, lock_timeout_s=0.2) > 0
     assert (db.parent / "runs.duckdb.pending" / "base.json").is_file()
     # Readers share the file with the holder, and see the spilled run as recorded.
-    assert store.recorded_runs(db, "s1") == {("p1", "ngram", 4, "greedy", 0.0, 1.0, 0),
+    assert recorded_runs(db, "s1") == {("p1", "ngram", 4, "greedy", 0.0, 1.0, 0),
                                              ("p1", "none", None, "greedy", 0.0, 1.0, 0)}
-    assert store.baseline_for(db, "s1", "p1", "greedy", 0.0, 1.0, 0) == ("base", tuple(range(10, 20)))
+    assert baseline_for(db, "s1", "p1", "greedy", 0.0, 1.0, 0) == ("base", tuple(range(10, 20)))
     holder.wait()
-    assert store.flush_pending(db) == 1
-    assert store.flush_pending(db) == 0
+    assert flush_pending(db) == 1
+    assert flush_pending(db) == 0
     assert query(db, "SELECT run_id, n_rounds FROM runs ORDER BY run_id") == [("base", 10), ("first", 5)]
     assert query(db, "SELECT count(*) FROM rounds WHERE run_id = 'base'") == [(10,)]
     assert list((db.parent / "runs.duckdb.pending").iterdir()) == []
 
 
 def test_the_next_write_flushes_spills_and_skips_ones_already_stored(db):
-    store.write_run(db, BASELINE)
-    store._spill(db, BASELINE)  # as if a crash came between the commit and the delete
-    store._spill(db, many_rounds("late", 4))
-    store.write_run(db, SPEC)
+    write_run(db, BASELINE)
+    spill(db, BASELINE)  # as if a crash came between the commit and the delete
+    spill(db, many_rounds("late", 4))
+    write_run(db, SPEC)
     assert query(db, "SELECT run_id, n_rounds FROM runs ORDER BY run_id") == [("base", 10), ("late", 4), ("spec", 3)]
     assert list((db.parent / "runs.duckdb.pending").iterdir()) == []
 
 
 def test_records_survive_the_json_round_trip():
     for original in (BASELINE, SPEC):
-        assert store.record_from_dict(store.record_to_dict(original)) == original
+        assert record_from_dict(record_to_dict(original)) == original
 
 
 def test_reads_for_the_runner(db):
-    assert store.recorded_runs(db, "s1") == set()
-    assert store.baseline_for(db, "s1", "p1", "greedy", 0.0, 1.0, 0) is None
-    assert store.list_sweeps(db).empty
-    store.write_run(db, BASELINE)
-    store.write_run(db, SPEC)
-    store.write_run(db, record("other", SPEC.generation.rounds, 0.3, sweep_id="s2", seed=5, baseline_run_id=None))
+    assert recorded_runs(db, "s1") == set()
+    assert baseline_for(db, "s1", "p1", "greedy", 0.0, 1.0, 0) is None
+    assert list_sweeps(db).empty
+    write_run(db, BASELINE)
+    write_run(db, SPEC)
+    write_run(db, record("other", SPEC.generation.rounds, 0.3, sweep_id="s2", seed=5, baseline_run_id=None))
     failed = replace(SPEC, run_id="bad", k=8, status="error", generation=None)
-    store.write_run(db, failed)
-    assert store.recorded_runs(db, "s1") == {("p1", "ngram", 4, "greedy", 0.0, 1.0, 0),
+    write_run(db, failed)
+    assert recorded_runs(db, "s1") == {("p1", "ngram", 4, "greedy", 0.0, 1.0, 0),
                                              ("p1", "none", None, "greedy", 0.0, 1.0, 0)}
-    assert store.baseline_for(db, "s1", "p1", "greedy", 0.0, 1.0, 0) == ("base", tuple(range(10, 20)))
-    assert store.baseline_for(db, "s1", "p1", "greedy", 0.0, 1.0, 1) is None
-    sweeps = store.list_sweeps(db)
+    assert baseline_for(db, "s1", "p1", "greedy", 0.0, 1.0, 0) == ("base", tuple(range(10, 20)))
+    assert baseline_for(db, "s1", "p1", "greedy", 0.0, 1.0, 1) is None
+    sweeps = list_sweeps(db)
     assert list(sweeps.columns) == ["sweep_id", "started", "target", "drafts", "runs", "errors", "lossless_failures"]
     assert sweeps[["sweep_id", "target", "drafts", "runs", "errors", "lossless_failures"]].values.tolist() == [
         ["s1", "smollm2", "ngram, none", 3, 1, 0], ["s2", "smollm2", "ngram", 1, 0, 0]]

@@ -9,10 +9,11 @@ import duckdb
 import pytest
 from rich.console import Console
 
-from runner import engine, store
-from runner.prompts import load_prompts
-from runner.sampling import Decoding
-from runner.sweep import SweepConfig, run_sweep
+from runner.engine import pair
+from runner.engine.sampling import Decoding
+from runner.store.runs import sweep_summary
+from runner.sweep.prompts import load_prompts
+from runner.sweep.run import SweepConfig, run_sweep
 
 PROMPTS = [
     {"id": "c1", "category": "code", "prompt": "def add(a, b): return a + b. Add type hints to add(a, b)."},
@@ -83,7 +84,7 @@ def test_recorded_rounds_keep_the_explainers_invariants(swept):
 
 def test_alpha_from_the_rows_equals_the_summary(swept):
     cfg, sweep_id = swept
-    summary = store.sweep_summary(cfg.db, sweep_id)
+    summary = sweep_summary(cfg.db, sweep_id)
     by_rows = dict(((c, d, k, m), a) for c, d, k, m, a in rows(cfg.db, """
         SELECT category, draft, runs.k, mode, sum(accepted) / (sum(accepted) + sum(rejected))
         FROM rounds JOIN runs USING (run_id) WHERE draft <> 'none' GROUP BY ALL"""))
@@ -126,14 +127,14 @@ def test_resume_records_exactly_the_missing_cells(swept, tmp_path):
 
 
 def test_a_failing_cell_is_recorded_as_an_error_and_the_sweep_goes_on(tiny_dir, tmp_path, monkeypatch):
-    real_run = engine.Bench.run
+    real_run = pair.Pair.run
 
     def flaky(self, spec, prompt, k, decoding, max_new_tokens, seed):
         if spec.text == "layerskip:2" and k == 3 and max_new_tokens == 10:  # the cells, not the warm-up
             raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore detail")
         return real_run(self, spec, prompt, k, decoding, max_new_tokens, seed)
 
-    monkeypatch.setattr(engine.Bench, "run", flaky)
+    monkeypatch.setattr(pair.Pair, "run", flaky)
     cfg = config(tiny_dir, tmp_path)
     _, recorder = run_sweep(cfg, Console(quiet=True))
     assert len(recorder.errors) == 6

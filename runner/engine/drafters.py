@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 from transformers import DynamicCache, PreTrainedModel
 
-from runner.sampling import Decoding, draw, probabilities
+from runner.engine.sampling import Decoding, draw, probabilities
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 A prompts file holds one JSON object per non-blank line:
 `{"id": "code-01", "category": "code", "prompt": "..."}`. Any category names are allowed; the
-built-in suite (`prompts/builtin.jsonl`) has `code`, `summary` and `poem`.
+built-in suite (`builtin_prompts.jsonl`) has `code`, `summary` and `poem`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-BUILTIN_PATH = Path(__file__).parent / "prompts" / "builtin.jsonl"
+BUILTIN_PATH = Path(__file__).parent / "builtin_prompts.jsonl"
 FIELDS = ("id", "category", "prompt")
 
 

@@ -1,4 +1,4 @@
-"""A target with its drafts, loaded once and run many times: what `generate` and `sweep` share."""
+"""A target paired with its drafts, loaded once and run many times: what `generate`, `sweep` and the bench share."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
-from runner import models
-from runner.decode import generate
-from runner.drafters import Drafter, ModelDrafter, NgramDrafter, NoDraft, layer_skip
+from runner.engine import models
+from runner.engine.decode import generate
+from runner.engine.drafters import Drafter, ModelDrafter, NgramDrafter, NoDraft, layer_skip
+from runner.engine.sampling import Decoding
 from runner.records import Generation
-from runner.sampling import Decoding
 
 BASELINE = "none"
 DEFAULT_NGRAM = 3  # longest n-gram prompt lookup tries before falling back to shorter ones
@@ -41,7 +41,7 @@ def parse_draft(text: str) -> DraftSpec:
     raise ValueError(f'unknown draft "{text}"; use ngram, ngram:<n>, layerskip:<L> or model:<spec>')
 
 
-class Bench:
+class Pair:
     """Loads the target and each draft once; makes a fresh drafter for every generation."""
 
     def __init__(self, target: models.Loaded, drafts: list[DraftSpec]) -> None:

@@ -16,7 +16,8 @@ from pathlib import Path
 import duckdb
 import pandas as pd
 
-from runner.store import Locked, StoreError, open_db
+from runner.store.connect import Locked, open_db
+from runner.store.schema import StoreError
 
 _SANDBOX = {
     "enable_external_access": False,

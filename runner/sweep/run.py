@@ -16,11 +16,13 @@ import transformers
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from runner import models, store
-from runner.engine import Bench, DraftSpec, parse_draft
-from runner.prompts import Prompt
+from runner.engine import models
+from runner.engine.pair import DraftSpec, Pair, parse_draft
+from runner.engine.sampling import Decoding
 from runner.records import RunRecord
-from runner.sampling import Decoding
+from runner.store.connect import check_db
+from runner.store.runs import baseline_for, flush_pending, recorded_runs, write_run
+from runner.sweep.prompts import Prompt
 
 BASELINE = DraftSpec("none", "baseline", None)
 
@@ -97,11 +99,11 @@ def new_sweep_id() -> str:
 
 
 class Recorder:
-    """Runs cells on a loaded bench and writes each as one run (one transaction with its rounds)."""
+    """Runs cells on a loaded pair and writes each as one run (one transaction with its rounds)."""
 
-    def __init__(self, config: SweepConfig, sweep_id: str, bench: Bench) -> None:
-        self.config, self.sweep_id, self.bench = config, sweep_id, bench
-        self.provenance = provenance(bench.target.device)
+    def __init__(self, config: SweepConfig, sweep_id: str, pair: Pair) -> None:
+        self.config, self.sweep_id, self.pair = config, sweep_id, pair
+        self.provenance = provenance(pair.target.device)
         self.lossless_failures: list[str] = []
         self.errors: list[str] = []
         # (prompt id, decoding) -> the baseline's (run_id, output tokens), kept from this process's runs so a
@@ -109,15 +111,15 @@ class Recorder:
         self.baselines: dict[tuple, tuple[str, tuple[int, ...]]] = {}
 
     def record(self, cell: Cell) -> None:
-        cfg, target = self.config, self.bench.target
+        cfg, target = self.config, self.pair.target
         ids = models.encode_chat(target, cell.prompt.text)
         d = cell.decoding
         key = (cell.prompt.id, d.mode, d.temperature, d.top_p)
-        baseline = None if cell.k is None else self.baselines.get(key) or store.baseline_for(
+        baseline = None if cell.k is None else self.baselines.get(key) or baseline_for(
             cfg.db, self.sweep_id, cell.prompt.id, d.mode, d.temperature, d.top_p, cfg.seed)
         started = datetime.now(UTC).isoformat()
         try:
-            generation = self.bench.run(cell.draft, ids, cell.k or 0, d, cfg.max_new_tokens, cfg.seed)
+            generation = self.pair.run(cell.draft, ids, cell.k or 0, d, cfg.max_new_tokens, cfg.seed)
             status, error = "ok", None
         except Exception as exc:  # noqa: BLE001 - a failing cell (OOM, say) is recorded and the sweep goes on
             first_line = str(exc).splitlines()[0] if str(exc) else ""
@@ -129,7 +131,7 @@ class Recorder:
             if not lossless:
                 self.lossless_failures.append(f"{cell.prompt.id} {cell.draft.text} k={cell.k}")
         run_id = uuid.uuid4().hex[:16]
-        store.write_run(cfg.db, RunRecord(
+        write_run(cfg.db, RunRecord(
             run_id=run_id, sweep_id=self.sweep_id, started_at=started, target=cfg.target,
             draft=cell.draft.text, draft_kind=cell.draft.kind, category=cell.prompt.category,
             prompt_id=cell.prompt.id, prompt_text=cell.prompt.text, k=cell.k, mode=d.mode,
@@ -146,19 +148,19 @@ class Recorder:
 def run_sweep(config: SweepConfig, console: Console) -> tuple[str, Recorder]:
     """Load once, warm up, then record every cell not yet recorded. Returns the sweep id and its recorder."""
     sweep_id = config.sweep_id or new_sweep_id()
-    store.check_db(config.db)  # fail on a bad --db before loading any model, creating nothing
-    done = store.recorded_runs(config.db, sweep_id) if config.sweep_id else set()
+    check_db(config.db)  # fail on a bad --db before loading any model, creating nothing
+    done = recorded_runs(config.db, sweep_id) if config.sweep_id else set()
     cells = [c for c in plan(config) if c.key(config.seed) not in done]
     target = models.load(config.target, config.device, config.dtype)
     drafts = [parse_draft(d) for d in config.drafts]
-    bench = Bench(target, drafts)
+    pair = Pair(target, drafts)
     for p in config.prompts:
         if len(models.encode_chat(target, p.text)) + config.max_new_tokens > target.max_context:
             raise ValueError(f'prompt "{p.id}" + max-new-tokens exceeds the model\'s context of {target.max_context}')
-    recorder = Recorder(config, sweep_id, bench)
+    recorder = Recorder(config, sweep_id, pair)
     warm = models.encode_chat(target, config.prompts[0].text)
     for d in config.decodings:
-        bench.warm_up([BASELINE, *drafts], warm, max(config.ks), d)
+        pair.warm_up([BASELINE, *drafts], warm, max(config.ks), d)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
     with Progress(*columns, console=console, disable=not console.is_terminal) as progress:
         task = progress.add_task(f"sweep {sweep_id}", total=len(cells))
@@ -166,5 +168,5 @@ def run_sweep(config: SweepConfig, console: Console) -> tuple[str, Recorder]:
             progress.update(task, description=f"{cell.prompt.id} {cell.draft.text} k={cell.k} {cell.decoding.mode}")
             recorder.record(cell)
             progress.advance(task)
-    store.flush_pending(config.db)
+    flush_pending(config.db)
     return sweep_id, recorder

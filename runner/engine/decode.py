@@ -12,10 +12,10 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache
 
-from runner.drafters import Drafter, crop_to
-from runner.models import Loaded
+from runner.engine.drafters import Drafter, crop_to
+from runner.engine.models import Loaded
+from runner.engine.sampling import Decoding, accept_greedy, accept_sampled, draw, probabilities
 from runner.records import Generation, Round
-from runner.sampling import Decoding, accept_greedy, accept_sampled, draw, probabilities
 
 
 class Clock:

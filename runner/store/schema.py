@@ -1,4 +1,5 @@
-"""The schema of runs.duckdb as an ordered list of migrations; `schema_migrations` records which ran.
+"""The schema of runs.duckdb: an ordered list of migrations, `schema_migrations` recording which ran, and the
+version check that refuses foreign and newer files.
 
 Append new migrations; never edit one that has shipped. Column names are the public SQL contract
 (README, "Schema").
@@ -7,6 +8,8 @@ Append new migrations; never edit one that has shipped. Column names are the pub
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
 
 import duckdb
 
@@ -110,3 +113,49 @@ MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     _create_run_totals,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
+
+
+class StoreError(Exception):
+    """A one-line, user-facing problem with the database file."""
+
+
+
+def _db_name(con: duckdb.DuckDBPyConnection) -> str:
+    return con.execute("SELECT path FROM duckdb_databases() WHERE database_name = current_database()").fetchone()[0]
+
+
+def schema_version(con: duckdb.DuckDBPyConnection) -> int:
+    """The applied schema version (0 for an empty database); refuses foreign or newer files."""
+    try:
+        version, has_runs = con.execute(
+            "SELECT (SELECT max(version) FROM schema_migrations), (SELECT count(*) "
+            "FROM duckdb_tables() WHERE schema_name = 'main' AND table_name = 'runs')").fetchone()
+    except duckdb.CatalogException:
+        if con.execute("SELECT count(*) FROM duckdb_tables()").fetchone()[0]:
+            raise StoreError(f"{_db_name(con)} is not a specdash database") from None
+        return 0
+    if (version or 0) > SCHEMA_VERSION:
+        raise StoreError(f"{Path(_db_name(con)).name} has schema version {version}, newer than this specdash "
+                         f"({SCHEMA_VERSION}); upgrade specdash")
+    if version and not has_runs:
+        raise StoreError(f"{_db_name(con)} is not a specdash database")
+    return version or 0
+
+
+def migrate(con: duckdb.DuckDBPyConnection, to_version: int = SCHEMA_VERSION) -> None:
+    """Apply the missing migrations up to `to_version`, each in its own transaction."""
+    version = schema_version(con)
+    if version == 0:
+        con.execute("CREATE TABLE IF NOT EXISTS schema_migrations "
+                    "(version INTEGER PRIMARY KEY, name TEXT, applied_at TIMESTAMP)")
+    for number in range(version + 1, to_version + 1):
+        step = MIGRATIONS[number - 1]
+        con.begin()
+        try:
+            step(con)
+            con.execute("INSERT INTO schema_migrations VALUES (?, ?, ?)", [number, step.__name__.lstrip("_"),
+                                                                            datetime.now(UTC)])
+            con.commit()
+        except BaseException:
+            con.rollback()
+            raise
