@@ -10,25 +10,25 @@ import duckdb
 import pytest
 import torch
 
-from bench import bench
+from bench import bench, report, rows
 from runner.stats import theoretical_speedup
 from runner.store.bench_rows import BENCH_COLUMNS, bench_results
 
 
 def test_rows_hold_medians_and_min_max_over_repeats_and_judge_the_goal():
-    row = bench.Row("spec_tokens_per_s", "ngram", 4, "all", [10.0, 12.0, 11.0], [8.0, 10.0, 10.0], mismatches=0)
+    row = rows.Row("spec_tokens_per_s", "ngram", 4, "all", [10.0, 12.0, 11.0], [8.0, 10.0, 10.0], mismatches=0)
     assert row.ratios == [1.25, 1.2, 1.1]
     assert row.goal() == ("ratio >= 1.15", True)  # the median ratio, 1.2
-    [record] = bench.db_rows([row], {"bench_id": "b1"})
+    [record] = rows.db_rows([row], {"bench_id": "b1"})
     assert (record["ours"], record["ours_min"], record["ours_max"]) == (11.0, 10.0, 12.0)
     assert (record["theirs"], record["theirs_min"], record["theirs_max"]) == (10.0, 8.0, 10.0)
     assert (record["ratio"], record["ratio_min"], record["ratio_max"]) == (1.2, 1.1, 1.25)
-    assert bench.format_line(record) == (
+    assert report.format_line(record) == (
         "| spec_tokens_per_s | ngram | 4 | all | 11.00 (10.00–12.00) | 10.00 (8.00–10.00) | 1.20 (1.10–1.25) "
         "|  |  | ratio >= 1.15: met | 0 |")
-    share = bench.Row("overhead_share", "ngram", 4, "all", [0.04, 0.07, 0.06])
+    share = rows.Row("overhead_share", "ngram", 4, "all", [0.04, 0.07, 0.06])
     assert share.ratios is None and share.goal() == ("ours <= 0.05", False)  # median 0.06
-    assert "6.00% (4.00%–7.00%) | — | — |" in bench.format_line(bench.db_rows([share], {})[0])
+    assert "6.00% (4.00%–7.00%) | — | — |" in report.format_line(rows.db_rows([share], {})[0])
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +98,7 @@ def test_what_is_printed_is_what_is_stored(quick):
     _, printed, rows = quick
     table_lines = [line for line in printed.splitlines() if line.startswith("| ") and "| metric |" not in line]
     assert len(rows) == 2 + 4 + (3 + 1) + 4 * 2 + 4 + 9
-    assert [bench.format_line(r) for r in rows] == table_lines
+    assert [report.format_line(r) for r in rows] == table_lines
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")

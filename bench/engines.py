@@ -1,0 +1,230 @@
+"""The two engines `make bench` times side by side: ours (the runner's decode loop) and transformers'
+`generate`, on one loaded target, with the time inside each model's forward; and the verify curve."""
+
+from __future__ import annotations
+
+import functools
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+
+from runner.engine import models
+from runner.engine.decode import Clock
+from runner.engine.drafters import crop_to
+from runner.engine.pair import BASELINE, DraftSpec, Pair, parse_draft
+from runner.engine.sampling import Decoding
+from runner.records import Generation, RunRecord
+from runner.store.connect import init_db
+from runner.store.runs import write_run
+from runner.sweep.prompts import Prompt, load_prompts
+from runner.sweep.run import provenance
+
+GREEDY = Decoding("greedy", 0.0, 1.0)
+PLAIN = parse_draft(BASELINE)
+VERIFY_KS = range(9)  # the verify curve: one target pass over k+1 tokens, k = 0..8
+@dataclass(frozen=True)
+class BenchConfig:
+    """What one bench measures; the command line only parses into this."""
+
+    target: str  # model spec of the target
+    drafts: tuple[str, ...]  # drafter specs, each at every k, against transformers' equivalent
+    ks: tuple[int, ...]  # draft lengths
+    prompts: tuple[Prompt, ...]  # the built-in suite's first prompts of each category
+    max_new_tokens: int
+    repeats: int  # each prompt × cell × engine runs this often; rows give medians over repeats
+    verify_repeats: int  # timed passes per k for the verify curve
+    verify_context: int  # committed tokens in the cache when the verify curve is timed
+    warmup_tokens: int  # one short generation per engine and cell before anything is timed
+    db: Path
+    device: str | None  # None: cuda when present
+    dtype: str | None  # None: bf16 on cuda, fp32 on cpu
+    threads: int | None  # CPU threads for torch; None: torch's default (one per core)
+    command: str  # as typed, for the record
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One configuration both engines run: plain decoding (PLAIN, k=0) or a draft at k."""
+
+    draft: DraftSpec
+    k: int
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One timed generation by one engine."""
+
+    cell: Cell
+    engine: str  # 'ours' | 'theirs'
+    repeat: int
+    prompt: Prompt
+    tokens: tuple[int, ...]  # the new tokens
+    wall_s: float  # around the whole call, on a synchronising clock
+    target_s: float  # inside the target's forward (prefill included)
+    draft_s: float  # inside the draft model's forward (0 for prompt lookup)
+    target_calls: int  # the target's forward passes (prefill included)
+    draft_calls: int  # the draft model's forward passes (0 for prompt lookup)
+    generation: Generation | None = None  # ours only: its rounds
+    record_s: float | None = None  # ours only: building and writing its RunRecord
+
+
+
+
+class ForwardTimer:
+    """Time inside each wrapped model's forward, set on the instances only: runner code is untouched.
+
+    CPU: perf_counter around the call. CUDA: events around it, read once per sample, so the timer adds
+    no synchronisation of its own. Wrapping costs ~1 µs a call, against milliseconds of forward.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.spans: dict[str, list] = {}
+
+    def _mark(self) -> float | torch.cuda.Event:
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def wrap(self, label: str, model: nn.Module) -> None:
+        inner = model.forward
+        spans = self.spans.setdefault(label, [])
+
+        @functools.wraps(inner)  # transformers reads forward's signature (logits_to_keep support)
+        def timed(*args, **kwargs):
+            start = self._mark()
+            out = inner(*args, **kwargs)
+            spans.append((start, self._mark()))
+            return out
+
+        model.forward = timed
+
+    def take(self) -> dict[str, tuple[float, int]]:
+        """(seconds, calls) per label since the last take."""
+        if self.cuda:
+            torch.cuda.synchronize()
+        inside = {label: (sum(self._span(s, e) for s, e in spans), len(spans)) for label, spans in self.spans.items()}
+        for spans in self.spans.values():
+            spans.clear()
+        return inside
+
+    def _span(self, start, end) -> float:
+        return start.elapsed_time(end) / 1000 if self.cuda else end - start
+
+
+class Engines:
+    """The target, its drafts and both engines, loaded once; `run` makes one timed sample."""
+
+    def __init__(self, config: BenchConfig, target: models.Loaded) -> None:
+        self.config, self.target = config, target
+        self.clock = Clock(target.device)
+        specs = [parse_draft(d) for d in config.drafts]
+        self.pair = Pair(target, specs)
+        self.timer = ForwardTimer(target.device)
+        self.timer.wrap("target", target.model)
+        for spec, draft in self.pair.draft_models.items():
+            self.timer.wrap(spec, draft)
+        self.record_dir = tempfile.TemporaryDirectory(prefix="specdash-bench-")
+        self.record_db = Path(self.record_dir.name) / "record.duckdb"
+        init_db(self.record_db)  # created and migrated now: the first timed write pays no more than the rest
+        self.provenance = provenance(target.device)
+
+    def run(self, engine: str, cell: Cell, prompt: Prompt, ids: list[int], n: int, repeat: int) -> Sample:
+        self.timer.take()
+        start = self.clock()
+        if engine == "ours":
+            generation = self.pair.run(cell.draft, ids, cell.k, GREEDY, n, seed=0)
+            tokens = generation.output_tokens
+        else:
+            generation, tokens = None, self._theirs(cell, ids, n)
+        wall = self.clock() - start
+        inside = self.timer.take()
+        record_s = None if generation is None else self._record(cell, prompt, generation)
+        (target_s, target_calls), (draft_s, draft_calls) = inside["target"], inside.get(cell.draft.text, (0.0, 0))
+        return Sample(cell, engine, repeat, prompt, tokens, wall, target_s, draft_s, target_calls, draft_calls,
+                      generation, record_s)
+
+    def _theirs(self, cell: Cell, ids: list[int], n: int) -> tuple[int, ...]:
+        """transformers' own greedy generate, assisted the way closest to our draft at this k."""
+        device = self.target.device
+        prompt = torch.tensor([ids], dtype=torch.long, device=device)
+        kwargs: dict = {"attention_mask": torch.ones_like(prompt), "do_sample": False, "max_new_tokens": n}
+        if cell.draft.kind == "ngram":
+            # transformers' default is 2 (`max_matching_ngram_size or 2`); ours looks up DEFAULT_NGRAM.
+            kwargs |= {"prompt_lookup_num_tokens": cell.k, "max_matching_ngram_size": int(cell.draft.arg)}
+        elif cell.draft.kind != "baseline":
+            assistant = self.pair.draft_models[cell.draft.text]
+            # AssistedCandidateGenerator reads these from the ASSISTANT's generation_config (5.24), not from
+            # generate's kwargs: exactly k drafts a round, and no confidence stop (0 leaves ConfidenceCriteria out).
+            assistant.generation_config.num_assistant_tokens = cell.k
+            assistant.generation_config.num_assistant_tokens_schedule = "constant"
+            assistant.generation_config.assistant_confidence_threshold = 0.0
+            kwargs["assistant_model"] = assistant
+        out = self.target.model.generate(prompt, **kwargs)
+        return tuple(out[0, len(ids):].tolist())
+
+    def _record(self, cell: Cell, prompt: Prompt, generation: Generation) -> float:
+        """The sweep's per-run recording: build the RunRecord (decode the text) and write it with its rounds."""
+        start = time.perf_counter()
+        target = self.target
+        write_run(self.record_db, RunRecord(
+            run_id=uuid.uuid4().hex[:16], sweep_id="bench", started_at=datetime.now(UTC).isoformat(),
+            target=self.config.target, draft=cell.draft.text, draft_kind=cell.draft.kind,
+            category=prompt.category, prompt_id=prompt.id, prompt_text=prompt.text,
+            k=cell.k or None, mode="greedy", temperature=0.0, top_p=1.0, seed=0,
+            max_new_tokens=self.config.max_new_tokens, device=str(target.device), dtype=dtype_name(target),
+            status="ok", error=None, generation=generation,
+            output_text=target.tokenizer.decode(list(generation.output_tokens)), baseline_run_id=None,
+            lossless=None, provenance=self.provenance))
+        return time.perf_counter() - start
+
+
+def measure(engines: Engines, cells: list[Cell], prompts: dict[Prompt, list[int]], repeats: int, n: int,
+            progress: Callable[[str], None]) -> list[Sample]:
+    """Every prompt × cell × repeat, both engines back to back; who goes first alternates."""
+    samples = []
+    for repeat in range(repeats):
+        for i, (prompt, ids) in enumerate(prompts.items()):
+            progress(f"repeat {repeat + 1}/{repeats}, prompt {prompt.id}")
+            for j, cell in enumerate(cells):
+                order = ("ours", "theirs") if (repeat + i + j) % 2 == 0 else ("theirs", "ours")
+                samples += [engines.run(engine, cell, prompt, ids, n, repeat) for engine in order]
+    return samples
+
+
+def verify_curve(target: models.Loaded, context: int, repeats: int) -> dict[int, list[float]]:
+    """Milliseconds of ONE target pass over k+1 tokens after `context` cached tokens, per repeat, for each k."""
+    suite = [t for p in load_prompts() for t in models.encode_chat(target, p.text)]
+    ids = torch.tensor((suite * (1 + (context + len(VERIFY_KS)) // len(suite)))[: context + len(VERIFY_KS)],
+                       device=target.device)
+    clock, cache = Clock(target.device), DynamicCache(config=target.model.config)
+    times: dict[int, list[float]] = {k: [] for k in VERIFY_KS}
+    with torch.inference_mode():
+        target.model(input_ids=ids[None, :context], cache=cache, use_cache=True, logits_to_keep=1)
+        for repeat in range(repeats + 1):  # the first round warms every shape up and is not kept
+            for k in VERIFY_KS if repeat % 2 else reversed(VERIFY_KS):
+                start = clock()
+                target.model(input_ids=ids[None, context: context + k + 1], cache=cache, use_cache=True,
+                             logits_to_keep=k + 1)
+                if repeat:
+                    times[k].append((clock() - start) * 1000)
+                crop_to(cache, context)
+    return times
+
+
+
+
+def dtype_name(target: models.Loaded) -> str:
+    return str(target.dtype).removeprefix("torch.")
+
+

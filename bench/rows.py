@@ -1,0 +1,156 @@
+"""The bench's rows: medians with min–max over repeats, one per printed line and per `bench_results` row."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from bench.engines import PLAIN, VERIFY_KS, Cell, Sample
+from runner.stats import theoretical_speedup
+from runner.store.bench_rows import GOALS, UNITS
+
+
+@dataclass(frozen=True)
+class Row:
+    """One printed line of the table and one row of `bench_results`: medians with min–max over repeats."""
+
+    metric: str
+    draft: str
+    k: int
+    category: str
+    ours: list[float]  # one value per repeat
+    theirs: list[float] | None = None  # one value per repeat, the same repeat as `ours`; None: no counterpart
+    mismatches: int | None = None  # outputs that differ from the engine's own plain greedy output
+    alpha: float | None = None
+    c: float | None = None
+    ratios: list[float] | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        ratios = None if self.theirs is None else [o / t for o, t in zip(self.ours, self.theirs, strict=True)]
+        object.__setattr__(self, "ratios", ratios)
+
+    def goal(self) -> tuple[str | None, bool | None]:
+        if self.metric not in GOALS:
+            return None, None
+        value, op, bound = GOALS[self.metric]
+        median = statistics.median(self.ratios if value == "ratio" else self.ours)
+        return f"{value} {op} {bound:g}", median >= bound if op == ">=" else median <= bound
+
+
+
+def _categories(samples: list[Sample]) -> list[str]:
+    return ["all", *dict.fromkeys(s.prompt.category for s in samples)]
+
+
+def _per_repeat(samples: list[Sample], cell: Cell, engine: str, category: str) -> Iterator[list[Sample]]:
+    """The samples of one cell and engine, grouped by repeat, limited to a category ('all': every prompt)."""
+    chosen = [s for s in samples if s.cell == cell and s.engine == engine
+              and category in ("all", s.prompt.category)]
+    for repeat in sorted({s.repeat for s in chosen}):
+        yield [s for s in chosen if s.repeat == repeat]
+
+
+def _tokens_per_s(group: list[Sample]) -> float:
+    return sum(len(s.tokens) for s in group) / sum(s.wall_s for s in group)
+
+
+def _mismatches(samples: list[Sample], cell: Cell, category: str, reference: dict) -> int:
+    """Samples whose output differs from their engine's plain greedy output (ours for the plain cell)."""
+    return sum(s.tokens != reference[("ours" if cell == Cell(PLAIN, 0) else s.engine, s.prompt.id)]
+               for s in samples if s.cell == cell and category in ("all", s.prompt.category))
+
+
+def throughput_rows(samples: list[Sample], cells: list[Cell], reference: dict) -> list[Row]:
+    rows = []
+    for cell in cells:
+        metric = "plain_tokens_per_s" if cell.draft.kind == "baseline" else "spec_tokens_per_s"
+        for category in _categories(samples):
+            ours = [_tokens_per_s(g) for g in _per_repeat(samples, cell, "ours", category)]
+            theirs = [_tokens_per_s(g) for g in _per_repeat(samples, cell, "theirs", category)]
+            rows.append(Row(metric, cell.draft.text, cell.k, category, ours, theirs,
+                            _mismatches(samples, cell, category, reference)))
+    return rows
+
+
+def pass_rows(samples: list[Sample], cells: list[Cell]) -> list[Row]:
+    """Forward passes per run: where the engines differ in work rather than in speed."""
+    rows = []
+    for cell in cells:
+        for metric, calls in (("target_passes", lambda s: s.target_calls), ("draft_passes", lambda s: s.draft_calls)):
+            if metric == "draft_passes" and cell.draft.kind in ("baseline", "ngram"):
+                continue
+            ours, theirs = ([sum(map(calls, g)) / len(g) for g in _per_repeat(samples, cell, engine, "all")]
+                            for engine in ("ours", "theirs"))
+            rows.append(Row(metric, cell.draft.text, cell.k, "all", ours, theirs))
+    return sorted(rows, key=lambda r: list(UNITS).index(r.metric))
+
+
+def overhead_rows(samples: list[Sample], cells: list[Cell]) -> list[Row]:
+    def outside(group: list[Sample]) -> float:
+        return 1 - sum(s.target_s + s.draft_s for s in group) / sum(s.wall_s for s in group)
+
+    def loop(group: list[Sample]) -> float:
+        gens = [s.generation for s in group]
+        return 1 - sum(g.prefill_s + g.draft_s + g.verify_s for g in gens) / sum(g.wall_s for g in gens)
+
+    def recording(group: list[Sample]) -> float:
+        return sum(s.record_s for s in group) / sum(s.wall_s for s in group)
+
+    rows = []
+    for cell in cells:
+        ours = list(_per_repeat(samples, cell, "ours", "all"))
+        theirs = [outside(g) for g in _per_repeat(samples, cell, "theirs", "all")]
+        rows += [Row("overhead_share", cell.draft.text, cell.k, "all", [outside(g) for g in ours], theirs),
+                 Row("loop_overhead_share", cell.draft.text, cell.k, "all", [loop(g) for g in ours]),
+                 Row("record_share", cell.draft.text, cell.k, "all", [recording(g) for g in ours]),
+                 Row("record_ms", cell.draft.text, cell.k, "all",
+                     [1000 * sum(s.record_s for s in g) / len(g) for g in ours])]
+    return sorted(rows, key=lambda r: list(UNITS).index(r.metric))
+
+
+def speedup_rows(samples: list[Sample], cells: list[Cell]) -> list[Row]:
+    """Measured speedup over our own plain decoding, and the formula's at the pooled α and c of the same runs."""
+    rows = []
+    for cell in cells:
+        for category in _categories(samples):
+            plain = list(_per_repeat(samples, Cell(PLAIN, 0), "ours", category))
+            spec = list(_per_repeat(samples, cell, "ours", category))
+            rounds = [r for s in spec[0] for r in s.generation.rounds]  # greedy: α is the same every repeat
+            accepted, rejected = sum(r.accepted for r in rounds), sum(r.rejected for r in rounds)
+            alpha = accepted / (accepted + rejected) if accepted + rejected else 0.0
+            measured, predicted, cs = [], [], []
+            for base, run in zip(plain, spec, strict=True):
+                target_pass = sum(s.generation.verify_s for s in base) / sum(len(s.generation.rounds) for s in base)
+                drafted = sum(r.k for s in run for r in s.generation.rounds)
+                c = sum(s.generation.draft_s for s in run) / max(drafted, 1) / target_pass
+                cs.append(c)
+                measured.append(_tokens_per_s(run) / _tokens_per_s(base))
+                predicted.append(theoretical_speedup(alpha, cell.k, c))
+            rows.append(Row("speedup", cell.draft.text, cell.k, category, measured, predicted,
+                            alpha=alpha, c=statistics.median(cs)))
+    return rows
+
+
+def verify_rows(times: dict[int, list[float]]) -> list[Row]:
+    return [Row("verify_ms", "none", k, "all", times[k], times[0]) for k in VERIFY_KS]
+
+
+def _stats(values: list[float] | None) -> tuple[float | None, float | None, float | None]:
+    return (None, None, None) if values is None else (statistics.median(values), min(values), max(values))
+
+
+def db_rows(rows: list[Row], context: dict) -> list[dict]:
+    """The `bench_results` rows: the context columns, then each row's medians and min–max."""
+    out = []
+    for row in rows:
+        goal, met = row.goal()
+        values = {"draft": row.draft, "k": row.k, "category": row.category, "metric": row.metric,
+                  "unit": UNITS[row.metric], "repeats": len(row.ours), "mismatches": row.mismatches,
+                  "alpha": row.alpha, "c": row.c, "goal": goal, "goal_met": met}
+        for name, series in (("ours", row.ours), ("theirs", row.theirs), ("ratio", row.ratios)):
+            values |= dict(zip((name, f"{name}_min", f"{name}_max"), _stats(series), strict=True))
+        out.append(context | values)
+    return out
+
+
