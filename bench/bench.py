@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))  # `python bench/bench.py` puts bench/, not the re
 
 import torch  # noqa: E402
 
-from bench.engines import PLAIN, BenchConfig, Cell, Engines, dtype_name, measure, verify_curve  # noqa: E402
+from bench.engines import PLAIN_CELL, BenchConfig, Cell, Engines, dtype_name, measure, verify_curve  # noqa: E402
 from bench.report import cpu_name, markdown_report, mismatch_lines, table  # noqa: E402
 from bench.rows import Row, db_rows, overhead_rows, pass_rows, speedup_rows, throughput_rows, verify_rows  # noqa: E402
 from runner.engine import models  # noqa: E402
@@ -61,7 +61,7 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None]) -> Outcome:
         torch.set_num_threads(config.threads)
     target = models.load(config.target, config.device, config.dtype)
     engines = Engines(config, target)
-    cells = [Cell(PLAIN, 0)] + [Cell(parse_draft(d), k) for d in config.drafts for k in config.ks]
+    cells = [PLAIN_CELL] + [Cell(parse_draft(d), k) for d in config.drafts for k in config.ks]
     prompts = {p: models.encode_chat(target, p.text) for p in config.prompts}
     progress("warm-up")
     first = next(iter(prompts.values()))
@@ -74,7 +74,7 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None]) -> Outcome:
         engines.record_dir.cleanup()
     progress("verify curve")
     curve = verify_curve(target, config.verify_context, config.verify_repeats)
-    reference = {(s.engine, s.prompt.id): s.tokens for s in samples if s.cell == Cell(PLAIN, 0) and s.repeat == 0}
+    reference = {(s.engine, s.prompt.id): s.tokens for s in samples if s.cell == PLAIN_CELL and s.repeat == 0}
     spec_cells = cells[1:]
     rows = (throughput_rows(samples, cells, reference) + pass_rows(samples, cells) + overhead_rows(samples, spec_cells)
             + speedup_rows(samples, spec_cells) + verify_rows(curve))

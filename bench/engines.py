@@ -19,7 +19,7 @@ from transformers import DynamicCache
 from runner.engine import models
 from runner.engine.decode import Clock
 from runner.engine.drafters import crop_to
-from runner.engine.pair import BASELINE, DraftSpec, Pair, parse_draft
+from runner.engine.pair import PLAIN, DraftSpec, Pair, parse_draft
 from runner.engine.sampling import Decoding
 from runner.records import Generation, RunRecord
 from runner.store.connect import init_db
@@ -28,7 +28,6 @@ from runner.sweep.prompts import Prompt, load_prompts
 from runner.sweep.run import provenance
 
 GREEDY = Decoding("greedy", 0.0, 1.0)
-PLAIN = parse_draft(BASELINE)
 VERIFY_KS = range(9)  # the verify curve: one target pass over k+1 tokens, k = 0..8
 @dataclass(frozen=True)
 class BenchConfig:
@@ -52,10 +51,13 @@ class BenchConfig:
 
 @dataclass(frozen=True)
 class Cell:
-    """One configuration both engines run: plain decoding (PLAIN, k=0) or a draft at k."""
+    """One configuration both engines run: plain decoding (PLAIN, k None) or a draft at k."""
 
     draft: DraftSpec
-    k: int
+    k: int | None
+
+
+PLAIN_CELL = Cell(PLAIN, None)
 
 
 @dataclass(frozen=True)
@@ -181,7 +183,7 @@ class Engines:
             run_id=uuid.uuid4().hex[:16], sweep_id="bench", started_at=datetime.now(UTC).isoformat(),
             target=self.config.target, draft=cell.draft.text, draft_kind=cell.draft.kind,
             category=prompt.category, prompt_id=prompt.id, prompt_text=prompt.text,
-            k=cell.k or None, mode="greedy", temperature=0.0, top_p=1.0, seed=0,
+            k=cell.k, mode="greedy", temperature=0.0, top_p=1.0, seed=0,
             max_new_tokens=self.config.max_new_tokens, device=str(target.device), dtype=dtype_name(target),
             status="ok", error=None, generation=generation,
             output_text=target.tokenizer.decode(list(generation.output_tokens)), baseline_run_id=None,

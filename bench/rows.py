@@ -6,7 +6,7 @@ import statistics
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from bench.engines import PLAIN, VERIFY_KS, Cell, Sample
+from bench.engines import PLAIN_CELL, VERIFY_KS, Cell, Sample
 from runner.stats import theoretical_speedup
 from runner.store.bench_rows import GOALS, UNITS
 
@@ -17,7 +17,7 @@ class Row:
 
     metric: str
     draft: str
-    k: int
+    k: int | None  # None for plain decoding
     category: str
     ours: list[float]  # one value per repeat
     theirs: list[float] | None = None  # one value per repeat, the same repeat as `ours`; None: no counterpart
@@ -57,7 +57,7 @@ def _tokens_per_s(group: list[Sample]) -> float:
 
 def _mismatches(samples: list[Sample], cell: Cell, category: str, reference: dict) -> int:
     """Samples whose output differs from their engine's plain greedy output (ours for the plain cell)."""
-    return sum(s.tokens != reference[("ours" if cell == Cell(PLAIN, 0) else s.engine, s.prompt.id)]
+    return sum(s.tokens != reference[("ours" if cell == PLAIN_CELL else s.engine, s.prompt.id)]
                for s in samples if s.cell == cell and category in ("all", s.prompt.category))
 
 
@@ -114,7 +114,7 @@ def speedup_rows(samples: list[Sample], cells: list[Cell]) -> list[Row]:
     rows = []
     for cell in cells:
         for category in _categories(samples):
-            plain = list(_per_repeat(samples, Cell(PLAIN, 0), "ours", category))
+            plain = list(_per_repeat(samples, PLAIN_CELL, "ours", category))
             spec = list(_per_repeat(samples, cell, "ours", category))
             rounds = [r for s in spec[0] for r in s.generation.rounds]  # greedy: α is the same every repeat
             accepted, rejected = sum(r.accepted for r in rounds), sum(r.rejected for r in rounds)
@@ -145,8 +145,9 @@ def db_rows(rows: list[Row], context: dict) -> list[dict]:
     out = []
     for row in rows:
         goal, met = row.goal()
-        values = {"draft": row.draft, "k": row.k, "category": row.category, "metric": row.metric,
-                  "unit": UNITS[row.metric], "repeats": len(row.ours), "mismatches": row.mismatches,
+        # bench_results keys rows by k (NOT NULL): plain decoding's rows are stored at k = 0, as its verify pass is.
+        values = {"draft": row.draft, "k": 0 if row.k is None else row.k, "category": row.category,
+                  "metric": row.metric, "unit": UNITS[row.metric], "repeats": len(row.ours), "mismatches": row.mismatches,
                   "alpha": row.alpha, "c": row.c, "goal": goal, "goal_met": met}
         for name, series in (("ours", row.ours), ("theirs", row.theirs), ("ratio", row.ratios)):
             values |= dict(zip((name, f"{name}_min", f"{name}_max"), _stats(series), strict=True))

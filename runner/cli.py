@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 
 from runner.engine import models
-from runner.engine.pair import DraftSpec, Pair, parse_draft
+from runner.engine.pair import PLAIN, Pair, parse_draft
 from runner.engine.sampling import Decoding
 from runner.report import frame_table, print_generation, sweep_table
 from runner.stats import summarize
@@ -93,9 +93,8 @@ def generate(
                 f"prompt ({len(ids)} tokens) + max-new-tokens ({max_new_tokens}) exceeds the model's "
                 f"context of {loaded.max_context} tokens"
             )
-        baseline_spec = DraftSpec("none", "baseline", None)
-        pair.warm_up([baseline_spec, spec], ids, k, decoding)
-        baseline = pair.run(baseline_spec, ids, k, decoding, max_new_tokens, seed)
+        pair.warm_up([PLAIN, spec], ids, k, decoding)
+        baseline = pair.run(PLAIN, ids, None, decoding, max_new_tokens, seed)
         run = pair.run(spec, ids, k, decoding, max_new_tokens, seed)
     except ValueError as exc:  # ModelError, UsageError and the engine's checks are all ValueErrors
         fail(str(exc))

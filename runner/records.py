@@ -51,6 +51,10 @@ class Generation:
         return sum(r.verify_s for r in self.rounds)
 
 
+# The columns of `runs` that make a cell of a sweep: a resumed sweep records only the cells it has no 'ok' run for.
+CELL_KEY = ("prompt_id", "draft", "k", "mode", "temperature", "top_p", "seed")
+
+
 @dataclass(frozen=True)
 class RunRecord:
     """One row of `runs`: a generation with everything needed to reproduce and compare it."""
@@ -79,3 +83,6 @@ class RunRecord:
     baseline_run_id: str | None
     lossless: bool | None  # greedy only: output equals the baseline's token for token
     provenance: dict[str, str] = field(default_factory=dict)  # torch/transformers/python versions, host, git commit
+
+    def cell_key(self) -> tuple:
+        return tuple(getattr(self, name) for name in CELL_KEY)

@@ -122,10 +122,10 @@ def speculative_round(
 
 
 def generate(
-    target: Loaded, drafter: Drafter, prompt: list[int], k: int, decoding: Decoding,
+    target: Loaded, drafter: Drafter, prompt: list[int], k: int | None, decoding: Decoding,
     max_new_tokens: int, generator: torch.Generator,
 ) -> Generation:
-    """Decode `prompt` with speculative rounds of up to k drafts (k=0 with `NoDraft`: plain decoding)."""
+    """Decode `prompt` with speculative rounds of up to k drafts; k None (with `NoDraft`) is plain decoding."""
     if not prompt:
         raise ValueError("the prompt is empty")
     if max_new_tokens < 1:
@@ -152,7 +152,7 @@ def generate(
             budget = max_new_tokens - made
             # Never draft past the budget: k drafts can yield k+1 tokens.
             rounds.append(speculative_round(
-                model, drafter, text, min(k, budget - 1), decoding, generator, clock, budget, target.eos_ids,
+                model, drafter, text, min(k or 0, budget - 1), decoding, generator, clock, budget, target.eos_ids,
             ))
         stop = "eos" if text.last in target.eos_ids else "max_new_tokens"
         end = clock()

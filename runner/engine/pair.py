@@ -13,7 +13,6 @@ from runner.engine.drafters import Drafter, ModelDrafter, NgramDrafter, NoDraft,
 from runner.engine.sampling import Decoding
 from runner.records import Generation
 
-BASELINE = "none"
 DEFAULT_NGRAM = 3  # longest n-gram prompt lookup tries before falling back to shorter ones
 WARMUP_TOKENS = 8
 
@@ -26,12 +25,19 @@ class DraftSpec:
     kind: str  # 'baseline' | 'ngram' | 'layerskip' | 'model'
     arg: str | None  # n for ngram, L for layerskip, the model spec for model
 
+    @property
+    def baseline(self) -> bool:
+        return self.kind == "baseline"
+
+
+PLAIN = DraftSpec("none", "baseline", None)  # the baseline: plain decoding, no draft (runs.draft = 'none', k NULL)
+
 
 def parse_draft(text: str) -> DraftSpec:
     """`none`, `ngram`, `ngram:<n>`, `layerskip:<L>` or `model:<spec>`; ValueError otherwise."""
     kind, _, arg = text.partition(":")
-    if text == BASELINE:
-        return DraftSpec(text, "baseline", None)
+    if text == PLAIN.text:
+        return PLAIN
     if kind == "ngram" and (not arg or arg.isdigit() and int(arg) >= 1):
         return DraftSpec(text, "ngram", arg or str(DEFAULT_NGRAM))
     if kind == "layerskip" and arg.isdigit() and int(arg) >= 1:
@@ -56,24 +62,26 @@ class Pair:
                 self.draft_models[spec.text] = loaded.model
 
     def drafter(self, spec: DraftSpec, decoding: Decoding, generator: torch.Generator) -> Drafter:
-        if spec.kind == "baseline":
+        if spec.baseline:
             return NoDraft()
         if spec.kind == "ngram":
             return NgramDrafter(int(spec.arg))
         return ModelDrafter(self.draft_models[spec.text], decoding, generator)
 
     def run(
-        self, spec: DraftSpec, prompt: list[int], k: int, decoding: Decoding, max_new_tokens: int, seed: int
+        self, spec: DraftSpec, prompt: list[int], k: int | None, decoding: Decoding, max_new_tokens: int, seed: int
     ) -> Generation:
+        """One generation; k is None exactly for the baseline (plain decoding), as in `runs.k`."""
+        if (k is None) != spec.baseline:
+            raise ValueError(f"{spec.text}: k must be {'None' if spec.baseline else 'given'}, got {k}")
         generator = torch.Generator(device=self.target.device).manual_seed(seed)
         drafter = self.drafter(spec, decoding, generator)
-        k = 0 if spec.kind == "baseline" else k
         return generate(self.target, drafter, prompt, k, decoding, max_new_tokens, generator)
 
     def warm_up(self, specs: list[DraftSpec], prompt: list[int], k: int, decoding: Decoding) -> None:
         """One short generation per drafter, so one-time costs (allocator, kernels) stay out of the timings."""
         for spec in specs:
-            self.run(spec, prompt, k, decoding, WARMUP_TOKENS, seed=0)
+            self.run(spec, prompt, None if spec.baseline else k, decoding, WARMUP_TOKENS, seed=0)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

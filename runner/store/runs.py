@@ -10,7 +10,7 @@ from pathlib import Path
 import duckdb
 import pandas as pd
 
-from runner.records import RunRecord
+from runner.records import CELL_KEY, RunRecord
 from runner.store import pending
 from runner.store.connect import Locked, open_for_write, read
 from runner.store.schema import StoreError
@@ -118,12 +118,11 @@ def flush_pending(db_path: str | os.PathLike, lock_timeout_s: float = 30.0) -> i
 
 
 def recorded_runs(db_path: str | os.PathLike, sweep_id: str, lock_timeout_s: float = 30.0) -> set[tuple]:
-    """Cells (prompt_id, draft, k, mode, temperature, top_p, seed) with an 'ok' run, pending too."""
+    """The `CELL_KEY` of every 'ok' run of the sweep, spilled ones too."""
     path = Path(db_path)
-    rows = read(path, "SELECT prompt_id, draft, k, mode, temperature, top_p, seed FROM runs "
-                       "WHERE sweep_id = ? AND status = 'ok'", [sweep_id], lock_timeout_s)
-    spilled = {(r.prompt_id, r.draft, r.k, r.mode, r.temperature, r.top_p, r.seed)
-               for _, r in pending.pending(path) if r.sweep_id == sweep_id and r.status == "ok"}
+    rows = read(path, f"SELECT {', '.join(CELL_KEY)} FROM runs WHERE sweep_id = ? AND status = 'ok'", [sweep_id],
+                lock_timeout_s)
+    spilled = {r.cell_key() for _, r in pending.pending(path) if r.sweep_id == sweep_id and r.status == "ok"}
     return set(rows) | spilled
 
 

@@ -17,14 +17,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from runner.engine import models
-from runner.engine.pair import DraftSpec, Pair, parse_draft
+from runner.engine.pair import PLAIN, DraftSpec, Pair, parse_draft
 from runner.engine.sampling import Decoding
-from runner.records import RunRecord
+from runner.records import CELL_KEY, RunRecord
 from runner.store.connect import check_db
 from runner.store.runs import baseline_for, flush_pending, recorded_runs, write_run
 from runner.sweep.prompts import Prompt
-
-BASELINE = DraftSpec("none", "baseline", None)
 
 
 @dataclass(frozen=True)
@@ -54,8 +52,11 @@ class Cell:
     k: int | None  # None for the baseline
 
     def key(self, seed: int) -> tuple:
+        """The cell's values of `CELL_KEY`, in its order."""
         d = self.decoding
-        return (self.prompt.id, self.draft.text, self.k, d.mode, d.temperature, d.top_p, seed)
+        values = {"prompt_id": self.prompt.id, "draft": self.draft.text, "k": self.k, "mode": d.mode,
+                  "temperature": d.temperature, "top_p": d.top_p, "seed": seed}
+        return tuple(values[name] for name in CELL_KEY)
 
 
 def interleaved(prompts: tuple[Prompt, ...]) -> list[Prompt]:
@@ -74,14 +75,14 @@ def plan(config: SweepConfig) -> Iterator[Cell]:
     drafts = [parse_draft(d) for d in config.drafts]
     for prompt in interleaved(config.prompts):
         for decoding in config.decodings:
-            yield Cell(prompt, decoding, BASELINE, None)
+            yield Cell(prompt, decoding, PLAIN, None)
             for draft in drafts:
                 for k in config.ks:
                     yield Cell(prompt, decoding, draft, k)
 
 
 def provenance(device: torch.device) -> dict[str, str]:
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     try:
         commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
                                 timeout=10).stdout.strip()
@@ -119,7 +120,7 @@ class Recorder:
             cfg.db, self.sweep_id, cell.prompt.id, d.mode, d.temperature, d.top_p, cfg.seed)
         started = datetime.now(UTC).isoformat()
         try:
-            generation = self.pair.run(cell.draft, ids, cell.k or 0, d, cfg.max_new_tokens, cfg.seed)
+            generation = self.pair.run(cell.draft, ids, cell.k, d, cfg.max_new_tokens, cfg.seed)
             status, error = "ok", None
         except Exception as exc:  # noqa: BLE001 - a failing cell (OOM, say) is recorded and the sweep goes on
             first_line = str(exc).splitlines()[0] if str(exc) else ""
@@ -160,7 +161,7 @@ def run_sweep(config: SweepConfig, console: Console) -> tuple[str, Recorder]:
     recorder = Recorder(config, sweep_id, pair)
     warm = models.encode_chat(target, config.prompts[0].text)
     for d in config.decodings:
-        pair.warm_up([BASELINE, *drafts], warm, max(config.ks), d)
+        pair.warm_up([PLAIN, *drafts], warm, max(config.ks), d)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
     with Progress(*columns, console=console, disable=not console.is_terminal) as progress:
         task = progress.add_task(f"sweep {sweep_id}", total=len(cells))
