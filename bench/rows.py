@@ -147,8 +147,8 @@ def db_rows(rows: list[Row], context: dict) -> list[dict]:
         goal, met = row.goal()
         # bench_results keys rows by k (NOT NULL): plain decoding's rows are stored at k = 0, as its verify pass is.
         values = {"draft": row.draft, "k": 0 if row.k is None else row.k, "category": row.category,
-                  "metric": row.metric, "unit": UNITS[row.metric], "repeats": len(row.ours), "mismatches": row.mismatches,
-                  "alpha": row.alpha, "c": row.c, "goal": goal, "goal_met": met}
+                  "metric": row.metric, "unit": UNITS[row.metric], "repeats": len(row.ours),
+                  "mismatches": row.mismatches, "alpha": row.alpha, "c": row.c, "goal": goal, "goal_met": met}
         for name, series in (("ours", row.ours), ("theirs", row.theirs), ("ratio", row.ratios)):
             values |= dict(zip((name, f"{name}_min", f"{name}_max"), _stats(series), strict=True))
         out.append(context | values)
