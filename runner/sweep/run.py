@@ -7,7 +7,7 @@ import socket
 import subprocess
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -99,25 +99,16 @@ def new_sweep_id() -> str:
     return datetime.now(UTC).strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:4]
 
 
-class Recorder:
-    """Runs cells on a loaded pair and writes each as one run (one transaction with its rounds)."""
+class CellRunner:
+    """Runs cells on a loaded pair, each into a `RunRecord` without its baseline (the writer attaches that)."""
 
     def __init__(self, config: SweepConfig, sweep_id: str, pair: Pair) -> None:
         self.config, self.sweep_id, self.pair = config, sweep_id, pair
         self.provenance = provenance(pair.target.device)
-        self.lossless_failures: list[str] = []
-        self.errors: list[str] = []
-        # (prompt id, decoding) -> the baseline's (run_id, output tokens), kept from this process's runs so a
-        # speculative cell need not read them back; a resumed sweep finds earlier ones in the database.
-        self.baselines: dict[tuple, tuple[str, tuple[int, ...]]] = {}
 
-    def record(self, cell: Cell) -> None:
-        cfg, target = self.config, self.pair.target
+    def run(self, cell: Cell) -> RunRecord:
+        cfg, target, d = self.config, self.pair.target, cell.decoding
         ids = models.encode_chat(target, cell.prompt.text)
-        d = cell.decoding
-        key = (cell.prompt.id, d.mode, d.temperature, d.top_p)
-        baseline = None if cell.k is None else self.baselines.get(key) or baseline_for(
-            cfg.db, self.sweep_id, cell.prompt.id, d.mode, d.temperature, d.top_p, cfg.seed)
         started = datetime.now(UTC).isoformat()
         try:
             generation = self.pair.run(cell.draft, ids, cell.k, d, cfg.max_new_tokens, cfg.seed)
@@ -125,49 +116,84 @@ class Recorder:
         except Exception as exc:  # noqa: BLE001 - a failing cell (OOM, say) is recorded and the sweep goes on
             first_line = str(exc).splitlines()[0] if str(exc) else ""
             generation, status, error = None, "error", f"{type(exc).__name__}: {first_line}"
-            self.errors.append(f"{cell.prompt.id} {cell.draft.text} k={cell.k}: {error}")
-        lossless = None
-        if generation is not None and d.greedy and baseline is not None:
-            lossless = generation.output_tokens == baseline[1]
-            if not lossless:
-                self.lossless_failures.append(f"{cell.prompt.id} {cell.draft.text} k={cell.k}")
-        run_id = uuid.uuid4().hex[:16]
-        write_run(cfg.db, RunRecord(
-            run_id=run_id, sweep_id=self.sweep_id, started_at=started, target=cfg.target,
+        return RunRecord(
+            run_id=uuid.uuid4().hex[:16], sweep_id=self.sweep_id, started_at=started, target=cfg.target,
             draft=cell.draft.text, draft_kind=cell.draft.kind, category=cell.prompt.category,
             prompt_id=cell.prompt.id, prompt_text=cell.prompt.text, k=cell.k, mode=d.mode,
             temperature=d.temperature, top_p=d.top_p, seed=cfg.seed, max_new_tokens=cfg.max_new_tokens,
             device=str(target.device), dtype=str(target.dtype).removeprefix("torch."), status=status, error=error,
             generation=generation,
             output_text=None if generation is None else target.tokenizer.decode(list(generation.output_tokens)),
-            baseline_run_id=None if baseline is None else baseline[0], lossless=lossless, provenance=self.provenance,
-        ))
-        if cell.k is None and generation is not None:
-            self.baselines[key] = (run_id, generation.output_tokens)
+            baseline_run_id=None, lossless=None, provenance=self.provenance,
+        )
 
 
-def run_sweep(config: SweepConfig, console: Console) -> tuple[str, Recorder]:
-    """Load once, warm up, then record every cell not yet recorded. Returns the sweep id and its recorder."""
+def baseline_key(record: RunRecord) -> tuple:
+    """The runs that share one baseline: same prompt and decoding (the seed is the sweep's)."""
+    return record.prompt_id, record.mode, record.temperature, record.top_p
+
+
+class Recorder:
+    """Writes runs, each as one transaction with its rounds, after attaching its baseline and checking lossless."""
+
+    def __init__(self, config: SweepConfig, sweep_id: str) -> None:
+        self.config, self.sweep_id = config, sweep_id
+        self.lossless_failures: list[str] = []
+        self.errors: list[str] = []
+        # baseline_key -> the baseline's (run_id, output tokens), kept from this process's runs so a
+        # speculative run need not read them back; a resumed sweep finds earlier ones in the database.
+        self.baselines: dict[tuple, tuple[str, tuple[int, ...]]] = {}
+
+    def write(self, record: RunRecord) -> None:
+        cfg, key, gen = self.config, baseline_key(record), record.generation
+        name = f"{record.prompt_id} {record.draft} k={record.k}"
+        if record.k is not None:
+            baseline = self.baselines.get(key) or baseline_for(cfg.db, self.sweep_id, *key, cfg.seed)
+            lossless = None
+            if gen is not None and record.mode == "greedy" and baseline is not None:
+                lossless = gen.output_tokens == baseline[1]
+                if not lossless:
+                    self.lossless_failures.append(name)
+            record = replace(record, baseline_run_id=None if baseline is None else baseline[0], lossless=lossless)
+        write_run(cfg.db, record)
+        if record.status == "error":
+            self.errors.append(f"{name}: {record.error}")
+        if record.k is None and gen is not None:
+            self.baselines[key] = (record.run_id, gen.output_tokens)
+
+
+def cells_to_run(config: SweepConfig) -> tuple[str, list[Cell]]:
+    """The sweep id, and the cells of the plan not yet recorded (all of them for a new sweep)."""
     sweep_id = config.sweep_id or new_sweep_id()
     check_db(config.db)  # fail on a bad --db before loading any model, creating nothing
     done = recorded_runs(config.db, sweep_id) if config.sweep_id else set()
-    cells = [c for c in plan(config) if c.key(config.seed) not in done]
+    return sweep_id, [c for c in plan(config) if c.key(config.seed) not in done]
+
+
+def load_pair(config: SweepConfig) -> Pair:
+    """The target and every draft, loaded once and warmed up; ValueError for a prompt that does not fit."""
     target = models.load(config.target, config.device, config.dtype)
     drafts = [parse_draft(d) for d in config.drafts]
     pair = Pair(target, drafts)
     for p in config.prompts:
         if len(models.encode_chat(target, p.text)) + config.max_new_tokens > target.max_context:
             raise ValueError(f'prompt "{p.id}" + max-new-tokens exceeds the model\'s context of {target.max_context}')
-    recorder = Recorder(config, sweep_id, pair)
     warm = models.encode_chat(target, config.prompts[0].text)
     for d in config.decodings:
         pair.warm_up([PLAIN, *drafts], warm, max(config.ks), d)
+    return pair
+
+
+def run_sweep(config: SweepConfig, console: Console) -> tuple[str, Recorder]:
+    """Load once, warm up, then record every cell not yet recorded. Returns the sweep id and its recorder."""
+    sweep_id, cells = cells_to_run(config)
+    runner, recorder = CellRunner(config, sweep_id, load_pair(config)), Recorder(config, sweep_id)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
     with Progress(*columns, console=console, disable=not console.is_terminal) as progress:
         task = progress.add_task(f"sweep {sweep_id}", total=len(cells))
         for cell in cells:
             progress.update(task, description=f"{cell.prompt.id} {cell.draft.text} k={cell.k} {cell.decoding.mode}")
-            recorder.record(cell)
+            recorder.write(runner.run(cell))
             progress.advance(task)
     flush_pending(config.db)
     return sweep_id, recorder
