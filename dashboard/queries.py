@@ -19,6 +19,8 @@ from runner.store.connect import open_db
 from runner.store.schema import schema_version
 
 T = TypeVar("T")
+# Filters on columns of `runs` that run_stats does not carry: they pick runs by run_id.
+RUNS_ONLY = ("host", "concurrent_workers")
 # A reader waits this long for the runner's write transaction (milliseconds each) before giving up.
 LOCK_BOUND_S = 10.0
 
@@ -34,13 +36,17 @@ class Filters:
     mode: tuple[str, ...] = ()
     device: tuple[str, ...] = ()
     sweep_id: tuple[str, ...] = ()
+    host: tuple[str, ...] = ()
+    concurrent_workers: tuple[int, ...] = ()
 
     def where(self, alias: str = "", skip: tuple[str, ...] = ()) -> tuple[str, list]:
         """A SQL condition (always valid, 'true' when nothing is picked) and its parameters."""
         clauses, params = ["true"], []
         for field, values in zip(fields(self), astuple(self), strict=True):
             if values and field.name not in skip:
-                clauses.append(f"{alias}{field.name} IN ({', '.join('?' * len(values))})")
+                picked = f"{field.name} IN ({', '.join('?' * len(values))})"
+                clauses.append(f"{alias}run_id IN (SELECT run_id FROM runs WHERE {picked})"
+                               if field.name in RUNS_ONLY else f"{alias}{picked}")
                 params.extend(values)
         return " AND ".join(clauses), params
 
@@ -68,8 +74,10 @@ def run_count(con: duckdb.DuckDBPyConnection) -> int:
 def filter_options(con: duckdb.DuckDBPyConnection) -> dict[str, list]:
     """The values each filter can take, from the speculative runs that have statistics."""
     names = [field.name for field in fields(Filters)]
-    lists = ", ".join(f"list(DISTINCT {name} ORDER BY {name})" for name in names)
-    row = con.execute(f"SELECT {lists} FROM run_stats WHERE draft <> 'none'").fetchone()
+    lists = ", ".join(f"list(DISTINCT {name} ORDER BY {name}) FILTER ({name} IS NOT NULL)" for name in names)
+    runs_only = f"SELECT run_id, {', '.join(RUNS_ONLY)} FROM runs"
+    row = con.execute(f"SELECT {lists} FROM run_stats JOIN ({runs_only}) USING (run_id) "
+                      "WHERE draft <> 'none'").fetchone()
     return {name: values or [] for name, values in zip(names, row, strict=True)}
 
 
@@ -170,7 +178,7 @@ def run_detail(con: duckdb.DuckDBPyConnection, run_id: str) -> pd.DataFrame:
         SELECT r.run_id, r.sweep_id, r.started_at, r.target, r.draft, r.draft_kind, r.category, r.prompt_id,
             r.prompt_text, r.k, r.mode, r.temperature, r.top_p, r.seed, r.max_new_tokens, r.device, r.dtype,
             r.new_tokens, r.n_rounds, r.wall_s, r.draft_s, r.verify_s, r.output_tokens, r.output_text,
-            r.stop_reason, r.baseline_run_id, r.lossless, r.status, r.error,
+            r.stop_reason, r.baseline_run_id, r.lossless, r.status, r.error, r.host, r.concurrent_workers,
             s.accepted, s.rejected, s.thrown, s.drafted, s.alpha, s.tau, s.c, s.measured_speedup,
             s.theoretical_speedup, b.wall_s AS baseline_wall_s, b.output_tokens AS baseline_tokens
         FROM runs r LEFT JOIN run_stats s USING (run_id) LEFT JOIN runs b ON b.run_id = r.baseline_run_id

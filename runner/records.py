@@ -83,6 +83,8 @@ class RunRecord:
     baseline_run_id: str | None
     lossless: bool | None  # greedy only: output equals the baseline's token for token
     provenance: dict[str, str] = field(default_factory=dict)  # torch/transformers/python versions, host, git commit
+    # The sweep's workers on this run's host while it ran, itself included: 1 alone; more share the memory bandwidth.
+    concurrent_workers: int = 1
 
     def cell_key(self) -> tuple:
         return tuple(getattr(self, name) for name in CELL_KEY)

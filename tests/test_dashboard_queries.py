@@ -76,7 +76,7 @@ def test_filter_options_come_from_runs_with_statistics(db):
     # The failed k=8 run has no statistics, so k=8 is no option.
     assert queries.read(db, queries.filter_options) == {
         "target": ["tiny-target"], "draft": ["layerskip:2", "ngram"], "category": ["code", "poem"], "k": [2, 4],
-        "mode": ["greedy"], "device": ["cpu"], "sweep_id": ["s1"]}
+        "mode": ["greedy"], "device": ["cpu"], "sweep_id": ["s1"], "host": [], "concurrent_workers": [1]}
 
 
 def test_totals_pool_every_selected_run(db):

@@ -105,12 +105,20 @@ def _create_run_totals(con: duckdb.DuckDBPyConnection) -> None:
         FROM run_totals t JOIN runs r USING (run_id)"""))
 
 
+def _add_concurrent_workers(con: duckdb.DuckDBPyConnection) -> None:
+    # Workers that share a machine share its memory bandwidth, so their timings can differ from a process alone.
+    # Every run recorded before this column was recorded by one process alone.
+    con.execute("ALTER TABLE runs ADD COLUMN concurrent_workers INTEGER")
+    con.execute("UPDATE runs SET concurrent_workers = 1")
+
+
 MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     _create_runs_and_rounds,
     _create_run_stats,
     _add_device_name,
     _create_bench_results,
     _create_run_totals,
+    _add_concurrent_workers,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
