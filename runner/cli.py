@@ -14,6 +14,7 @@ from runner.engine.pair import PLAIN, Pair, parse_draft
 from runner.engine.sampling import Decoding
 from runner.report import frame_table, print_generation, sweep_table
 from runner.stats import summarize
+from runner.store.merge import merge as merge_databases
 from runner.store.runs import list_sweeps, sweep_summary
 from runner.store.schema import StoreError
 from runner.store.sql import QueryError, run_query
@@ -136,9 +137,16 @@ def sweep(
     resume: Annotated[str | None, typer.Option(help="a sweep id: record only its missing cells")] = None,
     device: Device = None,
     dtype: Dtype = None,
+    ray: Annotated[str | None, typer.Option(
+        help="run the cells on Ray actors: auto (the cluster this machine is in), local (a new one here) or the "
+             "cluster's address")] = None,
+    workers: Annotated[int | None, typer.Option(help="with --ray: actors (default: one per GPU, else one per node)")]
+    = None,
 ) -> None:
     """Record baseline and speculative runs for every prompt × draft × k into the database."""
     try:
+        if workers is not None and (ray is None or workers < 1):
+            raise UsageError("--workers needs --ray and must be >= 1")
         ks = _ints(k, "k")
         for value in ks:
             check_k(value)
@@ -157,8 +165,13 @@ def sweep(
         )
         if resume and resume not in set(list_sweeps(db)["sweep_id"]):
             raise UsageError(f'no sweep "{resume}" in {db}')
-        sweep_id, recorder = run_sweep(config, stderr)
-    except (ValueError, StoreError) as exc:
+        if ray:
+            from runner.sweep.ray_cells import run_sweep_on_ray  # only here: a local sweep never imports Ray
+
+            sweep_id, recorder, _ = run_sweep_on_ray(config, stderr, ray, workers)
+        else:
+            sweep_id, recorder = run_sweep(config, stderr)
+    except (ValueError, StoreError, ConnectionError) as exc:  # ConnectionError: no Ray cluster at --ray
         fail(str(exc))
     stdout.print(sweep_table(sweep_summary(db, sweep_id), sweep_id))
     for problem in recorder.errors:
@@ -166,6 +179,20 @@ def sweep(
     if recorder.lossless_failures:
         stderr.print(f"[bold red]LOSSLESS CHECK FAILED in {len(recorder.lossless_failures)} run(s):[/] "
                      + "; ".join(recorder.lossless_failures), highlight=False)
+
+
+@app.command()
+def merge(
+    sources: Annotated[list[Path], typer.Argument(help="databases recorded elsewhere")],
+    into: Annotated[Path, typer.Option(help="the database to merge into; created if absent")],
+) -> None:
+    """Bring the runs and benchmarks of other databases into one; those it already has are skipped."""
+    try:
+        added = merge_databases(sources, into)
+    except StoreError as exc:
+        fail(str(exc))
+    for source in added:
+        stdout.print(source.line(), highlight=False, soft_wrap=True)
 
 
 @app.command("sql")
