@@ -87,7 +87,7 @@ def test_runs_and_rounds_have_the_documented_columns(db):
         ("prompt_tokens", ints), ("output_tokens", ints), ("output_text", text), ("stop_reason", text),
         ("baseline_run_id", text), ("lossless", "BOOLEAN"), ("status", text), ("error", text),
         ("torch_version", text), ("transformers_version", text), ("python_version", text), ("host", text),
-        ("git_commit", text), ("device_name", text)]
+        ("git_commit", text), ("device_name", text), ("concurrent_workers", i)]
     assert columns(db, "rounds") == [
         ("run_id", text), ("round", i), ("k", i), ("accepted", i), ("rejected", i), ("thrown", i),
         ("bonus", "BOOLEAN"), ("emitted", i), ("draft_s", f), ("verify_s", f), ("draft_tokens", ints),
@@ -100,7 +100,7 @@ def test_runs_and_rounds_have_the_documented_columns(db):
         "lossless"]
     assert query(db, "SELECT version, name FROM schema_migrations ORDER BY version") == [
         (1, "create_runs_and_rounds"), (2, "create_run_stats"), (3, "add_device_name"), (4, "create_bench_results"),
-        (5, "create_run_totals")]
+        (5, "create_run_totals"), (6, "add_concurrent_workers")]
 
 
 def schema_dump(db: Path) -> list:
