@@ -215,3 +215,44 @@ def bench_rows(con: duckdb.DuckDBPyConnection, bench_id: str) -> pd.DataFrame:
         SELECT metric, unit, draft, k, category, ours, ours_min, ours_max, theirs, theirs_min, theirs_max,
             ratio, ratio_min, ratio_max, alpha, c, goal, goal_met, mismatches
         FROM bench_results WHERE bench_id = ? ORDER BY rowid""", [bench_id])
+
+
+def _has_trainings(con: duckdb.DuckDBPyConnection) -> bool:
+    return con.execute("SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() "
+                       "AND table_name = 'trainings'").fetchone()[0] > 0
+
+
+def trainings(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
+    """One row per recorded training of a draft head, newest first: its setup, its saved epoch's held-out
+    acceptance of the first draft, and how many recorded runs used the head it made."""
+    if not _has_trainings(con):
+        return pd.DataFrame(columns=["train_id"])
+    return _frame(con, """
+        SELECT t.*, p.accepted / nullif(p.judged, 0) AS heldout_first_acceptance,
+            (SELECT count(*) FROM runs r WHERE r.draft = t.draft AND r.target = t.target AND r.status = 'ok')
+                AS runs
+        FROM trainings t
+        LEFT JOIN training_positions p ON p.train_id = t.train_id AND p.epoch = t.saved_epoch AND p.position = 1
+        ORDER BY t.started_at DESC, t.train_id""", [])
+
+
+def training_epochs(con: duckdb.DuckDBPyConnection, train_id: str) -> pd.DataFrame:
+    """Per epoch of one training (0: the untrained head): losses, seconds, and held-out acceptance by position."""
+    return _frame(con, """
+        SELECT e.epoch, e.train_loss, e.heldout_loss, e.seconds, p.position, p.judged, p.accepted,
+            p.accepted / nullif(p.judged, 0) AS acceptance
+        FROM training_epochs e JOIN training_positions p USING (train_id, epoch)
+        WHERE train_id = ? ORDER BY e.epoch, p.position""", [train_id])
+
+
+def draft_positions(con: duckdb.DuckDBPyConnection, target: str, draft: str) -> pd.DataFrame:
+    """Per mode × category × draft position j of one draft's runs: rounds that proposed a j-th draft after
+    accepting the j-1 before it (judged), and those that accepted it too, as the training's held-out score counts."""
+    return _frame(con, """
+        SELECT r.mode, r.category, p.position, count(*) FILTER (d.accepted >= p.position - 1) AS judged,
+            count(*) FILTER (d.accepted >= p.position) AS accepted,
+            count(*) FILTER (d.accepted >= p.position) / nullif(count(*) FILTER (d.accepted >= p.position - 1), 0)
+                AS acceptance
+        FROM rounds d JOIN runs r USING (run_id) JOIN range(1, 65) p(position) ON d.k >= p.position
+        WHERE r.target = ? AND r.draft = ? AND r.status = 'ok'
+        GROUP BY ALL ORDER BY r.mode, r.category, p.position""", [target, draft])

@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 
 from runner.engine import models
-from runner.engine.pair import PLAIN, Pair, parse_draft
+from runner.engine.pair import PLAIN, Pair, check_drafts, parse_draft
 from runner.engine.sampling import Decoding
 from runner.report import frame_table, print_generation, sweep_table
 from runner.stats import summarize
@@ -19,6 +19,8 @@ from runner.store.schema import StoreError
 from runner.store.sql import QueryError, run_query
 from runner.sweep.prompts import load_prompts, select_prompts
 from runner.sweep.run import SweepConfig, run_sweep
+from runner.train.fit import TrainConfig
+from runner.train.run import default_prompts, epoch_table, train_draft
 
 K_MAX = 64  # more drafts than this per round only burns draft calls
 app = typer.Typer(
@@ -64,7 +66,7 @@ Dtype = Annotated[str | None, typer.Option(help="float32, bfloat16 or float16 (d
 def generate(
     prompt: Annotated[str, typer.Option(help="the user message")],
     target: Target = models.DEFAULT_MODEL,
-    draft: Annotated[str, typer.Option(help="ngram[:n], layerskip:<L> or model:<spec>")] = "ngram",
+    draft: Annotated[str, typer.Option(help="ngram[:n], layerskip:<L>, model:<spec> or eagle:<head>")] = "ngram",
     k: Annotated[int, typer.Option(help="drafts per round")] = 4,
     mode: Mode = "greedy",
     temperature: float = 1.0,
@@ -85,6 +87,7 @@ def generate(
             raise UsageError(f"max-new-tokens must be >= 1, got {max_new_tokens}")
         if not prompt.strip():
             raise UsageError("the prompt is empty")
+        check_drafts(target, [spec])
         loaded = models.load(target, device, dtype)
         pair = Pair(loaded, [spec])
         ids = models.encode_chat(loaded, prompt)
@@ -192,6 +195,40 @@ def list_command(db: Annotated[Path, typer.Option(help="the DuckDB file")] = Pat
     except StoreError as exc:
         fail(str(exc))
     stdout.print(frame_table(sweeps), highlight=False)
+
+
+@app.command("train-draft")
+def train_draft_command(
+    out: Annotated[Path, typer.Option(help="the head's directory (config.json + model.safetensors), written last")],
+    target: Target = models.DEFAULT_MODEL,
+    prompts: Annotated[Path | None, typer.Option(help="JSONL of {id, category, prompt}; default: the shipped "
+                                                      "training prompts")] = None,
+    max_tokens: Annotated[int, typer.Option(help="answer tokens of training data the target writes")] = 60_000,
+    epochs: int = 6,
+    draft_vocab: Annotated[int, typer.Option(help="the head's vocabulary: the most frequent answer tokens")] = 8192,
+    unroll: Annotated[int, typer.Option(help="draft positions trained on the head's own outputs")] = 3,
+    lr: Annotated[float, typer.Option(help="AdamW's peak learning rate")] = 2e-3,
+    max_new_tokens: Annotated[int, typer.Option(help="the longest answer per training prompt")] = 192,
+    seed: int = 0,
+    db: Annotated[Path, typer.Option(help="the DuckDB file the training and its epochs go to")] = Path("runs.duckdb"),
+    device: Device = None,
+) -> None:
+    """Train an EAGLE-style draft head for a target on its own answers; record every epoch."""
+    config = TrainConfig(
+        target=target, out=out, prompts=prompts or default_prompts(), max_tokens=max_tokens, epochs=epochs,
+        draft_vocab=draft_vocab, seed=seed, db=db, unroll=unroll, lr=lr, max_new_tokens=max_new_tokens,
+        device=device, command=" ".join(["python -m runner", *sys.argv[1:]]),
+    )
+    try:
+        trained = train_draft(config, stderr)
+    except (ValueError, StoreError) as exc:
+        fail(str(exc))
+    except KeyboardInterrupt:
+        stderr.print(f"interrupted: {out} was not written")
+        raise typer.Exit(130) from None
+    stdout.print(epoch_table(trained), highlight=False)
+    stdout.print(f"saved epoch {trained.saved_epoch} to {out}; compare it: python -m runner sweep --draft eagle:{out}",
+                 highlight=False, soft_wrap=True)
 
 
 def main() -> None:

@@ -128,7 +128,7 @@ def test_migrating_from_every_older_version_ends_identical(tmp_path, start):
     migrate(con)  # a second run finds nothing to do
     con.close()
     assert schema_dump(old) == schema_dump(fresh)
-    assert len(MIGRATIONS) == SCHEMA_VERSION == 5
+    assert len(MIGRATIONS) == SCHEMA_VERSION == 6
     if start >= 1:
         assert query(old, "SELECT run_id, accepted, rejected, thrown, drafted, alpha, tau FROM run_stats "
                           "ORDER BY run_id") == [("base", 0, 0, 0, 0, None, 1.0), ("spec", 2, 1, 1, 4, 2 / 3, 2.0)]

@@ -11,6 +11,7 @@ import time
 import torch
 from torch import Tensor
 from transformers import DynamicCache
+from transformers.utils import ModelOutput
 
 from runner.engine.drafters import Drafter, crop_to
 from runner.engine.models import Loaded
@@ -41,21 +42,28 @@ class Target:
         self.model = loaded.model
         self.cache = DynamicCache(config=loaded.model.config)
 
-    def prefill(self, tokens: Tensor) -> Tensor:
-        """One pass over the whole prompt: the logits (V,) of the first new token."""
-        return self.model(input_ids=tokens[None], cache=self.cache, use_cache=True, logits_to_keep=1).logits[0, -1]
+    def prefill(self, tokens: Tensor, layers: tuple[int, ...] = ()) -> tuple[Tensor, Tensor | None]:
+        """One pass over the whole prompt: the logits (V,) of the first new token, and `features_of` its positions."""
+        out = self.model(input_ids=tokens[None], cache=self.cache, use_cache=True, logits_to_keep=1,
+                         output_hidden_states=bool(layers))
+        return out.logits[0, -1], features_of(out, layers)
 
-    def verify(self, fed: Tensor, want_hidden: bool) -> tuple[Tensor, Tensor | None]:
-        """One pass over `fed` (T,): the logits at every fed position (T, V), and the last hidden states."""
+    def verify(self, fed: Tensor, layers: tuple[int, ...] = ()) -> tuple[Tensor, Tensor | None]:
+        """One pass over `fed` (T,): the logits at every fed position (T, V), and `features_of` those positions."""
         out = self.model(
             input_ids=fed[None], cache=self.cache, use_cache=True,
-            logits_to_keep=fed.numel(), output_hidden_states=want_hidden,
+            logits_to_keep=fed.numel(), output_hidden_states=bool(layers),
         )
-        return out.logits[0], out.hidden_states[-1][0] if want_hidden else None
+        return out.logits[0], features_of(out, layers)
 
     @property
     def length(self) -> int:
         return self.cache.get_seq_length()
+
+
+def features_of(out: ModelOutput, layers: tuple[int, ...]) -> Tensor | None:
+    """(T, len(layers)·H): the hidden states a drafter asked for, side by side; None when it asked for none."""
+    return torch.cat([out.hidden_states[i][0] for i in layers], dim=-1) if layers else None
 
 
 class Sequence:
@@ -143,9 +151,9 @@ def generate(
         text = Sequence(prompt, len(prompt) + max_new_tokens, device)
         # The prefill: one target pass over the prompt makes the first new token, as in plain decoding. The
         # drafter reads the prompt too; the new token is fed with round 0's drafts, like every later one.
-        logits = model.prefill(text.tokens)
+        logits, features = model.prefill(text.tokens, drafter.wants_hidden)
         text.append([int(logits.argmax() if decoding.greedy else draw(probabilities(logits, decoding), generator))])
-        drafter.prefill(text.tokens)
+        drafter.prefill(text.tokens, features)
         prefilled = clock()
         rounds: list[Round] = []
         while text.last not in target.eos_ids and (made := text.length - len(prompt)) < max_new_tokens:

@@ -29,16 +29,19 @@ class Drafter(Protocol):
     """Proposes tokens and learns, after each verify pass, how many the target kept."""
 
     calls: int  # forward passes (or lookups) so far: the denominator of the draft cost c
-    wants_hidden: bool  # ask for the target's last hidden states at the committed positions
+    # Indices into the target's hidden_states (0: embeddings, i: input of layer i, -1: the final normed output)
+    # whose rows the drafter gets at the committed positions, side by side; () asks for nothing and costs nothing.
+    wants_hidden: tuple[int, ...]
 
-    def prefill(self, tokens: Tensor) -> None:
-        """Start a new sequence: the prompt and the prefill's first new token (1-D ids)."""
+    def prefill(self, tokens: Tensor, hidden: Tensor | None) -> None:
+        """Start a new sequence: the prompt and the prefill's first new token (1-D ids); when asked for, `hidden`
+        is (P, L·H) for the P prompt positions, L = len(wants_hidden)."""
 
     def propose(self, tokens: Tensor, k: int) -> Draft:
         """Up to k tokens to follow `tokens`, all committed text so far (1-D ids)."""
 
     def accepted(self, n: int, hidden: Tensor | None) -> None:
-        """The target kept the first n drafts (then added its own token); `hidden` is (n+1, H) when asked for."""
+        """The target kept the first n drafts (then added its own token); `hidden` is (n+1, L·H) when asked for."""
 
 
 def crop_to(cache: DynamicCache, length: int) -> None:
@@ -50,9 +53,9 @@ class NoDraft:
     """Plain decoding: nothing is proposed, so every round is one target pass making one token."""
 
     calls = 0
-    wants_hidden = False
+    wants_hidden = ()
 
-    def prefill(self, tokens: Tensor) -> None:
+    def prefill(self, tokens: Tensor, hidden: Tensor | None) -> None:
         pass
 
     def propose(self, tokens: Tensor, k: int) -> Draft:
@@ -65,7 +68,7 @@ class NoDraft:
 class ModelDrafter:
     """A causal LM drafting one token per call, its KV cache kept in step with the committed text."""
 
-    wants_hidden = False
+    wants_hidden = ()
 
     def __init__(self, model: PreTrainedModel, decoding: Decoding, generator: torch.Generator) -> None:
         self.model = model
@@ -80,7 +83,7 @@ class ModelDrafter:
         self.calls += 1
         return out.logits[0, -1]  # (V,)
 
-    def prefill(self, tokens: Tensor) -> None:
+    def prefill(self, tokens: Tensor, hidden: Tensor | None) -> None:
         self.cache = DynamicCache(config=self.model.config)
         # All but the newest token: the first proposal feeds it, like every later correction or bonus.
         if tokens.numel() > 1:
@@ -112,7 +115,7 @@ class NgramDrafter:
     """Prompt lookup: find the latest earlier occurrence of the last n tokens (then n-1, … 1) in
     prompt + output and propose what followed it. An index per n-gram size keeps each lookup O(1)."""
 
-    wants_hidden = False
+    wants_hidden = ()
 
     def __init__(self, n: int) -> None:
         self.n = n
@@ -129,7 +132,7 @@ class NgramDrafter:
                     self.follows[m - 1][tuple(self.seen[j - m : j])] = j
             self.seen.append(token)
 
-    def prefill(self, tokens: Tensor) -> None:
+    def prefill(self, tokens: Tensor, hidden: Tensor | None) -> None:
         self.seen, self.follows = [], [{} for _ in range(self.n)]
         self._extend(tokens.tolist())
 

@@ -15,7 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 from transformers.utils import logging as hf_logging
 
 # stderr belongs to our progress bar and one-line errors, not to loading bars and advisory warnings.
@@ -138,6 +145,16 @@ def _local_only() -> bool:
 def load_tokenizer(spec: str) -> PreTrainedTokenizerBase:
     """The tokenizer of a model spec, without its weights (the dashboard's replay needs only this)."""
     return AutoTokenizer.from_pretrained(_source(spec), local_files_only=_local_only())
+
+
+def load_config(spec: str) -> PretrainedConfig:
+    """The config of a model spec without its weights: what a draft head is checked against before any loading."""
+    try:
+        return AutoConfig.from_pretrained(_source(spec), local_files_only=_local_only())
+    except OSError:
+        raise ModelError(
+            f'cannot load model "{spec}": no such directory, and not in the local Hugging Face cache (no hub access)'
+        ) from None
 
 
 def load(spec: str, device: str | None = None, dtype: str | None = None) -> Loaded:

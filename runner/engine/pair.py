@@ -5,11 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers import PreTrainedModel
+from torch import nn
 
-from runner.engine import models
+from runner.engine import head_files, models
 from runner.engine.decode import generate
 from runner.engine.drafters import Drafter, ModelDrafter, NgramDrafter, NoDraft, layer_skip
+from runner.engine.eagle_drafter import EagleDrafter
 from runner.engine.sampling import Decoding
 from runner.records import Generation
 
@@ -22,8 +23,8 @@ class DraftSpec:
     """A parsed `--draft` value."""
 
     text: str  # as the user wrote it, e.g. 'layerskip:24'
-    kind: str  # 'baseline' | 'ngram' | 'layerskip' | 'model'
-    arg: str | None  # n for ngram, L for layerskip, the model spec for model
+    kind: str  # 'baseline' | 'ngram' | 'layerskip' | 'model' | 'eagle'
+    arg: str | None  # n for ngram, L for layerskip, the model spec for model, the head's directory or repo id for eagle
 
     @property
     def baseline(self) -> bool:
@@ -34,7 +35,7 @@ PLAIN = DraftSpec("none", "baseline", None)  # the baseline: plain decoding, no 
 
 
 def parse_draft(text: str) -> DraftSpec:
-    """`none`, `ngram`, `ngram:<n>`, `layerskip:<L>` or `model:<spec>`; ValueError otherwise."""
+    """`none`, `ngram`, `ngram:<n>`, `layerskip:<L>`, `model:<spec>` or `eagle:<head>`; ValueError otherwise."""
     kind, _, arg = text.partition(":")
     if text == PLAIN.text:
         return PLAIN
@@ -42,9 +43,18 @@ def parse_draft(text: str) -> DraftSpec:
         return DraftSpec(text, "ngram", arg or str(DEFAULT_NGRAM))
     if kind == "layerskip" and arg.isdigit() and int(arg) >= 1:
         return DraftSpec(text, "layerskip", arg)
-    if kind == "model" and arg:
-        return DraftSpec(text, "model", arg)
-    raise ValueError(f'unknown draft "{text}"; use ngram, ngram:<n>, layerskip:<L> or model:<spec>')
+    if kind in ("model", "eagle") and arg:
+        return DraftSpec(text, kind, arg)
+    raise ValueError(f'unknown draft "{text}"; use ngram, ngram:<n>, layerskip:<L>, model:<spec> or eagle:<head>')
+
+
+def check_drafts(target: str, drafts: list[DraftSpec]) -> None:
+    """Refuse an unusable draft head (missing or corrupt files, a head for another target) before any model loads."""
+    heads = [spec for spec in drafts if spec.kind == "eagle"]
+    if heads:
+        config = models.load_config(target)
+        for spec in heads:
+            head_files.check(spec.arg, config)
 
 
 class Pair:
@@ -52,7 +62,7 @@ class Pair:
 
     def __init__(self, target: models.Loaded, drafts: list[DraftSpec]) -> None:
         self.target = target
-        self.draft_models: dict[str, PreTrainedModel] = {}
+        self.draft_models: dict[str, nn.Module] = {}  # a PreTrainedModel, or an EagleHead for eagle drafts
         for spec in drafts:
             if spec.kind == "layerskip":
                 self.draft_models[spec.text] = layer_skip(target.model, int(spec.arg))
@@ -60,12 +70,18 @@ class Pair:
                 loaded = models.load(spec.arg, device=str(target.device), dtype=_dtype_name(target.dtype))
                 models.check_same_tokenizer(target, loaded)
                 self.draft_models[spec.text] = loaded.model
+            elif spec.kind == "eagle":
+                checked = head_files.check(spec.arg, target.model.config)
+                self.draft_models[spec.text] = head_files.load(
+                    checked, target.model.get_input_embeddings(), target.device, target.dtype)
 
     def drafter(self, spec: DraftSpec, decoding: Decoding, generator: torch.Generator) -> Drafter:
         if spec.baseline:
             return NoDraft()
         if spec.kind == "ngram":
             return NgramDrafter(int(spec.arg))
+        if spec.kind == "eagle":
+            return EagleDrafter(self.draft_models[spec.text], decoding, generator)
         return ModelDrafter(self.draft_models[spec.text], decoding, generator)
 
     def run(

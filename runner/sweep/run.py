@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from runner.engine import models
-from runner.engine.pair import PLAIN, DraftSpec, Pair, parse_draft
+from runner.engine.pair import PLAIN, DraftSpec, Pair, check_drafts, parse_draft
 from runner.engine.sampling import Decoding
 from runner.records import CELL_KEY, RunRecord
 from runner.store.connect import check_db
@@ -150,10 +150,11 @@ def run_sweep(config: SweepConfig, console: Console) -> tuple[str, Recorder]:
     """Load once, warm up, then record every cell not yet recorded. Returns the sweep id and its recorder."""
     sweep_id = config.sweep_id or new_sweep_id()
     check_db(config.db)  # fail on a bad --db before loading any model, creating nothing
+    drafts = [parse_draft(d) for d in config.drafts]
+    check_drafts(config.target, drafts)  # and on a draft head that cannot fit this target
     done = recorded_runs(config.db, sweep_id) if config.sweep_id else set()
     cells = [c for c in plan(config) if c.key(config.seed) not in done]
     target = models.load(config.target, config.device, config.dtype)
-    drafts = [parse_draft(d) for d in config.drafts]
     pair = Pair(target, drafts)
     for p in config.prompts:
         if len(models.encode_chat(target, p.text)) + config.max_new_tokens > target.max_context:
