@@ -26,13 +26,13 @@ class Scripted:
     """Proposes exactly the scripted drafts, one list per round, and logs what it is told."""
 
     calls = 0
-    wants_hidden = False
+    wants_hidden = ()
 
     def __init__(self, script: list[list[int]]) -> None:
         self.script = iter(script)
         self.told: list[int] = []
 
-    def prefill(self, tokens: torch.Tensor) -> None:
+    def prefill(self, tokens: torch.Tensor, hidden: torch.Tensor | None) -> None:
         pass
 
     def propose(self, tokens: torch.Tensor, k: int) -> Draft:
@@ -114,8 +114,8 @@ def test_after_every_round_the_caches_hold_exactly_the_committed_text(smollm2):
     drafter = ModelDrafter(smollm2.model, GREEDY, None)
     target, text = Target(smollm2), Sequence(prompt, len(prompt) + 40, smollm2.device)
     with torch.inference_mode():
-        text.append([int(target.prefill(text.tokens).argmax())])
-        drafter.prefill(text.tokens)
+        text.append([int(target.prefill(text.tokens)[0].argmax())])
+        drafter.prefill(text.tokens, None)
         assert target.length == len(prompt) == text.length - 1
         for _ in range(6):
             r = speculative_round(target, drafter, text, 3, GREEDY, None, Clock(smollm2.device), 40, frozenset())
@@ -127,7 +127,10 @@ def test_after_every_round_the_caches_hold_exactly_the_committed_text(smollm2):
 
 def test_drafters_that_ask_get_the_targets_hidden_states_of_the_kept_positions(smollm2):
     class Listening(Scripted):
-        wants_hidden = True
+        wants_hidden = (2, -1)  # the input of layer 2 and the final normed output, side by side
+
+        def prefill(self, tokens: torch.Tensor, hidden: torch.Tensor | None) -> None:
+            self.prompt_hidden = hidden
 
         def accepted(self, n: int, hidden: torch.Tensor | None) -> None:
             self.hidden = hidden
@@ -136,8 +139,12 @@ def test_drafters_that_ask_get_the_targets_hidden_states_of_the_kept_positions(s
     g = plain(smollm2, prompt, 4)
     drafter = Listening([[g[1], g[2], 7]])
     run = generate(smollm2, drafter, prompt, 3, GREEDY, 4, torch.Generator())  # k = 2: the budget's limit
-    assert run.rounds[0].accepted == 2 and drafter.hidden.shape == (3, smollm2.model.config.hidden_size)
+    width = 2 * smollm2.model.config.hidden_size
+    assert run.rounds[0].accepted == 2 and drafter.hidden.shape == (3, width)
+    assert drafter.prompt_hidden.shape == (len(prompt), width)
     with torch.inference_mode():  # independently: one pass over the whole text
         full = torch.tensor([prompt + list(g[:3])])
-        expected = smollm2.model(input_ids=full, output_hidden_states=True).hidden_states[-1][0, -3:]
-    torch.testing.assert_close(drafter.hidden, expected, atol=1e-4, rtol=1e-4)
+        states = smollm2.model(input_ids=full, output_hidden_states=True).hidden_states
+        expected = torch.cat([states[2][0], states[-1][0]], dim=-1)
+    torch.testing.assert_close(drafter.hidden, expected[-3:], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(drafter.prompt_hidden, expected[: len(prompt)], atol=1e-4, rtol=1e-4)
