@@ -212,12 +212,14 @@ def train_draft_command(
     seed: int = 0,
     db: Annotated[Path, typer.Option(help="the DuckDB file the training and its epochs go to")] = Path("runs.duckdb"),
     device: Device = None,
+    threads: Annotated[int | None, typer.Option(help="torch threads (default: one per core); 1 is faster on a "
+                                                     "machine other jobs keep busy")] = None,
 ) -> None:
     """Train an EAGLE-style draft head for a target on its own answers; record every epoch."""
     config = TrainConfig(
         target=target, out=out, prompts=prompts or default_prompts(), max_tokens=max_tokens, epochs=epochs,
         draft_vocab=draft_vocab, seed=seed, db=db, unroll=unroll, lr=lr, max_new_tokens=max_new_tokens,
-        device=device, command=" ".join(["python -m runner", *sys.argv[1:]]),
+        device=device, threads=threads, command=" ".join(["python -m runner", *sys.argv[1:]]),
     )
     try:
         trained = train_draft(config, stderr)

@@ -20,7 +20,7 @@ from runner.engine.pair import Pair, parse_draft
 from runner.engine.sampling import Decoding
 from runner.sweep.prompts import load_prompts
 from runner.train import fit
-from runner.train.data import Sample
+from runner.train.data import Sample, answer_batch
 from runner.train.fit import TrainConfig, split, vocabulary
 from runner.train.run import default_prompts, train_draft
 from runner.train.unroll import StepResult, acceptance_counts
@@ -55,6 +55,22 @@ def test_the_shipped_training_prompts_are_not_the_built_in_suite_and_every_categ
     assert {p.category for p in heldout} == {p.category for p in shipped} == {"code", "summary", "poem", "general"}
     assert len(train) + len(heldout) == len(shipped) and len(heldout) == sum(
         sum(1 for p in shipped if p.category == c) // fit.HELDOUT_EVERY for c in {p.category for p in shipped})
+
+
+def test_the_data_are_the_targets_greedy_answers_with_its_features_at_every_position(tiny):
+    """Answered in one batch (rows leaving as they end), checked against one plain pass over each finished text."""
+    prompts = [p for p in load_prompts() if p.category == "poem"][:3]
+    samples = answer_batch(tiny, prompts, (2, 4), max_new_tokens=9)
+    assert [s.prompt_id for s in samples] == [p.id for p in prompts]
+    for sample, prompt in zip(samples, prompts, strict=True):
+        assert sample.tokens[: sample.answer_start].tolist() == models.encode_chat(tiny, prompt.text)
+        assert sample.answer_tokens == 9 or sample.tokens[-1].item() in tiny.eos_ids
+        with torch.inference_mode():
+            out = tiny.model(input_ids=sample.tokens[None], output_hidden_states=True)
+        greedy = out.logits[0, sample.answer_start - 1 : -1].argmax(-1)
+        assert greedy.tolist() == sample.tokens[sample.answer_start :].tolist()
+        features = torch.cat([out.hidden_states[2][0], out.hidden_states[4][0]], dim=-1)[:-1]
+        torch.testing.assert_close(sample.features.float(), features, atol=0.05, rtol=0.01)  # stored in bf16
 
 
 def small_prompts(path: Path) -> Path:

@@ -26,7 +26,7 @@ from runner.engine import models
 from runner.sweep.prompts import Prompt
 
 FEATURE_DTYPE = torch.bfloat16  # half the memory of fp32 for (tokens × 3 layers × H) features; training upcasts
-CACHE_VERSION = 1  # bump when the corpus format or the way it is made changes
+CACHE_VERSION = 2  # bump when the corpus format or the way it is made changes
 
 
 @dataclass(frozen=True)
@@ -53,36 +53,41 @@ def _left_padded(rows: list[list[int]], pad: int) -> tuple[Tensor, Tensor]:
 
 def answer_batch(loaded: models.Loaded, prompts: list[Prompt], layers: tuple[int, ...],
                  max_new_tokens: int) -> list[Sample]:
-    """Greedy answers to `prompts` in one left-padded batch, with the features of every real position."""
+    """Greedy answers to `prompts` in one left-padded batch, with the features of every real position. A row
+    leaves the batch (and its cache) as soon as its answer ends, so short answers cost no more than they are."""
     model, eos = loaded.model, loaded.eos_ids
     rows = [models.encode_chat(loaded, p.text) for p in prompts]
     ids, mask = _left_padded(rows, pad=next(iter(eos)))
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache(config=model.config)
     answers: list[list[int]] = [[] for _ in rows]
-    steps: list[Tensor] = []  # (B, t, L·H) per pass
-    done = torch.zeros(len(rows), dtype=torch.bool)
+    pieces: list[list[Tensor]] = [[] for _ in rows]  # per prompt: features of its positions, in order
+    live = list(range(len(rows)))  # the prompt each batch row answers
     with torch.inference_mode():
-        for _ in range(max_new_tokens):
+        for step in range(max_new_tokens):
             out = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
                         output_hidden_states=True, logits_to_keep=1)
-            steps.append(torch.cat([out.hidden_states[i] for i in layers], dim=-1).to(FEATURE_DTYPE))
-            ids = out.logits[:, -1].argmax(-1, keepdim=True)  # (B, 1)
-            for b, token in enumerate(ids[:, 0].tolist()):
-                if not done[b]:
-                    answers[b].append(token)
-                    done[b] = token in eos
-            if bool(done.all()):
+            features = torch.cat([out.hidden_states[i] for i in layers], dim=-1).to(FEATURE_DTYPE)  # (b, t, L·H)
+            chosen = out.logits[:, -1].argmax(-1)  # (b,)
+            keep = []
+            for b, (row, token) in enumerate(zip(live, chosen.tolist(), strict=True)):
+                pieces[row].append(features[b, -len(rows[row]) :] if step == 0 else features[b])  # no padding
+                answers[row].append(token)
+                if token not in eos and len(answers[row]) < max_new_tokens:
+                    keep.append(b)
+            if not keep:
                 break
-            mask = torch.cat([mask, torch.ones(len(rows), 1, dtype=mask.dtype)], dim=-1)
+            if len(keep) < len(live):
+                index = torch.tensor(keep)
+                cache.batch_select_indices(index)
+                mask, positions, chosen, live = mask[index], positions[index], chosen[index], [live[b] for b in keep]
+            ids = chosen[:, None]
+            mask = torch.cat([mask, torch.ones(len(live), 1, dtype=mask.dtype)], dim=-1)
             positions = positions[:, -1:] + 1
-    features = torch.cat(steps, dim=1)  # (B, width + steps - 1, L·H)
-    width = mask.shape[1] - len(steps) + 1
     samples = []
-    for b, (prompt, row, answer) in enumerate(zip(prompts, rows, answers, strict=True)):
-        real = features[b, width - len(row) :]  # drop the left padding
+    for prompt, row, answer, piece in zip(prompts, rows, answers, pieces, strict=True):
         tokens = torch.tensor(row + answer)
-        samples.append(Sample(prompt.id, prompt.category, tokens, real[: tokens.numel() - 1].clone(), len(row)))
+        samples.append(Sample(prompt.id, prompt.category, tokens, torch.cat(piece)[: tokens.numel() - 1], len(row)))
     return samples
 
 

@@ -45,7 +45,8 @@ class TrainConfig:
     unroll: int = 3  # draft positions trained (training-time test) and scored per epoch
     lr: float = 2e-3  # AdamW's peak learning rate
     max_new_tokens: int = 192  # the longest answer the target writes to a training prompt
-    batch_size: int = 16  # prompts the target answers together
+    batch_size: int = 32  # prompts the target answers together
+    threads: int | None = None  # torch threads; None: torch's default (one per core)
     batch_tokens: int = 4096  # padded tokens per optimizer step
     device: str | None = None  # None: cuda when present
     command: str = ""  # the command line, recorded with the training

@@ -40,6 +40,7 @@ TRAIN_DTYPE = "float32"  # gradients in bf16 lose too much on CPU; features are 
 def check(config: TrainConfig) -> None:
     """Refuse bad input before any model work; raises ValueError (ModelError, PromptError) or StoreError."""
     for name, value, low in (("epochs", config.epochs, 1), ("max-tokens", config.max_tokens, 1),
+                             ("threads", 1 if config.threads is None else config.threads, 1),
                              ("unroll", config.unroll, 1), ("max-new-tokens", config.max_new_tokens, 1),
                              ("draft-vocab", config.draft_vocab, 1)):
         if value < low:
@@ -65,6 +66,8 @@ def _progress(console: Console) -> Progress:
 def train_draft(config: TrainConfig, console: Console) -> Trained:
     """Check, load the target, make (or reuse) the data, train, save the best epoch to `config.out`, record."""
     check(config)
+    if config.threads:
+        torch.set_num_threads(config.threads)
     started, cpu_start, load_before = time.perf_counter(), time.process_time(), load_info()
     train_prompts, heldout_prompts = load_split(config.prompts)
     loaded = models.load(config.target, config.device, TRAIN_DTYPE)
