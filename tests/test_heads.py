@@ -103,7 +103,10 @@ def smollm2_head(smollm2: models.Loaded, tmp: Path) -> Path:
     from runner.train.fit import default_layers, initial_head
 
     torch.manual_seed(0)
-    head = initial_head(smollm2, default_layers(30), torch.arange(0, 49152, 16))
+    head = initial_head(smollm2, default_layers(30), torch.arange(0, 49152, 16), torch.tensor([3.0, 6.5, 22.6]))
+    with torch.no_grad():  # trained heads have non-zero branches: give the layer a say
+        for weight in (head.midlayer.self_attn.o_proj.weight, head.midlayer.mlp.down_proj.weight):
+            weight.normal_(0, 0.05)
     head_files.save(head, tmp / "smollm2-head")
     return tmp / "smollm2-head"
 

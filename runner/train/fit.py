@@ -47,7 +47,7 @@ class TrainConfig:
     max_new_tokens: int = 192  # the longest answer the target writes to a training prompt
     batch_size: int = 32  # prompts the target answers together
     threads: int | None = None  # torch threads; None: torch's default (one per core)
-    batch_tokens: int = 4096  # padded tokens per optimizer step
+    batch_tokens: int = 1024  # padded tokens per optimizer step: small, for many steps on little data
     device: str | None = None  # None: cuda when present
     command: str = ""  # the command line, recorded with the training
 
@@ -114,9 +114,20 @@ def rope_of(config: PretrainedConfig) -> dict:
     return {"rope_theta": theta} | ({} if kind == "default" else {"rope_scaling": params})
 
 
-def initial_head(loaded: models.Loaded, layers: tuple[int, ...], draft_ids: torch.Tensor) -> EagleHead:
-    """A head of the target's width; its LM head and final norm start as the target's own (restricted to the draft
-    vocabulary), the rest at PyTorch's default initialisation."""
+def feature_rms(samples: list[Sample], layers: int) -> torch.Tensor:
+    """(layers,) root mean square of each layer's features, the first position left out (attention sinks there
+    reach hundreds of times the typical size)."""
+    features = torch.cat([s.features[1:].float() for s in samples])  # (n, layers·H)
+    return features.view(features.shape[0], layers, -1).pow(2).mean(dim=(0, 2)).sqrt()
+
+
+def initial_head(loaded: models.Loaded, layers: tuple[int, ...], draft_ids: torch.Tensor,
+                 rms: torch.Tensor) -> EagleHead:
+    """A head of the target's width, started so that it learns in few steps. Its LM head starts as the target's
+    own rows for the draft vocabulary, and its final norm as the target's scaled so that a random direction gets
+    logits of spread 1 (the target's own would give ~6, and a loss of ~20 to unlearn first). `fc` is scaled so that
+    each layer's features (`rms` apart: ~3 to ~23 for SmolLM2) add up to a residual stream of unit size, and the
+    attention's and the MLP's output projections start at zero, so the layer's branches are not drowned."""
     tc = loaded.model.config
     heads = tc.num_attention_heads
     config = HeadConfig(
@@ -130,8 +141,15 @@ def initial_head(loaded: models.Loaded, layers: tuple[int, ...], draft_ids: torc
     head = EagleHead(config, loaded.model.get_input_embeddings(), layers).to(loaded.device)
     head.set_vocabulary(draft_ids.to(loaded.device))
     with torch.no_grad():
-        head.lm_head.weight.copy_(loaded.model.get_output_embeddings().weight[draft_ids])
-        head.norm.weight.copy_(loaded.model.get_decoder().norm.weight)
+        width = tc.hidden_size * len(layers)
+        scale = (1 / (math.sqrt(width) * rms)).repeat_interleave(tc.hidden_size).to(loaded.device)  # (L·H,)
+        head.fc.weight.copy_(torch.randn_like(head.fc.weight) * scale)
+        head.midlayer.self_attn.o_proj.weight.zero_()
+        head.midlayer.mlp.down_proj.weight.zero_()
+        rows, norm = loaded.model.get_output_embeddings().weight[draft_ids], loaded.model.get_decoder().norm.weight
+        head.lm_head.weight.copy_(rows)
+        spread = (rows.pow(2) * norm.pow(2)).sum(-1).sqrt().mean()  # logits' std for a unit-rms random direction
+        head.norm.weight.copy_(norm / spread)
     return head
 
 

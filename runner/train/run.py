@@ -24,6 +24,7 @@ from runner.train.fit import (
     TrainConfig,
     Trained,
     default_layers,
+    feature_rms,
     fit,
     head_bytes,
     initial_head,
@@ -111,7 +112,7 @@ def _train(config: TrainConfig, loaded: models.Loaded, layers: tuple[int, ...], 
     result.train_tokens = sum(s.answer_tokens for s in train)
     result.heldout_tokens = sum(s.answer_tokens for s in heldout)
     draft_ids, result.coverage = vocabulary(train, config.draft_vocab, loaded.model.config.vocab_size)
-    head = initial_head(loaded, layers, draft_ids)
+    head = initial_head(loaded, layers, draft_ids, feature_rms(train, len(layers)))
     start = time.perf_counter()
     task = progress.add_task("epoch 1", total=None)
 
