@@ -7,6 +7,7 @@ import json
 import math
 from pathlib import Path
 
+import huggingface_hub.constants
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -289,3 +290,20 @@ def test_bad_heads_get_one_line_and_exit_2_before_any_model_loads(tmp_path, tiny
             assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: "), (name, result.stderr)
             assert message in lines[0], (name, lines[0])
     assert not db.exists()
+
+
+def test_a_repo_id_is_read_from_the_local_hugging_face_cache(tiny, published, tmp_path, monkeypatch):
+    """`eagle:<org>/<name>` finds a head downloaded before, in the hub's cache layout, without the network."""
+    snapshot = tmp_path / "hub" / "models--someone--eagle3-tiny" / "snapshots" / "0123abcd"
+    snapshot.mkdir(parents=True)
+    for name in ("config.json", "model.safetensors"):
+        (snapshot / name).write_bytes((published / name).read_bytes())
+    (snapshot.parent.parent / "refs").mkdir()
+    (snapshot.parent.parent / "refs" / "main").write_text("0123abcd")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    checked = head_files.check("someone/eagle3-tiny", tiny.model.config)
+    assert checked.path == snapshot and checked.layers == (2, 2, 1)
+    spec = parse_draft("eagle:someone/eagle3-tiny")
+    prompt = list(range(100, 130))
+    expected = generate(tiny, NoDraft(), prompt, 0, GREEDY, 20, torch.Generator()).output_tokens
+    assert Pair(tiny, [spec]).run(spec, prompt, 3, GREEDY, 20, seed=0).output_tokens == expected
