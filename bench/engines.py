@@ -6,10 +6,8 @@ from __future__ import annotations
 import functools
 import tempfile
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
@@ -25,7 +23,8 @@ from runner.records import Generation, RunRecord
 from runner.store.connect import init_db
 from runner.store.runs import write_run
 from runner.sweep.prompts import Prompt, load_prompts
-from runner.sweep.run import provenance
+from runner.sweep.run import Cell as SweepCell
+from runner.sweep.run import make_record, provenance
 
 GREEDY = Decoding("greedy", 0.0, 1.0)
 VERIFY_KS = range(9)  # the verify curve: one target pass over k+1 tokens, k = 0..8
@@ -75,7 +74,8 @@ class Sample:
     target_calls: int  # the target's forward passes (prefill included)
     draft_calls: int  # the draft model's forward passes (0 for prompt lookup)
     generation: Generation | None = None  # ours only: its rounds
-    record_s: float | None = None  # ours only: building and writing its RunRecord
+    record: RunRecord | None = None  # ours only: its row of `runs`, against the plain run of its prompt and repeat
+    record_s: float | None = None  # ours only: building and writing that record
 
 
 
@@ -140,6 +140,7 @@ class Engines:
         self.record_db = Path(self.record_dir.name) / "record.duckdb"
         init_db(self.record_db)  # created and migrated now: the first timed write pays no more than the rest
         self.provenance = provenance(target.device)
+        self.plain: dict[tuple[str, int], tuple[str, tuple[int, ...]]] = {}  # (prompt, repeat) -> (run_id, tokens)
 
     def run(self, engine: str, cell: Cell, prompt: Prompt, ids: list[int], n: int, repeat: int) -> Sample:
         self.timer.take()
@@ -151,10 +152,10 @@ class Engines:
             generation, tokens = None, self._theirs(cell, ids, n)
         wall = self.clock() - start
         inside = self.timer.take()
-        record_s = None if generation is None else self._record(cell, prompt, generation)
+        record, record_s = (None, None) if generation is None else self._record(cell, prompt, generation, repeat)
         (target_s, target_calls), (draft_s, draft_calls) = inside["target"], inside.get(cell.draft.text, (0.0, 0))
         return Sample(cell, engine, repeat, prompt, tokens, wall, target_s, draft_s, target_calls, draft_calls,
-                      generation, record_s)
+                      generation, record, record_s)
 
     def _theirs(self, cell: Cell, ids: list[int], n: int) -> tuple[int, ...]:
         """transformers' own greedy generate, assisted the way closest to our draft at this k."""
@@ -175,20 +176,18 @@ class Engines:
         out = self.target.model.generate(prompt, **kwargs)
         return tuple(out[0, len(ids):].tolist())
 
-    def _record(self, cell: Cell, prompt: Prompt, generation: Generation) -> float:
-        """The sweep's per-run recording: build the RunRecord (decode the text) and write it with its rounds."""
+    def _record(self, cell: Cell, prompt: Prompt, generation: Generation, repeat: int) -> tuple[RunRecord, float]:
+        """The sweep's per-run recording, timed: build the RunRecord (decode the text) and write it with its rounds.
+        Each repeat is its own sweep, so the run_stats of a repeat's runs compare them with that repeat's plain run."""
         start = time.perf_counter()
-        target = self.target
-        write_run(self.record_db, RunRecord(
-            run_id=uuid.uuid4().hex[:16], sweep_id="bench", started_at=datetime.now(UTC).isoformat(),
-            target=self.config.target, draft=cell.draft.text, draft_kind=cell.draft.kind,
-            category=prompt.category, prompt_id=prompt.id, prompt_text=prompt.text,
-            k=cell.k, mode="greedy", temperature=0.0, top_p=1.0, seed=0,
-            max_new_tokens=self.config.max_new_tokens, device=str(target.device), dtype=dtype_name(target),
-            status="ok", error=None, generation=generation,
-            output_text=target.tokenizer.decode(list(generation.output_tokens)), baseline_run_id=None,
-            lossless=None, provenance=self.provenance))
-        return time.perf_counter() - start
+        baseline = None if cell.k is None else self.plain[(prompt.id, repeat)]
+        record = make_record(SweepCell(prompt, GREEDY, cell.draft, cell.k), generation, None, target=self.target,
+                             target_spec=self.config.target, sweep_id=f"repeat-{repeat}", seed=0,
+                             max_new_tokens=self.config.max_new_tokens, baseline=baseline, provenance=self.provenance)
+        write_run(self.record_db, record)
+        if cell.k is None:
+            self.plain[(prompt.id, repeat)] = (record.run_id, generation.output_tokens)
+        return record, time.perf_counter() - start
 
 
 def measure(engines: Engines, cells: list[Cell], prompts: dict[Prompt, list[int]], repeats: int, n: int,

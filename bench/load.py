@@ -4,10 +4,10 @@
     python bench/load.py --db runs.duckdb --rounds 3      # three waves of 20
     python bench/load.py --url http://127.0.0.1:8501      # an app that is already running
 
-One headless Debian Chromium (DESIGN §7), one context (its own cookies, so its own Streamlit session) per
-session, all opened at once from the async Playwright API. A session counts as rendered when the app says
-its script is done (`[data-testid="stApp"][data-test-script-state="notRunning"]`) with a chart visible; it
-counts as an error when the page shows an exception (`stException`), an error box (`stAlert` of kind error),
+One headless Debian Chromium (docs/design.md, "Browser testing"), one context (its own cookies, so its own
+Streamlit session) per session, all opened at once from the async Playwright API. A session counts as rendered
+when the app says its script is done (`[data-testid="stApp"][data-test-script-state="notRunning"]`) with a chart
+visible; it counts as an error when the page shows an exception (`stException`), an error box (`stAlert` of kind error),
 or does not render within the timeout. Prints p50 and p95 of the render times (navigation start to rendered).
 """
 

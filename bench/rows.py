@@ -6,9 +6,12 @@ import statistics
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+import pandas as pd
+
 from bench.engines import PLAIN_CELL, VERIFY_KS, Cell, Sample
-from runner.stats import theoretical_speedup
+from runner.store import metrics
 from runner.store.bench_rows import GOALS, UNITS
+from runner.store.runs import in_scratch
 
 
 @dataclass(frozen=True)
@@ -110,25 +113,21 @@ def overhead_rows(samples: list[Sample], cells: list[Cell]) -> list[Row]:
 
 
 def speedup_rows(samples: list[Sample], cells: list[Cell]) -> list[Row]:
-    """Measured speedup over our own plain decoding, and the formula's at the pooled α and c of the same runs."""
+    """Per repeat, as a sweep reports a cell (`metrics.cells_sql` over the runs' own run_stats): the geometric mean
+    of the measured speedups over our plain decoding, and of the formula's at each run's α and c; pooled α, mean c."""
+    records = [s.record for s in samples if s.record is not None and s.repeat >= 0]
+    by_category, overall = in_scratch(records, lambda con: (
+        metrics.cells(con, metrics.Filters(), ("draft", "k", "category", "sweep_id")),
+        metrics.cells(con, metrics.Filters(), ("draft", "k", "sweep_id")).assign(category="all")))
+    table = pd.concat([by_category, overall], ignore_index=True)
     rows = []
     for cell in cells:
         for category in _categories(samples):
-            plain = list(_per_repeat(samples, PLAIN_CELL, "ours", category))
-            spec = list(_per_repeat(samples, cell, "ours", category))
-            rounds = [r for s in spec[0] for r in s.generation.rounds]  # greedy: α is the same every repeat
-            accepted, rejected = sum(r.accepted for r in rounds), sum(r.rejected for r in rounds)
-            alpha = accepted / (accepted + rejected) if accepted + rejected else 0.0
-            measured, predicted, cs = [], [], []
-            for base, run in zip(plain, spec, strict=True):
-                target_pass = sum(s.generation.verify_s for s in base) / sum(len(s.generation.rounds) for s in base)
-                drafted = sum(r.k for s in run for r in s.generation.rounds)
-                c = sum(s.generation.draft_s for s in run) / max(drafted, 1) / target_pass
-                cs.append(c)
-                measured.append(_tokens_per_s(run) / _tokens_per_s(base))
-                predicted.append(theoretical_speedup(alpha, cell.k, c))
-            rows.append(Row("speedup", cell.draft.text, cell.k, category, measured, predicted,
-                            alpha=alpha, c=statistics.median(cs)))
+            picked = table[(table["draft"] == cell.draft.text) & (table["k"] == cell.k)
+                           & (table["category"] == category)].sort_values("sweep_id")
+            rows.append(Row("speedup", cell.draft.text, cell.k, category, picked["measured_speedup"].tolist(),
+                            picked["predicted_speedup"].tolist(), alpha=picked["alpha"].iloc[0],  # greedy: α repeats
+                            c=statistics.median(picked["c"])))
     return rows
 
 

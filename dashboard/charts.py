@@ -1,7 +1,7 @@
 """Pure `frame -> alt.Chart` functions over the long frames of `frames`.
 
 Every layered chart reads ONE frame and picks its rows with `transform_filter` on `source`: layering
-two frames and then faceting fails in Altair (DESIGN §8).
+two frames and then faceting fails in Altair (docs/design.md, "Charts").
 """
 
 from __future__ import annotations

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pandas as pd
 import streamlit as st
 
 from dashboard import charts, common, frames, queries
+from runner.store import metrics
 
 FILTERS = ("target", "category", "mode", "device", "sweep_id")
 
@@ -24,7 +27,7 @@ def _lossless(rate: float) -> str:
     return "n/a (sampling)" if pd.isna(rate) else f"{rate:.0%}"
 
 
-def _head_to_head(cells: pd.DataFrame, drafts: list[str]) -> None:
+def _head_to_head(cells: pd.DataFrame, drafts: list[str], filters: metrics.Filters) -> None:
     st.subheader("Head to head")
     left, right = st.columns(2)
     a = left.selectbox("draft A", drafts, index=0, key="a", bind="query-params")
@@ -36,11 +39,12 @@ def _head_to_head(cells: pd.DataFrame, drafts: list[str]) -> None:
     st.dataframe(table, hide_index=True, column_config={
         column: st.column_config.NumberColumn(column, format="%.3f" if column.startswith("α") else "%.2f")
         for column in table.columns if "·" in column})
-    st.altair_chart(charts.speedup_by_k(frames.speedup_by_k(cells[cells["draft"].isin([a, b])])))
+    curves = common.load(metrics.formula_over_k, dataclasses.replace(filters, draft=(a, b)))
+    st.altair_chart(charts.speedup_by_k(frames.speedup_by_k(cells[cells["draft"].isin([a, b])], curves)))
 
 
 def render() -> None:
-    if (start := common.filtered("Compare drafts", FILTERS, queries.draft_categories)) is None:
+    if (start := common.filtered("Compare drafts", FILTERS, metrics.draft_categories)) is None:
         return
     filters, per_category = start
     st.subheader("Leaderboard")
@@ -49,8 +53,8 @@ def render() -> None:
     st.dataframe(table, hide_index=True, column_config=_leaderboard_config(table))
     st.caption("Per category: α over every k, then the k with the best measured speedup (geometric mean over "
                "prompts), its speedup and its τ. Ranked by the geometric mean of those best speedups.")
-    cells = common.load(queries.cells, filters)
-    _head_to_head(cells, sorted(cells["draft"].unique()))
+    cells = common.load(metrics.cells, filters)
+    _head_to_head(cells, sorted(cells["draft"].unique()), filters)
 
 
 if __name__ == "__main__":  # st.navigation runs each page file as __main__

@@ -1,48 +1,27 @@
 """The dashboard's reads: pure `(con, …) -> DataFrame` functions, aggregation done in DuckDB.
 
 No Streamlit here. Every value a user picks travels as a `?` parameter; column names come only
-from the fixed fields of `Filters`. Cells pool α and the thrown share over their runs' drafts, average
-τ and c over runs, and take the geometric mean of speedups (ratios), as `runner sweep` reports them.
+from the fixed fields of `Filters`. The pooled numbers (cells, the leaderboard, the formula's curves)
+come from `runner.store.metrics`, which `runner sweep` and the bench read too.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import astuple, dataclass, fields
+from dataclasses import fields
 from typing import TypeVar
 
 import duckdb
 import pandas as pd
 
 from runner.store.connect import open_db
+from runner.store.metrics import Filters
 from runner.store.schema import schema_version
 
 T = TypeVar("T")
 # A reader waits this long for the runner's write transaction (milliseconds each) before giving up.
 LOCK_BOUND_S = 10.0
-
-
-@dataclass(frozen=True)
-class Filters:
-    """The selected values per `runs` column; an empty tuple selects everything."""
-
-    target: tuple[str, ...] = ()
-    draft: tuple[str, ...] = ()
-    category: tuple[str, ...] = ()
-    k: tuple[int, ...] = ()
-    mode: tuple[str, ...] = ()
-    device: tuple[str, ...] = ()
-    sweep_id: tuple[str, ...] = ()
-
-    def where(self, alias: str = "", skip: tuple[str, ...] = ()) -> tuple[str, list]:
-        """A SQL condition (always valid, 'true' when nothing is picked) and its parameters."""
-        clauses, params = ["true"], []
-        for field, values in zip(fields(self), astuple(self), strict=True):
-            if values and field.name not in skip:
-                clauses.append(f"{alias}{field.name} IN ({', '.join('?' * len(values))})")
-                params.extend(values)
-        return " AND ".join(clauses), params
 
 
 def read(db_path: str | os.PathLike, query: Callable[..., T], *args: object) -> T:
@@ -71,35 +50,6 @@ def filter_options(con: duckdb.DuckDBPyConnection) -> dict[str, list]:
     lists = ", ".join(f"list(DISTINCT {name} ORDER BY {name})" for name in names)
     row = con.execute(f"SELECT {lists} FROM run_stats WHERE draft <> 'none'").fetchone()
     return {name: values or [] for name, values in zip(names, row, strict=True)}
-
-
-def cells(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
-    """One row per target × mode × category × draft × k."""
-    where, params = filters.where()
-    return _frame(con, f"""
-        SELECT target, mode, category, draft, k, count(*) AS runs,
-            sum(accepted)::BIGINT AS accepted, sum(rejected)::BIGINT AS rejected,
-            sum(thrown)::BIGINT AS thrown, sum(drafted)::BIGINT AS drafted,
-            sum(accepted) / nullif(sum(accepted) + sum(rejected), 0) AS alpha,
-            sum(thrown) / nullif(sum(drafted), 0) AS thrown_share,
-            avg(tau) AS tau, avg(c) AS c,
-            exp(avg(ln(measured_speedup))) AS measured_speedup,
-            exp(avg(ln(theoretical_speedup))) AS predicted_speedup,
-            count(*) FILTER (lossless = false) AS lossless_failures
-        FROM run_stats WHERE draft <> 'none' AND {where}
-        GROUP BY ALL ORDER BY target, mode, category, draft, k""", params)
-
-
-def totals(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
-    """One row: the headline numbers over every selected speculative run."""
-    where, params = filters.where()
-    return _frame(con, f"""
-        SELECT count(*) AS runs, sum(n_rounds)::BIGINT AS rounds, sum(drafted)::BIGINT AS drafted,
-            sum(thrown)::BIGINT AS thrown, sum(thrown) / nullif(sum(drafted), 0) AS thrown_share,
-            sum(accepted) / nullif(sum(accepted) + sum(rejected), 0) AS alpha,
-            avg(tau) AS tau,
-            exp(avg(ln(measured_speedup))) AS measured_speedup
-        FROM run_stats WHERE draft <> 'none' AND {where}""", params)
 
 
 def runs(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
@@ -141,20 +91,6 @@ def lossless_rates(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataF
         SELECT target, mode, draft, count(*) AS runs, avg(lossless::INTEGER) AS lossless_rate
         FROM run_stats WHERE draft <> 'none' AND {where}
         GROUP BY ALL ORDER BY target, mode, draft""", params)
-
-
-def draft_categories(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
-    """Per target × mode × draft × category: α over every k, and the k with the best measured speedup."""
-    where, params = filters.where()
-    return _frame(con, f"""
-        WITH cell AS (
-            SELECT target, mode, draft, category, k, sum(accepted) AS accepted, sum(rejected) AS rejected,
-                avg(tau) AS tau, exp(avg(ln(measured_speedup))) AS speedup
-            FROM run_stats WHERE draft <> 'none' AND {where} GROUP BY ALL)
-        SELECT target, mode, draft, category,
-            sum(accepted) / nullif(sum(accepted) + sum(rejected), 0) AS alpha,
-            arg_max(k, speedup) AS best_k, max(speedup) AS best_speedup, arg_max(tau, speedup) AS tau_at_best_k
-        FROM cell GROUP BY ALL ORDER BY target, mode, draft, category""", params)
 
 
 def run_choices(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:

@@ -2,23 +2,27 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Annotated
 
+import pandas as pd
 import typer
 from rich.console import Console
 
 from runner.engine import models
-from runner.engine.pair import PLAIN, Pair, parse_draft
+from runner.engine.pair import PLAIN, DraftSpec, Pair, parse_draft
 from runner.engine.sampling import Decoding
+from runner.records import Generation
 from runner.report import frame_table, print_generation, sweep_table
-from runner.stats import summarize
-from runner.store.runs import list_sweeps, sweep_summary
+from runner.serve import ServeError, serve
+from runner.store.runs import in_scratch, list_sweeps, sweep_summary
 from runner.store.schema import StoreError
 from runner.store.sql import QueryError, run_query
-from runner.sweep.prompts import load_prompts, select_prompts
-from runner.sweep.run import SweepConfig, run_sweep
+from runner.sweep import progress
+from runner.sweep.prompts import Prompt, load_prompts, select_prompts
+from runner.sweep.run import Cell, SweepConfig, make_record, run_sweep
 
 K_MAX = 64  # more drafts than this per round only burns draft calls
 app = typer.Typer(
@@ -98,11 +102,24 @@ def generate(
         run = pair.run(spec, ids, k, decoding, max_new_tokens, seed)
     except ValueError as exc:  # ModelError, UsageError and the engine's checks are all ValueErrors
         fail(str(exc))
+    summary = _summary(loaded, target, Prompt("prompt", "", prompt), spec, k, decoding, seed, max_new_tokens,
+                       baseline, run)
     text = loaded.tokenizer.decode(list(run.output_tokens), skip_special_tokens=True)
-    summary = summarize(run, baseline, k, decoding.greedy)
     print_generation(stdout, text, run, baseline, summary, loaded.tokenizer)
-    if summary.lossless is False:
+    if not pd.isna(summary["lossless"]) and not summary["lossless"]:
         stderr.print("[bold red]LOSSLESS CHECK FAILED: speculative output differs from plain greedy[/]")
+
+
+def _summary(loaded: models.Loaded, target: str, prompt: Prompt, spec: DraftSpec, k: int, decoding: Decoding,
+             seed: int, max_new_tokens: int, baseline: Generation, run: Generation) -> pd.Series:
+    """The run's row of run_stats against its baseline: the numbers a sweep would record for it."""
+    common = {"target": loaded, "target_spec": target, "sweep_id": "generate", "seed": seed,
+              "max_new_tokens": max_new_tokens, "provenance": {}}
+    base = make_record(Cell(prompt, decoding, PLAIN, None), baseline, None, baseline=None, **common)
+    spec_run = make_record(Cell(prompt, decoding, spec, k), run, None, baseline=(base.run_id, baseline.output_tokens),
+                           **common)
+    return in_scratch([base, spec_run], lambda con: con.execute(
+        "SELECT * FROM run_stats WHERE run_id = ?", [spec_run.run_id]).df()).iloc[0]
 
 
 def _csv(value: str, name: str) -> list[str]:
@@ -133,7 +150,9 @@ def sweep(
     seed: int = 0,
     max_new_tokens: int = 64,
     db: Annotated[Path, typer.Option(help="the DuckDB file to record into")] = Path("runs.duckdb"),
-    resume: Annotated[str | None, typer.Option(help="a sweep id: record only its missing cells")] = None,
+    resume: Annotated[str | None, typer.Option(
+        help="a sweep id: record only its missing cells; 'last': finish the last sweep if it was interrupted and "
+             "had this plan, else start a new one")] = None,
     device: Device = None,
     dtype: Dtype = None,
 ) -> None:
@@ -155,7 +174,9 @@ def sweep(
             prompts=tuple(chosen), max_new_tokens=max_new_tokens, seed=seed, db=db, device=device, dtype=dtype,
             sweep_id=resume,
         )
-        if resume and resume not in set(list_sweeps(db)["sweep_id"]):
+        if resume == "last":
+            config = dataclasses.replace(config, sweep_id=progress.resumable(db, config.plan_id()))
+        elif resume and resume not in set(list_sweeps(db)["sweep_id"]):
             raise UsageError(f'no sweep "{resume}" in {db}')
         sweep_id, recorder = run_sweep(config, stderr)
     except (ValueError, StoreError) as exc:
@@ -192,6 +213,22 @@ def list_command(db: Annotated[Path, typer.Option(help="the DuckDB file")] = Pat
     except StoreError as exc:
         fail(str(exc))
     stdout.print(frame_table(sweeps), highlight=False)
+
+
+@app.command("serve")
+def serve_command(
+    db: Annotated[Path, typer.Option(help="the DuckDB file")] = Path("runs.duckdb"),
+    port: Annotated[int, typer.Option(help="the dashboard's port")] = 8501,
+    sweep: Annotated[str | None, typer.Option(
+        help="also record a sweep into --db meanwhile: the options of `runner sweep`, quoted as one string; "
+             "a sweep of the same plan interrupted earlier is finished")] = None,
+) -> None:
+    """Serve the dashboard on --db at once, and optionally record a sweep into it meanwhile; Ctrl-C stops both."""
+    try:
+        code = serve(db, port, sweep)
+    except ServeError as exc:
+        fail(str(exc))
+    raise typer.Exit(code)
 
 
 def main() -> None:

@@ -138,12 +138,13 @@ def _counting_sweep(out: Path, argv: list[str]) -> int:
 def _dashboard_reads(db: Path, seen: dict) -> None:
     """What the Overview and the Replay pages read, one short connection per query function, as the app does."""
     from dashboard import queries
+    from runner.store import metrics
 
     if queries.read(db, queries.run_count) == 0:
         return
-    filters = queries.Filters()
-    for fn in (queries.filter_options, queries.cells, queries.totals, queries.runs, queries.verify_growth,
-               queries.lossless_rates, queries.draft_categories):
+    filters = metrics.Filters()
+    for fn in (queries.filter_options, metrics.cells, queries.runs, queries.verify_growth,
+               queries.lossless_rates, metrics.draft_categories, metrics.formula_over_k):
         queries.read(db, fn, *([] if fn is queries.filter_options else [filters]))
         seen["queries"] += 1
     choices = queries.read(db, queries.run_choices)

@@ -3,7 +3,7 @@
 The sweep is the real `python -m runner sweep` in its own process (tests/reliability_helpers.py counts the
 store's lock retries); the readers are four more processes, two reading as the dashboard's pages do
 (dashboard/queries.py) and two as `runner sql` does (runner/store/sql.py). DuckDB allows one writer or many
-readers per file (DESIGN §5), so every open on either side may have to wait for the other.
+readers per file (docs/design.md, "DuckDB locking"), so every open on either side may have to wait for the other.
 """
 
 from __future__ import annotations

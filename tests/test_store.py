@@ -19,7 +19,7 @@ from runner.records import Generation, Round, RunRecord
 from runner.store.connect import init_db
 from runner.store.pending import record_from_dict, record_to_dict, spill
 from runner.store.runs import baseline_for, flush_pending, list_sweeps, recorded_runs, write_run
-from runner.store.schema import MIGRATIONS, SCHEMA_VERSION, StoreError, migrate
+from runner.store.schema import SCHEMA_VERSION, StoreError, migrate
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -100,13 +100,15 @@ def test_runs_and_rounds_have_the_documented_columns(db):
         "lossless"]
     assert query(db, "SELECT version, name FROM schema_migrations ORDER BY version") == [
         (1, "create_runs_and_rounds"), (2, "create_run_stats"), (3, "add_device_name"), (4, "create_bench_results"),
-        (5, "create_run_totals")]
+        (5, "create_run_totals"), (6, "define_metrics")]
 
 
 def schema_dump(db: Path) -> list:
     return [query(db, "SELECT table_name, column_name, data_type FROM information_schema.columns "
                       "ORDER BY ALL"),
             query(db, "SELECT view_name, sql FROM duckdb_views() WHERE NOT internal ORDER BY ALL"),
+            query(db, "SELECT function_name, parameters, macro_definition FROM duckdb_functions() "
+                      "WHERE function_type = 'macro' AND NOT internal ORDER BY ALL"),
             query(db, "SELECT version, name FROM schema_migrations ORDER BY version")]
 
 
@@ -124,14 +126,43 @@ def test_migrating_from_every_older_version_ends_identical(tmp_path, start):
         con.execute("INSERT INTO rounds (run_id, round, k, accepted, rejected, thrown, bonus, emitted) "
                     "VALUES ('base', 0, 0, 0, 0, 0, true, 1), ('spec', 0, 2, 2, 0, 0, true, 3), "
                     "('spec', 1, 2, 0, 1, 1, false, 1)")
+    if start >= 5:  # from version 5 on, a run's totals are written with its rounds
+        con.execute("INSERT INTO run_totals VALUES ('base', 0, 0, 0, 0, 1), ('spec', 2, 1, 1, 4, 4)")
     migrate(con)
     migrate(con)  # a second run finds nothing to do
     con.close()
     assert schema_dump(old) == schema_dump(fresh)
-    assert len(MIGRATIONS) == SCHEMA_VERSION == 5
     if start >= 1:
         assert query(old, "SELECT run_id, accepted, rejected, thrown, drafted, alpha, tau FROM run_stats "
                           "ORDER BY run_id") == [("base", 0, 0, 0, 0, None, 1.0), ("spec", 2, 1, 1, 4, 2 / 3, 2.0)]
+
+
+# run_stats as specdash wrote it into every file before the metric macros (schema version 5).
+LEGACY_RUN_STATS = """CREATE VIEW run_stats AS
+    WITH per_run AS (SELECT t.run_id, t.accepted::BIGINT AS accepted, t.rejected::BIGINT AS rejected,
+               t.thrown::BIGINT AS thrown, t.drafted::BIGINT AS drafted, t.emitted / r.n_rounds AS tau
+        FROM run_totals t JOIN runs r USING (run_id)),
+    measured AS (
+        SELECT r.*, a.accepted, a.rejected, a.thrown, a.drafted, a.tau,
+               a.accepted / nullif(a.accepted + a.rejected, 0) AS alpha
+        FROM runs r LEFT JOIN per_run a USING (run_id) WHERE r.status = 'ok')
+    SELECT run_id, alpha, tau FROM measured"""
+
+
+def test_a_file_from_before_the_metric_macros_gets_them_and_the_new_view(tmp_path):
+    fresh, old = tmp_path / "fresh.duckdb", tmp_path / "old.duckdb"
+    init_db(fresh)
+    con = duckdb.connect(str(old))
+    migrate(con, to_version=5)
+    con.execute(LEGACY_RUN_STATS)
+    con.execute("INSERT INTO runs (run_id, sweep_id, draft, k, status, new_tokens, n_rounds, wall_s) "
+                "VALUES ('spec', 's1', 'ngram', 2, 'ok', 4, 2, 0.1)")
+    con.execute("INSERT INTO run_totals VALUES ('spec', 2, 1, 1, 4, 3)")
+    migrate(con)
+    con.close()
+    assert schema_dump(old) == schema_dump(fresh)
+    # α = 2 / (2 + 1), τ = 3 emitted over 2 rounds, thrown share 1 of 4 drafted
+    assert query(old, "SELECT alpha, tau, thrown_share FROM run_stats") == [(2 / 3, 1.5, 0.25)]
 
 
 def test_a_newer_database_is_refused(db):

@@ -4,16 +4,20 @@ what a resumed sweep still has to do, and the sweep's summary."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
+from typing import TypeVar
 
 import duckdb
 import pandas as pd
 
 from runner.records import CELL_KEY, RunRecord
-from runner.store import pending
+from runner.store import metrics, pending
 from runner.store.connect import Locked, open_for_write, read
-from runner.store.schema import StoreError
+from runner.store.schema import StoreError, migrate
+
+T = TypeVar("T")
 
 _RUN_COLUMNS = (
     "run_id", "sweep_id", "started_at", "target", "draft", "draft_kind", "category", "prompt_id", "prompt_text", "k",
@@ -72,6 +76,15 @@ def _insert(con: duckdb.DuckDBPyConnection, record: RunRecord) -> None:
         con.rollback()
         raise StoreError(f"could not record run {record.run_id}: {str(error).splitlines()[0]}") from None
 
+
+def in_scratch(records: list[RunRecord], query: Callable[[duckdb.DuckDBPyConnection], T]) -> T:
+    """`query` over runs that are not recorded anywhere (`runner generate`, the bench's own runs), written into a
+    throwaway in-memory database: their run_stats and pooled numbers are exactly a recorded sweep's."""
+    with duckdb.connect(":memory:") as con:
+        migrate(con)
+        for record in records:
+            _insert(con, record)
+        return query(con)
 
 
 def _flush(con: duckdb.DuckDBPyConnection, db_path: Path) -> int:
@@ -158,20 +171,13 @@ def list_sweeps(db_path: str | os.PathLike, lock_timeout_s: float = 30.0) -> pd.
     return pd.DataFrame(read(Path(db_path), _SWEEPS, [], lock_timeout_s), columns=columns)
 
 
-_SWEEP_SUMMARY = """SELECT category, draft, k, mode, count(*) AS runs,
-    round(sum(accepted) / nullif(sum(accepted) + sum(rejected), 0), 3) AS alpha,
-    round(avg(tau), 2) AS tau, round(sum(thrown) / nullif(sum(drafted), 0), 3) AS thrown_share,
-    round(exp(avg(ln(measured_speedup))), 2) AS measured_speedup,
-    round(exp(avg(ln(theoretical_speedup))), 2) AS predicted_speedup,
-    count(*) FILTER (lossless = false) AS lossless_failures
-    FROM run_stats WHERE sweep_id = ? AND draft <> 'none'
-    GROUP BY ALL ORDER BY category, draft, k, mode"""
+SUMMARY_KEYS = ("category", "draft", "k", "mode")
+SUMMARY_COLUMNS = (*SUMMARY_KEYS, "runs", "alpha", "tau", "thrown_share", "measured_speedup", "predicted_speedup",
+                   "lossless_failures")
 
 
 def sweep_summary(db_path: str | os.PathLike, sweep_id: str, lock_timeout_s: float = 30.0) -> pd.DataFrame:
-    """Per category × draft × k × mode: pooled α and thrown share, mean τ, geometric-mean speedups."""
-    columns = ["category", "draft", "k", "mode", "runs", "alpha", "tau", "thrown_share", "measured_speedup",
-               "predicted_speedup", "lossless_failures"]
-    return pd.DataFrame(read(Path(db_path), _SWEEP_SUMMARY, [sweep_id], lock_timeout_s), columns=columns)
-
-
+    """Per category × draft × k × mode, the Overview's cells of this sweep (`metrics.cells_sql`)."""
+    cells, params = metrics.cells_sql(metrics.Filters(sweep_id=(sweep_id,)), SUMMARY_KEYS)
+    sql = f"SELECT {', '.join(SUMMARY_COLUMNS)} FROM ({cells}) ORDER BY {', '.join(SUMMARY_KEYS)}"
+    return pd.DataFrame(read(Path(db_path), sql, params, lock_timeout_s), columns=list(SUMMARY_COLUMNS))

@@ -19,9 +19,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from runner.engine import models
 from runner.engine.pair import PLAIN, DraftSpec, Pair, parse_draft
 from runner.engine.sampling import Decoding
-from runner.records import CELL_KEY, RunRecord
+from runner.records import CELL_KEY, Generation, RunRecord
 from runner.store.connect import check_db
 from runner.store.runs import baseline_for, flush_pending, recorded_runs, write_run
+from runner.sweep import progress
 from runner.sweep.prompts import Prompt
 
 
@@ -40,6 +41,11 @@ class SweepConfig:
     device: str | None  # None: cuda when present
     dtype: str | None  # None: bf16 on cuda, fp32 on cpu
     sweep_id: str | None = None  # set to resume: cells already recorded are skipped
+
+    def plan_id(self) -> str:
+        """What the sweep records, as a short hash: a sweep is resumable by a later one with the same plan."""
+        return progress.fingerprint(self.target, self.drafts, self.ks, self.decodings, self.prompts,
+                                    self.max_new_tokens, self.seed, self.device, self.dtype)
 
 
 @dataclass(frozen=True)
@@ -99,6 +105,26 @@ def new_sweep_id() -> str:
     return datetime.now(UTC).strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:4]
 
 
+def make_record(cell: Cell, generation: Generation | None, error: str | None, *, target: models.Loaded,
+                target_spec: str, sweep_id: str, seed: int, max_new_tokens: int,
+                baseline: tuple[str, tuple[int, ...]] | None, provenance: dict[str, str]) -> RunRecord:
+    """One row of `runs`: a cell's generation (or its error), checked against its baseline's (run_id, output)."""
+    d = cell.decoding
+    lossless = None  # greedy only: the speculative output must equal plain greedy decoding's, token for token
+    if generation is not None and d.greedy and baseline is not None:
+        lossless = generation.output_tokens == baseline[1]
+    return RunRecord(
+        run_id=uuid.uuid4().hex[:16], sweep_id=sweep_id, started_at=datetime.now(UTC).isoformat(),
+        target=target_spec, draft=cell.draft.text, draft_kind=cell.draft.kind, category=cell.prompt.category,
+        prompt_id=cell.prompt.id, prompt_text=cell.prompt.text, k=cell.k, mode=d.mode, temperature=d.temperature,
+        top_p=d.top_p, seed=seed, max_new_tokens=max_new_tokens, device=str(target.device),
+        dtype=str(target.dtype).removeprefix("torch."), status="ok" if error is None else "error", error=error,
+        generation=generation,
+        output_text=None if generation is None else target.tokenizer.decode(list(generation.output_tokens)),
+        baseline_run_id=None if baseline is None else baseline[0], lossless=lossless, provenance=provenance,
+    )
+
+
 class Recorder:
     """Runs cells on a loaded pair and writes each as one run (one transaction with its rounds)."""
 
@@ -118,32 +144,20 @@ class Recorder:
         key = (cell.prompt.id, d.mode, d.temperature, d.top_p)
         baseline = None if cell.k is None else self.baselines.get(key) or baseline_for(
             cfg.db, self.sweep_id, cell.prompt.id, d.mode, d.temperature, d.top_p, cfg.seed)
-        started = datetime.now(UTC).isoformat()
         try:
-            generation = self.pair.run(cell.draft, ids, cell.k, d, cfg.max_new_tokens, cfg.seed)
-            status, error = "ok", None
+            generation, error = self.pair.run(cell.draft, ids, cell.k, d, cfg.max_new_tokens, cfg.seed), None
         except Exception as exc:  # noqa: BLE001 - a failing cell (OOM, say) is recorded and the sweep goes on
             first_line = str(exc).splitlines()[0] if str(exc) else ""
-            generation, status, error = None, "error", f"{type(exc).__name__}: {first_line}"
+            generation, error = None, f"{type(exc).__name__}: {first_line}"
             self.errors.append(f"{cell.prompt.id} {cell.draft.text} k={cell.k}: {error}")
-        lossless = None
-        if generation is not None and d.greedy and baseline is not None:
-            lossless = generation.output_tokens == baseline[1]
-            if not lossless:
-                self.lossless_failures.append(f"{cell.prompt.id} {cell.draft.text} k={cell.k}")
-        run_id = uuid.uuid4().hex[:16]
-        write_run(cfg.db, RunRecord(
-            run_id=run_id, sweep_id=self.sweep_id, started_at=started, target=cfg.target,
-            draft=cell.draft.text, draft_kind=cell.draft.kind, category=cell.prompt.category,
-            prompt_id=cell.prompt.id, prompt_text=cell.prompt.text, k=cell.k, mode=d.mode,
-            temperature=d.temperature, top_p=d.top_p, seed=cfg.seed, max_new_tokens=cfg.max_new_tokens,
-            device=str(target.device), dtype=str(target.dtype).removeprefix("torch."), status=status, error=error,
-            generation=generation,
-            output_text=None if generation is None else target.tokenizer.decode(list(generation.output_tokens)),
-            baseline_run_id=None if baseline is None else baseline[0], lossless=lossless, provenance=self.provenance,
-        ))
+        record = make_record(cell, generation, error, target=target, target_spec=cfg.target, sweep_id=self.sweep_id,
+                             seed=cfg.seed, max_new_tokens=cfg.max_new_tokens, baseline=baseline,
+                             provenance=self.provenance)
+        if record.lossless is False:
+            self.lossless_failures.append(f"{cell.prompt.id} {cell.draft.text} k={cell.k}")
+        write_run(cfg.db, record)
         if cell.k is None and generation is not None:
-            self.baselines[key] = (run_id, generation.output_tokens)
+            self.baselines[key] = (record.run_id, generation.output_tokens)
 
 
 def run_sweep(config: SweepConfig, console: Console) -> tuple[str, Recorder]:
@@ -151,7 +165,8 @@ def run_sweep(config: SweepConfig, console: Console) -> tuple[str, Recorder]:
     sweep_id = config.sweep_id or new_sweep_id()
     check_db(config.db)  # fail on a bad --db before loading any model, creating nothing
     done = recorded_runs(config.db, sweep_id) if config.sweep_id else set()
-    cells = [c for c in plan(config) if c.key(config.seed) not in done]
+    planned = list(plan(config))
+    cells = [c for c in planned if c.key(config.seed) not in done]
     target = models.load(config.target, config.device, config.dtype)
     drafts = [parse_draft(d) for d in config.drafts]
     pair = Pair(target, drafts)
@@ -162,12 +177,24 @@ def run_sweep(config: SweepConfig, console: Console) -> tuple[str, Recorder]:
     warm = models.encode_chat(target, config.prompts[0].text)
     for d in config.decodings:
         pair.warm_up([PLAIN, *drafts], warm, max(config.ks), d)
+    plan_id, before = config.plan_id(), len(planned) - len(cells)
+
+    def stand(recorded: int, state: str) -> None:  # beside the file, for the dashboard and `--resume last`
+        progress.write(config.db, sweep_id, plan_id, before + recorded, len(planned), state)
+
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=console, disable=not console.is_terminal) as progress:
-        task = progress.add_task(f"sweep {sweep_id}", total=len(cells))
-        for cell in cells:
-            progress.update(task, description=f"{cell.prompt.id} {cell.draft.text} k={cell.k} {cell.decoding.mode}")
-            recorder.record(cell)
-            progress.advance(task)
+    with Progress(*columns, console=console, disable=not console.is_terminal) as bar:
+        task = bar.add_task(f"sweep {sweep_id}", total=len(cells))
+        stand(0, progress.RECORDING)
+        try:
+            for recorded, cell in enumerate(cells, 1):
+                bar.update(task, description=f"{cell.prompt.id} {cell.draft.text} k={cell.k} {cell.decoding.mode}")
+                recorder.record(cell)
+                bar.advance(task)
+                stand(recorded, progress.RECORDING)
+        except BaseException:  # Ctrl-C, a killed device: what was recorded stays, `--resume last` finishes it
+            stand(int(bar.tasks[0].completed), progress.INTERRUPTED)
+            raise
     flush_pending(config.db)
+    stand(len(cells), progress.DONE)
     return sweep_id, recorder
