@@ -27,7 +27,7 @@ test: setup browser
 # file, resuming one that an earlier Ctrl-C interrupted. Ctrl-C stops both.
 QUICK_SWEEP := --draft ngram --draft layerskip:24 --k 2,4 --prompts-per-category 2 --max-new-tokens 48
 run: setup
-	$(PY) -m runner serve --db $(DB) --port $(PORT) --sweep "$(QUICK_SWEEP)"
+	@$(PY) -m runner serve --db $(DB) --port $(PORT) --sweep "$(QUICK_SWEEP)"
 
 bench: setup
 	$(PY) bench/bench.py --db $(DB)
