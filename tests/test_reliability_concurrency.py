@@ -28,7 +28,7 @@ from reliability_helpers import (
     write_prompts,
 )
 
-from bench.load import stop
+from runner.serve import stop
 
 DRAFTS = ["ngram", "layerskip:2"]
 KS = list(range(1, 9))
