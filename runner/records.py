@@ -83,6 +83,12 @@ class RunRecord:
     baseline_run_id: str | None
     lossless: bool | None  # greedy only: output equals the baseline's token for token
     provenance: dict[str, str] = field(default_factory=dict)  # torch/transformers/python versions, host, git commit
+    # where a greedy output first differs from its baseline's (runner/engine/lossless.py): index, the target's
+    # top-2 logit gap there, the tolerance in logits, and 'tie' | 'real'; all None when lossless or not judged
+    divergence_at: int | None = None
+    divergence_gap: float | None = None
+    divergence_tolerance: float | None = None
+    divergence: str | None = None
 
     def cell_key(self) -> tuple:
         return tuple(getattr(self, name) for name in CELL_KEY)

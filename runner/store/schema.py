@@ -105,12 +105,21 @@ def _create_run_totals(con: duckdb.DuckDBPyConnection) -> None:
         FROM run_totals t JOIN runs r USING (run_id)"""))
 
 
+def _add_divergence(con: duckdb.DuckDBPyConnection) -> None:
+    # A greedy mismatch is either a numeric tie (two logits within rounding of each other swapped between passes
+    # of different widths) or a real divergence: where it happened and how close the target's choice was.
+    for column, kind in (("divergence_at", "INTEGER"), ("divergence_gap", "DOUBLE"),
+                         ("divergence_tolerance", "DOUBLE"), ("divergence", "TEXT")):
+        con.execute(f"ALTER TABLE runs ADD COLUMN {column} {kind}")
+
+
 MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     _create_runs_and_rounds,
     _create_run_stats,
     _add_device_name,
     _create_bench_results,
     _create_run_totals,
+    _add_divergence,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -1,0 +1,69 @@
+"""Greedy lossless, honestly classified: where a speculative output first differs from plain greedy decoding,
+and whether the target's choice there was a numeric tie or a real divergence.
+
+A k+1-token verify pass and a 1-token pass run different kernels (another reduction order, another tiling), so
+in low precision two near-equal logits can swap between them with nothing wrong in the decoding. The first
+differing position is recomputed in one plain pass over the prompt and the common prefix, and the two
+contested tokens (the baseline's and the speculative run's) are compared with the position's best logit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from runner.engine.models import Loaded
+
+# The tolerance, in units of the dtype's unit roundoff u, relative to the position's largest |logit|: two logits
+# closer than TIE_ULPS · u · max|logit| can trade places between passes of different widths. Measured with
+# bench/tie_tolerance.py (SmolLM2-135M, 1-token against 9-token passes, 270 positions, this project's CPU):
+# bfloat16 moved logits by at most ~3 u and fp32 by at most ~6 u of the max |logit|; 16 u leaves room for other
+# kernels (GPU GEMMs split K differently) while staying far below a real disagreement, which is a whole logit or
+# more. In bfloat16 at logits near 30 that is 16 · 2^-8 · 30 ≈ 1.9, in float32 ≈ 3e-5.
+TIE_ULPS = 16
+_UNIT_ROUNDOFF = {torch.float32: 2.0 ** -24, torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
+
+
+def unit_roundoff(dtype: torch.dtype) -> float:
+    """Half the gap between 1 and the next number in `dtype`: its relative rounding error."""
+    return _UNIT_ROUNDOFF[dtype]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """The first token where a greedy speculative output differs from its baseline's."""
+
+    at: int  # index into output_tokens
+    gap: float  # the target's top-1 minus top-2 logit there, recomputed
+    tolerance: float  # logits: TIE_ULPS · u(dtype) · the position's max |logit|
+    kind: str  # 'tie': both contested tokens within the tolerance of the best logit; else 'real'
+
+
+def first_difference(a: tuple[int, ...], b: tuple[int, ...]) -> int | None:
+    """The first index where the sequences differ (the shorter one's end counts), or None when equal."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def classify(target: Loaded, prompt: tuple[int, ...], baseline: tuple[int, ...],
+             speculative: tuple[int, ...]) -> Divergence | None:
+    """None when the outputs are equal; otherwise where they part and why."""
+    at = first_difference(baseline, speculative)
+    if at is None:
+        return None
+    ids = torch.tensor([list(prompt) + list(baseline[:at])], device=target.device)
+    with torch.inference_mode():
+        logits = target.model(input_ids=ids, logits_to_keep=1).logits[0, -1, : target.vocab_size].float()  # (V,)
+    top = logits.topk(2).values
+    tolerance = TIE_ULPS * unit_roundoff(target.dtype) * float(logits.abs().max())
+    contested = [seq[at] for seq in (baseline, speculative) if at < len(seq)]
+    behind = max(float(top[0] - logits[token]) for token in contested)
+    tie = len(contested) == 2 and behind <= tolerance
+    return Divergence(at=at, gap=float(top[0] - top[1]), tolerance=tolerance, kind="tie" if tie else "real")
