@@ -25,6 +25,10 @@ CELL_COLUMNS = {
     "rejected": st.column_config.NumberColumn("rejected"),
     "drafted": st.column_config.NumberColumn("drafted"),
     "lossless_failures": st.column_config.NumberColumn("lossless ✗", help="greedy runs whose output differs"),
+    "real_divergences": st.column_config.NumberColumn(
+        "real ✗", help="lossless failures where the target's choice was clear: a bug, not rounding"),
+    "numeric_ties": st.column_config.NumberColumn(
+        "ties", help="lossless failures at a numeric tie: the contested logits within rounding of each other"),
     "mode": st.column_config.TextColumn("mode"),
     "target": st.column_config.TextColumn("target"),
 }
@@ -72,6 +76,8 @@ def render() -> None:
     if (start := common.filtered("Overview", FILTERS, queries.cells)) is None:
         return
     filters, cells = start
+    keys = ["target", "mode", "category", "draft", "k"]
+    cells = cells.merge(common.load(queries.lossless_classes, filters), on=keys, how="left")
     _headline(common.load(queries.totals, filters).iloc[0])
     st.subheader("Acceptance per category × draft × k")
     st.dataframe(cells, hide_index=True, column_config=CELL_COLUMNS, column_order=list(CELL_COLUMNS))
