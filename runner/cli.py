@@ -117,11 +117,11 @@ def print_divergences(found: list[tuple[str, lossless.Divergence]], dtype: str) 
     ties = [(label, d) for label, d in found if d.kind == "tie"]
     if real:
         stderr.print(f"[bold red]LOSSLESS CHECK FAILED, a real divergence from plain greedy in {len(real)} run(s):[/] "
-                     + line(real), highlight=False)
+                     + line(real), highlight=False, soft_wrap=True)
     if ties:
         stderr.print(f"[yellow]{len(ties)} run(s) differ from plain greedy at a numeric tie[/] (the contested "
                      f"logits within {lossless.TIE_ULPS} units of {dtype} rounding of each other): " + line(ties),
-                     highlight=False)
+                     highlight=False, soft_wrap=True)
 
 
 def _csv(value: str, name: str) -> list[str]:
@@ -188,7 +188,7 @@ def sweep(
     print_divergences(recorder.divergences, lossless.dtype_name(recorder.pair.target.dtype))
     if recorder.device_error:
         stderr.print(f"[bold red]sweep stopped by a device error[/] ({recorder.device_error}): the runs recorded "
-                     f"before it are kept; record the rest with --resume {sweep_id}", highlight=False)
+                     f"before it are kept; record the rest with --resume {sweep_id}", highlight=False, soft_wrap=True)
         raise typer.Exit(1)
 
 

@@ -157,11 +157,11 @@ def speculative_round(
     #    rest are thrown (never judged); then the target's own token, the correction or the bonus.
     if decoding.greedy:
         choices = logits.argmax(-1)  # (k+1,)
-        kept = choices  # the accepted drafts equal the target's choices, and the correction or bonus follows
         *read, ok = host(torch.cat([draft.tokens, choices, finite]))  # the round's one host sync
         draft_list, target_tokens = read[:k], read[k:]
         accepted = accept_greedy(draft_list, target_tokens)
         token = target_tokens[accepted]
+        kept = torch.cat([draft.tokens[:accepted], choices[accepted : accepted + 1]])
     else:
         n, drawn = accept_sampled(draft.tokens, draft.q, probabilities(logits, decoding), generator)
         *draft_list, accepted, token, ok = host(torch.cat([draft.tokens, n.view(1), drawn.view(1), finite]))

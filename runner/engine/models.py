@@ -172,8 +172,11 @@ def load(spec: str, device: str | None = None, dtype: str | None = None, trust_r
     except ModelError:
         raise
     except OSError as exc:
-        raise ModelError(f"cannot load model {loading.hub_problem(exc, spec, offline)}") from None
+        raise ModelError(f"cannot load model: {loading.hub_problem(exc, spec, offline)}") from None
     except ValueError as exc:
+        if "trust_remote_code" in str(exc):  # transformers' own wording names its keyword, not our option
+            raise ModelError(f'cannot load model "{spec}": it ships its own model code; read it, then pass '
+                             "--trust-remote-code") from None
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelError(f'cannot load model "{spec}": {first}') from None
     if problem := loading.random_weights_problem(spec, info):
