@@ -55,7 +55,7 @@ def main() -> None:
           f"width 1 against {args.width}")
     print(f"max |Δ logit|: {(one - wide).abs().max():.4g}; relative to the position's max |logit|: "
           f"median {relative.median():.3g} u, max {relative.max():.3g} u (u = {u:.3g}); "
-          f"tolerance {lossless.TIE_ULPS} u")
+          f"tolerance {lossless.TIE_ULPS[target.dtype]} u")
     print(f"argmax flips: {len(flips)}; their top-2 gaps: "
           + ", ".join(f"{float(top2[i, 0] - top2[i, 1]):.3g}" for i in flips))
 

@@ -120,7 +120,7 @@ def print_divergences(found: list[tuple[str, lossless.Divergence]], dtype: str) 
                      + line(real), highlight=False, soft_wrap=True)
     if ties:
         stderr.print(f"[yellow]{len(ties)} run(s) differ from plain greedy at a numeric tie[/] (the contested "
-                     f"logits within {lossless.TIE_ULPS} units of {dtype} rounding of each other): " + line(ties),
+                     f"logits within {dtype} rounding of each other): " + line(ties),
                      highlight=False, soft_wrap=True)
 
 

@@ -3,7 +3,7 @@ layerskip: and ngram drafts: lossless where it must be, exact in law when sampli
 
 SPECDASH_FAMILY_DEVICE and SPECDASH_FAMILY_DTYPE run the same matrix on a GPU (bench/gpu_check.sh): greedy
 mismatches are then allowed, but each must be classified, and none may be called real where the same step
-recomputed in float32 agrees with the speculative run.
+recomputed in float32 agrees with the speculative run. Exact equality is required in float32 on a CPU.
 """
 
 from __future__ import annotations
@@ -84,13 +84,14 @@ def test_every_family_sweeps_losslessly_with_every_kind_of_draft(family: Family,
     assert _rows(db, "SELECT min(len(prompt_tokens)) FROM runs")[0][0] > 3 * 8
     # every token written is one the tokenizer has, whatever the heads' padding
     assert _rows(db, "SELECT max(list_max(output_tokens)) FROM runs")[0][0] < recorder.pair.target.vocab_size
-    if recorder.pair.target.dtype == torch.float32:
+    target = recorder.pair.target
+    if target.dtype == torch.float32 and target.device.type == "cpu":  # GPU kernels may split sums by width
         assert _rows(db, "SELECT mode, lossless, count(*) FROM runs WHERE draft <> 'none' GROUP BY ALL ORDER BY ALL") \
             == [("greedy", True, 12), ("sample", None, 12)]
         # and plain greedy itself equals decoding by full forwards without a cache
         (prompt, output), = _rows(db, "SELECT prompt_tokens, output_tokens FROM runs WHERE draft = 'none' "
                                       "AND mode = 'greedy' AND prompt_id = 'p0'")
-        assert output == _no_cache_greedy(recorder.pair.target, prompt, NEW_TOKENS)
+        assert output == _no_cache_greedy(target, prompt, NEW_TOKENS)
     else:
         _check_low_precision_mismatches(db, target_dir)
 

@@ -17,8 +17,8 @@ from huggingface_hub.errors import LocalEntryNotFoundError
 from huggingface_hub.utils import httpx
 from safetensors.torch import load_file, save_file
 from test_cli import assert_one_line_error
-from typer.testing import CliRunner
 from transformers import LlamaConfig
+from typer.testing import CliRunner
 
 from runner import cli
 from runner.engine import loading

@@ -47,7 +47,8 @@ def test_a_swap_between_two_exactly_tied_tokens_is_a_numeric_tie_and_any_other_i
     with torch.inference_mode():  # independently: the hidden state through the head, by hand
         hidden = target.model.model(input_ids=torch.tensor([prompt + baseline[:at]])).last_hidden_state[0, -1]
         logits = head @ hidden
-    assert tie.tolerance == pytest.approx(lossless.TIE_ULPS * 2.0 ** -24 * float(logits.abs().max()), rel=1e-5)
+    by_hand = lossless.TIE_ULPS[torch.float32] * 2.0**-24 * float(logits.abs().max())
+    assert tie.tolerance == pytest.approx(by_hand, rel=1e-5)
     worst = int(logits.argmin())
     real = lossless.classify(target, prompt, baseline, baseline[:at] + (worst,))
     top = logits.topk(2).values

@@ -15,13 +15,14 @@ import torch
 
 from runner.engine.models import Loaded
 
-# The tolerance, in units of the dtype's unit roundoff u, relative to the position's largest |logit|: two logits
+# The tolerance per dtype, in units of its unit roundoff u, relative to the position's largest |logit|: two logits
 # closer than TIE_ULPS · u · max|logit| can trade places between passes of different widths. Measured with
-# bench/tie_tolerance.py (SmolLM2-135M, 1-token against 9-token passes, 270 positions, this project's CPU):
-# bfloat16 moved logits by at most ~3 u and fp32 by at most ~6 u of the max |logit|; 16 u leaves room for other
-# kernels (GPU GEMMs split K differently) while staying far below a real disagreement, which is a whole logit or
-# more. In bfloat16 at logits near 30 that is 16 · 2^-8 · 30 ≈ 1.9, in float32 ≈ 3e-5.
-TIE_ULPS = 16
+# bench/tie_tolerance.py (SmolLM2-135M, 1-token against 9-token passes, 270 positions, this project's CPU): a
+# logit moved by at most 45 u in float32 and 12.3 u in bfloat16 (1.28 logits; 3 argmax swaps, at top-2 gaps of
+# 0.125-0.25). A swap needs the two logits within the sum of their two moves, so twice the largest move, rounded up
+# to a power of two for kernels not measured here (GPU GEMMs split their sums differently). float16 has 3 more bits
+# than bfloat16 but the same kind of kernels: its tolerance is bfloat16's in units of its own u.
+TIE_ULPS = {torch.float32: 128, torch.bfloat16: 32, torch.float16: 32}
 _UNIT_ROUNDOFF = {torch.float32: 2.0 ** -24, torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
 
 
@@ -40,7 +41,7 @@ class Divergence:
 
     at: int  # index into output_tokens
     gap: float  # the target's top-1 minus top-2 logit there, recomputed
-    tolerance: float  # logits: TIE_ULPS · u(dtype) · the position's max |logit|
+    tolerance: float  # logits: TIE_ULPS[dtype] · u(dtype) · the position's max |logit|
     kind: str  # 'tie': both contested tokens within the tolerance of the best logit; else 'real'
 
 
@@ -62,7 +63,7 @@ def classify(target: Loaded, prompt: tuple[int, ...], baseline: tuple[int, ...],
     with torch.inference_mode():
         logits = target.model(input_ids=ids, logits_to_keep=1).logits[0, -1, : target.vocab_size].float()  # (V,)
     top = logits.topk(2).values
-    tolerance = TIE_ULPS * unit_roundoff(target.dtype) * float(logits.abs().max())
+    tolerance = TIE_ULPS[target.dtype] * unit_roundoff(target.dtype) * float(logits.abs().max())
     contested = [seq[at] for seq in (baseline, speculative) if at < len(seq)]
     behind = max(float(top[0] - logits[token]) for token in contested)
     tie = len(contested) == 2 and behind <= tolerance
