@@ -87,7 +87,8 @@ def test_runs_and_rounds_have_the_documented_columns(db):
         ("prompt_tokens", ints), ("output_tokens", ints), ("output_text", text), ("stop_reason", text),
         ("baseline_run_id", text), ("lossless", "BOOLEAN"), ("status", text), ("error", text),
         ("torch_version", text), ("transformers_version", text), ("python_version", text), ("host", text),
-        ("git_commit", text), ("device_name", text)]
+        ("git_commit", text), ("device_name", text), ("divergence_at", i), ("divergence_gap", f),
+        ("divergence_tolerance", f), ("divergence", text)]
     assert columns(db, "rounds") == [
         ("run_id", text), ("round", i), ("k", i), ("accepted", i), ("rejected", i), ("thrown", i),
         ("bonus", "BOOLEAN"), ("emitted", i), ("draft_s", f), ("verify_s", f), ("draft_tokens", ints),
@@ -100,7 +101,7 @@ def test_runs_and_rounds_have_the_documented_columns(db):
         "lossless"]
     assert query(db, "SELECT version, name FROM schema_migrations ORDER BY version") == [
         (1, "create_runs_and_rounds"), (2, "create_run_stats"), (3, "add_device_name"), (4, "create_bench_results"),
-        (5, "create_run_totals")]
+        (5, "create_run_totals"), (6, "add_divergence")]
 
 
 def schema_dump(db: Path) -> list:
@@ -330,7 +331,8 @@ def test_a_write_locked_past_its_bound_spills_and_is_flushed_exactly_once(db):
     # Readers share the file with the holder, and see the spilled run as recorded.
     assert recorded_runs(db, "s1") == {("p1", "ngram", 4, "greedy", 0.0, 1.0, 0),
                                              ("p1", "none", None, "greedy", 0.0, 1.0, 0)}
-    assert baseline_for(db, "s1", "p1", "greedy", 0.0, 1.0, 0) == ("base", tuple(range(10, 20)))
+    assert baseline_for(db, "s1", "p1", "greedy", 0.0, 1.0, 0, [1, 2, 3], "cpu", "float32") == (
+        "base", tuple(range(10, 20)))
     holder.wait()
     assert flush_pending(db) == 1
     assert flush_pending(db) == 0
@@ -355,7 +357,7 @@ def test_records_survive_the_json_round_trip():
 
 def test_reads_for_the_runner(db):
     assert recorded_runs(db, "s1") == set()
-    assert baseline_for(db, "s1", "p1", "greedy", 0.0, 1.0, 0) is None
+    assert baseline_for(db, "s1", "p1", "greedy", 0.0, 1.0, 0, [1, 2, 3], "cpu", "float32") is None
     assert list_sweeps(db).empty
     write_run(db, BASELINE)
     write_run(db, SPEC)
@@ -364,9 +366,15 @@ def test_reads_for_the_runner(db):
     write_run(db, failed)
     assert recorded_runs(db, "s1") == {("p1", "ngram", 4, "greedy", 0.0, 1.0, 0),
                                              ("p1", "none", None, "greedy", 0.0, 1.0, 0)}
-    assert baseline_for(db, "s1", "p1", "greedy", 0.0, 1.0, 0) == ("base", tuple(range(10, 20)))
-    assert baseline_for(db, "s1", "p1", "greedy", 0.0, 1.0, 1) is None
+    assert baseline_for(db, "s1", "p1", "greedy", 0.0, 1.0, 0, [1, 2, 3], "cpu", "float32") == (
+        "base", tuple(range(10, 20)))
+    assert baseline_for(db, "s1", "p1", "greedy", 0.0, 1.0, 1, [1, 2, 3], "cpu", "float32") is None
+    # the same cell fed other prompt ids, or on another device or dtype, has no baseline to compare with
+    assert baseline_for(db, "s1", "p1", "greedy", 0.0, 1.0, 0, [1, 2, 4], "cpu", "float32") is None
+    assert baseline_for(db, "s1", "p1", "greedy", 0.0, 1.0, 0, [1, 2, 3], "cuda", "float32") is None
+    assert baseline_for(db, "s1", "p1", "greedy", 0.0, 1.0, 0, [1, 2, 3], "cpu", "bfloat16") is None
     sweeps = list_sweeps(db)
-    assert list(sweeps.columns) == ["sweep_id", "started", "target", "drafts", "runs", "errors", "lossless_failures"]
+    assert list(sweeps.columns) == ["sweep_id", "started", "target", "drafts", "runs", "errors", "lossless_failures",
+                                    "real_divergences"]
     assert sweeps[["sweep_id", "target", "drafts", "runs", "errors", "lossless_failures"]].values.tolist() == [
         ["s1", "smollm2", "ngram, none", 3, 1, 0], ["s2", "smollm2", "ngram", 1, 0, 0]]

@@ -18,10 +18,10 @@ from runner.engine.models import Loaded
 # The tolerance per dtype, in units of its unit roundoff u, relative to the position's largest |logit|: two logits
 # closer than TIE_ULPS · u · max|logit| can trade places between passes of different widths. Measured with
 # bench/tie_tolerance.py (SmolLM2-135M, 1-token against 9-token passes, 270 positions, this project's CPU): a
-# logit moved by at most 45 u in float32 and 12.3 u in bfloat16 (1.28 logits; 3 argmax swaps, at top-2 gaps of
-# 0.125-0.25). A swap needs the two logits within the sum of their two moves, so twice the largest move, rounded up
-# to a power of two for kernels not measured here (GPU GEMMs split their sums differently). float16 has 3 more bits
-# than bfloat16 but the same kind of kernels: its tolerance is bfloat16's in units of its own u.
+# logit moved by at most 45 u in float32, 12.3 u in bfloat16 (1.28 logits; 3 argmax swaps, at top-2 gaps of
+# 0.125-0.25) and 9.7 u in float16 (0.13 logits). A swap needs the two logits within the sum of their two moves, so
+# twice the largest move, rounded up to a power of two for kernels not measured here (GPU GEMMs split their sums
+# differently).
 TIE_ULPS = {torch.float32: 128, torch.bfloat16: 32, torch.float16: 32}
 _UNIT_ROUNDOFF = {torch.float32: 2.0 ** -24, torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
 
