@@ -147,3 +147,12 @@ def test_an_unreachable_hub_is_a_network_problem_and_an_offline_miss_says_how_to
     offline.__cause__ = LocalEntryNotFoundError("offline")
     assert loading.hub_problem(offline, "org/m", offline=True) == (
         '"org/m" is not in the local Hugging Face cache, and downloads are off (HF_HUB_OFFLINE=0 allows them)')
+
+
+def test_a_draft_that_cannot_embed_every_id_the_target_writes_is_refused(tmp_path):
+    qwen = BY_NAME["qwen2"]
+    target = save(qwen, tmp_path / "target", 2, 332, seed=1)
+    narrow = save(qwen, tmp_path / "narrow", 2, 280, seed=2)  # the tokenizer has 300 ids
+    code, err = generate(str(target), "--draft", f"model:{narrow}")
+    assert_one_line_error(code, err, f'draft "{narrow}" embeds 280 token ids, fewer than the 300 that target '
+                                     f'"{target}" can write')
