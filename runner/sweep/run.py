@@ -121,6 +121,11 @@ class Recorder:
         # so a speculative cell need not read them back; a resumed sweep finds earlier ones in the database.
         self.baselines: dict[tuple, tuple[str, tuple[int, ...]]] = {}
 
+    @property
+    def lossless_failures(self) -> list[str]:
+        """The greedy runs that differ from their baseline, as labels, whatever the class."""
+        return [label for label, _ in self.divergences]
+
     def prompt_ids(self, cell: Cell) -> list[int]:
         if cell.prompt.id not in self.ids:
             self.ids[cell.prompt.id] = models.encode_chat(self.pair.target, cell.prompt.text)
