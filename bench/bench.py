@@ -121,10 +121,10 @@ def parse_args(argv: list[str]) -> tuple[BenchConfig, Path | None]:
         drafts = tuple(parse_draft(d) for d in args.drafts.split(","))
     except ValueError as error:
         raise UsageError(f"--ks or --drafts: {error}") from None
-    per_category, repeats, n, verify, warm = (args.prompts_per_category, args.repeats, args.max_new_tokens,
-                                              args.verify_repeats, 8)
+    per_category, repeats, n, verify = args.prompts_per_category, args.repeats, args.max_new_tokens, args.verify_repeats
     if args.quick:
-        ks, per_category, repeats, n, verify, warm = (2,), 1, 1, 8, 3, 2
+        ks, per_category, repeats, n, verify = (2,), 1, 1, 8, 3
+    warm = max(ks) + 2  # the prefill's token and one full round at the largest k: every verify width is warm
     if min(ks) < 1 or repeats < 1 or n < 1 or verify < 1 or (args.threads is not None and args.threads < 1):
         raise UsageError("k, --repeats, --max-new-tokens, --verify-repeats and --threads must be >= 1")
     if any(d.kind == "baseline" for d in drafts):

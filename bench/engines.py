@@ -12,11 +12,10 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from transformers import DynamicCache
 
 from runner.engine import models
 from runner.engine.decode import Clock
-from runner.engine.drafters import crop_to
+from runner.engine.drafters import crop_to, new_cache
 from runner.engine.pair import PLAIN, DraftSpec, Pair, parse_draft
 from runner.engine.sampling import Decoding
 from runner.records import Generation, RunRecord
@@ -83,20 +82,14 @@ class Sample:
 class ForwardTimer:
     """Time inside each wrapped model's forward, set on the instances only: runner code is untouched.
 
-    CPU: perf_counter around the call. CUDA: events around it, read once per sample, so the timer adds
-    no synchronisation of its own. Wrapping costs ~1 µs a call, against milliseconds of forward.
+    The decode loop's Clock marks: perf_counter on a CPU; on CUDA, events on the current stream of the model's own
+    device (not GPU 0's), read once per sample, so the timer adds no synchronisation of its own. Wrapping costs
+    ~1 µs a call, against milliseconds of forward.
     """
 
     def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
+        self.clock = Clock(device)
         self.spans: dict[str, list] = {}
-
-    def _mark(self) -> float | torch.cuda.Event:
-        if not self.cuda:
-            return time.perf_counter()
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
 
     def wrap(self, label: str, model: nn.Module) -> None:
         inner = model.forward
@@ -104,24 +97,21 @@ class ForwardTimer:
 
         @functools.wraps(inner)  # transformers reads forward's signature (logits_to_keep support)
         def timed(*args, **kwargs):
-            start = self._mark()
+            start = self.clock.mark()
             out = inner(*args, **kwargs)
-            spans.append((start, self._mark()))
+            spans.append((start, self.clock.mark()))
             return out
 
         model.forward = timed
 
     def take(self) -> dict[str, tuple[float, int]]:
         """(seconds, calls) per label since the last take."""
-        if self.cuda:
-            torch.cuda.synchronize()
-        inside = {label: (sum(self._span(s, e) for s, e in spans), len(spans)) for label, spans in self.spans.items()}
+        self.clock.settle()
+        inside = {label: (sum(self.clock.seconds(s, e) for s, e in spans), len(spans))
+                  for label, spans in self.spans.items()}
         for spans in self.spans.values():
             spans.clear()
         return inside
-
-    def _span(self, start, end) -> float:
-        return start.elapsed_time(end) / 1000 if self.cuda else end - start
 
 
 class Engines:
@@ -208,7 +198,7 @@ def verify_curve(target: models.Loaded, context: int, repeats: int) -> dict[int,
     suite = [t for p in load_prompts() for t in models.encode_chat(target, p.text)]
     ids = torch.tensor((suite * (1 + (context + len(VERIFY_KS)) // len(suite)))[: context + len(VERIFY_KS)],
                        device=target.device)
-    clock, cache = Clock(target.device), DynamicCache(config=target.model.config)
+    clock, cache = Clock(target.device), new_cache(target.model)
     times: dict[int, list[float]] = {k: [] for k in VERIFY_KS}
     with torch.inference_mode():
         target.model(input_ids=ids[None, :context], cache=cache, use_cache=True, logits_to_keep=1)

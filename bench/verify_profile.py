@@ -16,10 +16,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repositor
 
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
-from transformers import DynamicCache  # noqa: E402
 
 from runner.engine import models  # noqa: E402
-from runner.engine.drafters import crop_to  # noqa: E402
+from runner.engine.drafters import crop_to, new_cache  # noqa: E402
 
 
 def _median_ms(fn, repeats: int) -> float:
@@ -45,7 +44,7 @@ def main() -> None:
     model, vocab = target.model, target.model.config.vocab_size
     generator = torch.Generator().manual_seed(0)
     with torch.inference_mode():
-        cache = DynamicCache(config=model.config)
+        cache = new_cache(model)
         model(input_ids=torch.randint(vocab, (1, args.context), generator=generator), cache=cache, use_cache=True,
               logits_to_keep=1)
         for width in (int(w) for w in args.widths.split(",")):

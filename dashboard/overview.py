@@ -26,6 +26,10 @@ CELL_COLUMNS = {
     "rejected": st.column_config.NumberColumn("rejected"),
     "drafted": st.column_config.NumberColumn("drafted"),
     "lossless_failures": st.column_config.NumberColumn("lossless ✗", help="greedy runs whose output differs"),
+    "real_divergences": st.column_config.NumberColumn(
+        "real ✗", help="lossless failures where the target's choice was clear: a bug, not rounding"),
+    "numeric_ties": st.column_config.NumberColumn(
+        "ties", help="lossless failures at a numeric tie: the contested logits within rounding of each other"),
     "mode": st.column_config.TextColumn("mode"),
     "target": st.column_config.TextColumn("target"),
 }

@@ -85,10 +85,13 @@ def verify_growth(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFr
 
 
 def lossless_rates(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
-    """Per target × mode × draft: runs, and the share of checked runs whose output equals the baseline's."""
+    """Per target × mode × draft: runs, the share of checked runs whose output equals the baseline's, and the
+    mismatches by class."""
     where, params = filters.where()
     return _frame(con, f"""
-        SELECT target, mode, draft, count(*) AS runs, avg(lossless::INTEGER) AS lossless_rate
+        SELECT target, mode, draft, count(*) AS runs, avg(lossless::INTEGER) AS lossless_rate,
+            count(*) FILTER (divergence = 'tie') AS numeric_ties,
+            count(*) FILTER (divergence = 'real') AS real_divergences
         FROM run_stats WHERE draft <> 'none' AND {where}
         GROUP BY ALL ORDER BY target, mode, draft""", params)
 
@@ -106,7 +109,8 @@ def run_detail(con: duckdb.DuckDBPyConnection, run_id: str) -> pd.DataFrame:
         SELECT r.run_id, r.sweep_id, r.started_at, r.target, r.draft, r.draft_kind, r.category, r.prompt_id,
             r.prompt_text, r.k, r.mode, r.temperature, r.top_p, r.seed, r.max_new_tokens, r.device, r.dtype,
             r.new_tokens, r.n_rounds, r.wall_s, r.draft_s, r.verify_s, r.output_tokens, r.output_text,
-            r.stop_reason, r.baseline_run_id, r.lossless, r.status, r.error,
+            r.stop_reason, r.baseline_run_id, r.lossless, r.status, r.error, r.divergence, r.divergence_at,
+            r.divergence_gap, r.divergence_tolerance,
             s.accepted, s.rejected, s.thrown, s.drafted, s.alpha, s.tau, s.c, s.measured_speedup,
             s.theoretical_speedup, b.wall_s AS baseline_wall_s, b.output_tokens AS baseline_tokens
         FROM runs r LEFT JOIN run_stats s USING (run_id) LEFT JOIN runs b ON b.run_id = r.baseline_run_id

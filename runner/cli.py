@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
 
@@ -11,11 +12,11 @@ import pandas as pd
 import typer
 from rich.console import Console
 
-from runner.engine import models
+from runner.engine import lossless, models
 from runner.engine.pair import PLAIN, DraftSpec, Pair, parse_draft
 from runner.engine.sampling import Decoding
-from runner.records import Generation
-from runner.report import frame_table, print_generation, sweep_table
+from runner.records import Generation, RunRecord
+from runner.report import frame_table, print_divergences, print_generation, sweep_table
 from runner.serve import ServeError, serve
 from runner.store.runs import in_scratch, list_sweeps, sweep_summary
 from runner.store.schema import StoreError
@@ -62,6 +63,7 @@ Target = Annotated[str, typer.Option(help="smollm2-135m, a .gguf file, a local d
 Mode = Annotated[str, typer.Option(help="greedy or sample")]
 Device = Annotated[str | None, typer.Option(help="cpu or cuda (default: cuda when present)")]
 Dtype = Annotated[str | None, typer.Option(help="float32, bfloat16 or float16 (default: bf16 on cuda, fp32 on cpu)")]
+TrustRemoteCode = Annotated[bool, typer.Option(help="run the model code a checkpoint ships (read it first)")]
 
 
 @app.command()
@@ -77,6 +79,7 @@ def generate(
     max_new_tokens: int = 64,
     device: Device = None,
     dtype: Dtype = None,
+    trust_remote_code: TrustRemoteCode = False,
 ) -> None:
     """Decode one prompt speculatively and plainly; print the text, every round and the summary."""
     try:
@@ -89,7 +92,7 @@ def generate(
             raise UsageError(f"max-new-tokens must be >= 1, got {max_new_tokens}")
         if not prompt.strip():
             raise UsageError("the prompt is empty")
-        loaded = models.load(target, device, dtype)
+        loaded = models.load(target, device, dtype, trust_remote_code)
         pair = Pair(loaded, [spec])
         ids = models.encode_chat(loaded, prompt)
         if len(ids) + max_new_tokens > loaded.max_context:
@@ -97,28 +100,28 @@ def generate(
                 f"prompt ({len(ids)} tokens) + max-new-tokens ({max_new_tokens}) exceeds the model's "
                 f"context of {loaded.max_context} tokens"
             )
-        pair.warm_up([PLAIN, spec], ids, k, decoding)
+        pair.warm_up([PLAIN, spec], ids, (k,), decoding, max_new_tokens)
         baseline = pair.run(PLAIN, ids, None, decoding, max_new_tokens, seed)
         run = pair.run(spec, ids, k, decoding, max_new_tokens, seed)
     except ValueError as exc:  # ModelError, UsageError and the engine's checks are all ValueErrors
         fail(str(exc))
-    summary = _summary(loaded, target, Prompt("prompt", "", prompt), spec, k, decoding, seed, max_new_tokens,
-                       baseline, run)
+    record, summary = _summary(loaded, target, Prompt("prompt", "", prompt), spec, k, decoding, seed,
+                               max_new_tokens, baseline, run)
     text = loaded.tokenizer.decode(list(run.output_tokens), skip_special_tokens=True)
     print_generation(stdout, text, run, baseline, summary, loaded.tokenizer)
-    if not pd.isna(summary["lossless"]) and not summary["lossless"]:
-        stderr.print("[bold red]LOSSLESS CHECK FAILED: speculative output differs from plain greedy[/]")
+    if record.mismatch is not None:
+        print_divergences(stderr, [("this run", record.mismatch)], record.dtype)
 
 
 def _summary(loaded: models.Loaded, target: str, prompt: Prompt, spec: DraftSpec, k: int, decoding: Decoding,
-             seed: int, max_new_tokens: int, baseline: Generation, run: Generation) -> pd.Series:
-    """The run's row of run_stats against its baseline: the numbers a sweep would record for it."""
+             seed: int, max_new_tokens: int, baseline: Generation, run: Generation) -> tuple[RunRecord, pd.Series]:
+    """The run as a sweep would record it, and its row of run_stats against its baseline."""
     common = {"target": loaded, "target_spec": target, "sweep_id": "generate", "seed": seed,
-              "max_new_tokens": max_new_tokens, "provenance": {}}
+              "max_new_tokens": max_new_tokens, "provenance": {}, "started": datetime.now(UTC).isoformat()}
     base = make_record(Cell(prompt, decoding, PLAIN, None), baseline, None, baseline=None, **common)
     spec_run = make_record(Cell(prompt, decoding, spec, k), run, None, baseline=(base.run_id, baseline.output_tokens),
                            **common)
-    return in_scratch([base, spec_run], lambda con: con.execute(
+    return spec_run, in_scratch([base, spec_run], lambda con: con.execute(
         "SELECT * FROM run_stats WHERE run_id = ?", [spec_run.run_id]).df()).iloc[0]
 
 
@@ -155,6 +158,7 @@ def sweep(
              "had this plan, else start a new one")] = None,
     device: Device = None,
     dtype: Dtype = None,
+    trust_remote_code: TrustRemoteCode = False,
 ) -> None:
     """Record baseline and speculative runs for every prompt × draft × k into the database."""
     try:
@@ -172,7 +176,7 @@ def sweep(
             target=target, drafts=tuple(draft), ks=tuple(ks),
             decodings=tuple(dict.fromkeys(decoding_for(m, temperature, top_p) for m in mode)),
             prompts=tuple(chosen), max_new_tokens=max_new_tokens, seed=seed, db=db, device=device, dtype=dtype,
-            sweep_id=resume,
+            sweep_id=resume, trust_remote_code=trust_remote_code,
         )
         if resume == "last":
             config = dataclasses.replace(config, sweep_id=progress.resumable(db, config.plan_id()))
@@ -184,9 +188,11 @@ def sweep(
     stdout.print(sweep_table(sweep_summary(db, sweep_id), sweep_id))
     for problem in recorder.errors:
         stderr.print(f"[red]error run:[/] {problem}", highlight=False)
-    if recorder.lossless_failures:
-        stderr.print(f"[bold red]LOSSLESS CHECK FAILED in {len(recorder.lossless_failures)} run(s):[/] "
-                     + "; ".join(recorder.lossless_failures), highlight=False)
+    print_divergences(stderr, recorder.divergences, lossless.dtype_name(recorder.pair.target.dtype))
+    if recorder.device_error:
+        stderr.print(f"[bold red]sweep stopped by a device error[/] ({recorder.device_error}): the runs recorded "
+                     f"before it are kept; record the rest with --resume {sweep_id}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1)
 
 
 @app.command("sql")

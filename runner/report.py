@@ -8,7 +8,7 @@ from rich.table import Table
 from rich.text import Text
 from transformers import PreTrainedTokenizerBase
 
-from runner.records import Generation
+from runner.records import Divergence, Generation
 
 
 def _piece(tokenizer: PreTrainedTokenizerBase, token: int) -> str:
@@ -70,6 +70,23 @@ def print_generation(console: Console, text: str, run: Generation, baseline: Gen
     console.print(text, markup=False, highlight=False)
     console.print(round_table(run, tokenizer))
     console.print(summary_table(summary, run, baseline))
+
+
+def print_divergences(console: Console, found: list[tuple[str, Divergence]], dtype: str) -> None:
+    """Greedy runs that differ from plain greedy, real divergences first: those say something is wrong; a numeric
+    tie says only that two logits were within the dtype's rounding of each other."""
+    def line(runs: list[tuple[str, Divergence]]) -> str:
+        return "; ".join(f"{label} at token {d.at} (top-2 gap {d.gap:.3g}, tolerance {d.tolerance:.3g})"
+                         for label, d in runs)
+    real = [(label, d) for label, d in found if d.kind == "real"]
+    ties = [(label, d) for label, d in found if d.kind == "tie"]
+    if real:
+        console.print(f"[bold red]LOSSLESS CHECK FAILED, a real divergence from plain greedy in {len(real)} "
+                      "run(s):[/] " + line(real), highlight=False, soft_wrap=True)
+    if ties:
+        console.print(f"[yellow]{len(ties)} run(s) differ from plain greedy at a numeric tie[/] (the contested "
+                      f"logits within {dtype} rounding of each other): " + line(ties), highlight=False,
+                      soft_wrap=True)
 
 
 def frame_table(frame: pd.DataFrame, title: str | None = None) -> Table:

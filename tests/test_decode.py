@@ -65,7 +65,8 @@ def test_greedy_speculative_equals_plain_greedy_on_a_tiny_random_model(tiny, tin
 
 def test_the_target_drafting_for_itself_gets_a_bonus_every_round(smollm2):
     prompt = models.encode_chat(smollm2, "Write a haiku about rain.")
-    run = generate(smollm2, ModelDrafter(smollm2.model, GREEDY, None), prompt, 4, GREEDY, 30, torch.Generator())
+    itself = ModelDrafter(smollm2.model, GREEDY, None, smollm2.vocab_size)
+    run = generate(smollm2, itself, prompt, 4, GREEDY, 30, torch.Generator())
     assert run.output_tokens == plain(smollm2, prompt, 30)
     assert [(r.k, r.accepted, r.rejected, r.thrown, r.bonus) for r in run.rounds[:5]] == [(4, 4, 0, 0, True)] * 5
     assert all(r.bonus and r.accepted == r.k for r in run.rounds)
@@ -94,7 +95,8 @@ def test_scripted_drafts_give_exactly_the_explainers_round(smollm2):
 
 def test_rounds_are_cut_by_max_new_tokens_and_never_draft_past_it(smollm2):
     prompt = models.encode_chat(smollm2, PROMPT)
-    run = generate(smollm2, ModelDrafter(smollm2.model, GREEDY, None), prompt, 4, GREEDY, 8, torch.Generator())
+    itself = ModelDrafter(smollm2.model, GREEDY, None, smollm2.vocab_size)
+    run = generate(smollm2, itself, prompt, 4, GREEDY, 8, torch.Generator())
     assert [(r.k, r.emitted) for r in run.rounds] == [(4, 5), (1, 2)]  # after the prefill's token: 1 + 5 + 2
     assert len(run.output_tokens) == 8 and run.stop_reason == "max_new_tokens"
 
@@ -111,14 +113,16 @@ def test_generation_stops_at_eos_and_the_round_is_recorded_as_cut(smollm2):
 
 def test_after_every_round_the_caches_hold_exactly_the_committed_text(smollm2):
     prompt = models.encode_chat(smollm2, PROMPT)
-    drafter = ModelDrafter(smollm2.model, GREEDY, None)
+    drafter = ModelDrafter(smollm2.model, GREEDY, None, smollm2.vocab_size)
     target, text = Target(smollm2), Sequence(prompt, len(prompt) + 40, smollm2.device)
     with torch.inference_mode():
-        text.append([int(target.prefill(text.tokens).argmax())])
+        first = target.prefill(text.tokens).argmax().view(1)
+        text.append(first.tolist(), first)
         drafter.prefill(text.tokens)
         assert target.length == len(prompt) == text.length - 1
         for _ in range(6):
-            r = speculative_round(target, drafter, text, 3, GREEDY, None, Clock(smollm2.device), 40, frozenset())
+            clock = Clock(smollm2.device)
+            r = speculative_round(target, drafter, text, 3, GREEDY, None, clock, 40, frozenset()).read(clock)
             # The target's cache holds every committed token but the newest, fed with the next drafts.
             assert target.length == text.length - 1
             # The drafter's cache lags one more token after a bonus round (its last draft was never fed).

@@ -31,9 +31,9 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
 
 def test_residual_is_the_normalised_positive_part_of_p_minus_q():
     p, q = torch.tensor([0.5, 0.3, 0.2, 0.0]), torch.tensor([0.2, 0.6, 0.1, 0.1])
-    torch.testing.assert_close(residual(p, q, 1), torch.tensor([0.75, 0.0, 0.25, 0.0]))
+    torch.testing.assert_close(residual(p, q), torch.tensor([0.75, 0.0, 0.25, 0.0]))
     # a deterministic draft (prompt lookup) is a point mass: the residual is p without it
-    torch.testing.assert_close(residual(p, None, 0), torch.tensor([0.0, 0.6, 0.4, 0.0]))
+    torch.testing.assert_close(residual(p, torch.tensor([1.0, 0, 0, 0])), torch.tensor([0.0, 0.6, 0.4, 0.0]))
 
 
 def test_greedy_acceptance_counts_leading_matches():
@@ -53,7 +53,7 @@ def _sample_rounds(q: torch.Tensor | None, n: int) -> tuple[list[int], list[int]
     first, second = [], []
     for _ in range(n):
         drafts = torch.multinomial(Q, 1, generator=gen).view(-1) if q is not None else torch.tensor([1, 3])
-        accepted, token = accept_sampled(drafts, q, P, gen)
+        accepted, token = (int(t) for t in accept_sampled(drafts, q, P, gen))
         emitted = drafts[:accepted].tolist() + [token]
         first.append(emitted[0])
         if accepted >= 1:
@@ -86,7 +86,7 @@ def test_end_to_end_sampling_matches_the_targets_joint_distribution():
     counts = torch.zeros(vocab, vocab)
     for seed in range(n):
         gen = torch.Generator().manual_seed(seed)
-        out = generate(target, ModelDrafter(draft, decoding, gen), prompt, 2, decoding, 4, gen).output_tokens
+        out = generate(target, ModelDrafter(draft, decoding, gen, vocab), prompt, 2, decoding, 4, gen).output_tokens
         counts[out[1], out[2]] += 1
     with torch.inference_mode():
         def law(texts: list[list[int]]) -> torch.Tensor:

@@ -19,7 +19,7 @@ from runner.records import Generation, Round, RunRecord
 from runner.store.connect import init_db
 from runner.store.pending import record_from_dict, record_to_dict, spill
 from runner.store.runs import baseline_for, flush_pending, list_sweeps, recorded_runs, write_run
-from runner.store.schema import SCHEMA_VERSION, StoreError, migrate
+from runner.store.schema import FILL_RUN_TOTALS, SCHEMA_VERSION, StoreError, migrate
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -87,7 +87,8 @@ def test_runs_and_rounds_have_the_documented_columns(db):
         ("prompt_tokens", ints), ("output_tokens", ints), ("output_text", text), ("stop_reason", text),
         ("baseline_run_id", text), ("lossless", "BOOLEAN"), ("status", text), ("error", text),
         ("torch_version", text), ("transformers_version", text), ("python_version", text), ("host", text),
-        ("git_commit", text), ("device_name", text)]
+        ("git_commit", text), ("device_name", text), ("divergence_at", i), ("divergence_gap", f),
+        ("divergence_tolerance", f), ("divergence", text)]
     assert columns(db, "rounds") == [
         ("run_id", text), ("round", i), ("k", i), ("accepted", i), ("rejected", i), ("thrown", i),
         ("bonus", "BOOLEAN"), ("emitted", i), ("draft_s", f), ("verify_s", f), ("draft_tokens", ints),
@@ -97,10 +98,10 @@ def test_runs_and_rounds_have_the_documented_columns(db):
         "temperature", "top_p", "seed", "device", "dtype", "new_tokens", "n_rounds", "accepted", "rejected",
         "thrown", "drafted", "alpha", "tau", "thrown_share", "tokens_per_s", "baseline_tokens_per_s",
         "measured_speedup", "target_pass_s", "verify_pass_s", "draft_token_s", "c", "theoretical_speedup",
-        "lossless"]
+        "lossless", "divergence"]
     assert query(db, "SELECT version, name FROM schema_migrations ORDER BY version") == [
         (1, "create_runs_and_rounds"), (2, "create_run_stats"), (3, "add_device_name"), (4, "create_bench_results"),
-        (5, "create_run_totals"), (6, "define_metrics")]
+        (5, "create_run_totals"), (6, "add_divergence"), (7, "define_metrics")]
 
 
 def schema_dump(db: Path) -> list:
@@ -126,8 +127,8 @@ def test_migrating_from_every_older_version_ends_identical(tmp_path, start):
         con.execute("INSERT INTO rounds (run_id, round, k, accepted, rejected, thrown, bonus, emitted) "
                     "VALUES ('base', 0, 0, 0, 0, 0, true, 1), ('spec', 0, 2, 2, 0, 0, true, 3), "
                     "('spec', 1, 2, 0, 1, 1, false, 1)")
-    if start >= 5:  # from version 5 on, a run's totals are written with its rounds
-        con.execute("INSERT INTO run_totals VALUES ('base', 0, 0, 0, 0, 1), ('spec', 2, 1, 1, 4, 4)")
+        if start >= 5:  # from version 5 on, a writer records each run's totals with its rounds
+            con.execute(FILL_RUN_TOTALS)
     migrate(con)
     migrate(con)  # a second run finds nothing to do
     con.close()
@@ -137,7 +138,7 @@ def test_migrating_from_every_older_version_ends_identical(tmp_path, start):
                           "ORDER BY run_id") == [("base", 0, 0, 0, 0, None, 1.0), ("spec", 2, 1, 1, 4, 2 / 3, 2.0)]
 
 
-# run_stats as specdash wrote it into every file before the metric macros (schema version 5).
+# run_stats as specdash wrote it into every file before the metric macros (schema version 5, 6).
 LEGACY_RUN_STATS = """CREATE VIEW run_stats AS
     WITH per_run AS (SELECT t.run_id, t.accepted::BIGINT AS accepted, t.rejected::BIGINT AS rejected,
                t.thrown::BIGINT AS thrown, t.drafted::BIGINT AS drafted, t.emitted / r.n_rounds AS tau
@@ -153,7 +154,7 @@ def test_a_file_from_before_the_metric_macros_gets_them_and_the_new_view(tmp_pat
     fresh, old = tmp_path / "fresh.duckdb", tmp_path / "old.duckdb"
     init_db(fresh)
     con = duckdb.connect(str(old))
-    migrate(con, to_version=5)
+    migrate(con, to_version=6)
     con.execute(LEGACY_RUN_STATS)
     con.execute("INSERT INTO runs (run_id, sweep_id, draft, k, status, new_tokens, n_rounds, wall_s) "
                 "VALUES ('spec', 's1', 'ngram', 2, 'ok', 4, 2, 0.1)")
@@ -361,7 +362,8 @@ def test_a_write_locked_past_its_bound_spills_and_is_flushed_exactly_once(db):
     # Readers share the file with the holder, and see the spilled run as recorded.
     assert recorded_runs(db, "s1") == {("p1", "ngram", 4, "greedy", 0.0, 1.0, 0),
                                              ("p1", "none", None, "greedy", 0.0, 1.0, 0)}
-    assert baseline_for(db, "s1", "p1", "greedy", 0.0, 1.0, 0) == ("base", tuple(range(10, 20)))
+    assert baseline_for(db, "s1", "p1", "greedy", 0.0, 1.0, 0, [1, 2, 3], "cpu", "float32") == (
+        "base", tuple(range(10, 20)))
     holder.wait()
     assert flush_pending(db) == 1
     assert flush_pending(db) == 0
@@ -386,7 +388,7 @@ def test_records_survive_the_json_round_trip():
 
 def test_reads_for_the_runner(db):
     assert recorded_runs(db, "s1") == set()
-    assert baseline_for(db, "s1", "p1", "greedy", 0.0, 1.0, 0) is None
+    assert baseline_for(db, "s1", "p1", "greedy", 0.0, 1.0, 0, [1, 2, 3], "cpu", "float32") is None
     assert list_sweeps(db).empty
     write_run(db, BASELINE)
     write_run(db, SPEC)
@@ -395,9 +397,15 @@ def test_reads_for_the_runner(db):
     write_run(db, failed)
     assert recorded_runs(db, "s1") == {("p1", "ngram", 4, "greedy", 0.0, 1.0, 0),
                                              ("p1", "none", None, "greedy", 0.0, 1.0, 0)}
-    assert baseline_for(db, "s1", "p1", "greedy", 0.0, 1.0, 0) == ("base", tuple(range(10, 20)))
-    assert baseline_for(db, "s1", "p1", "greedy", 0.0, 1.0, 1) is None
+    assert baseline_for(db, "s1", "p1", "greedy", 0.0, 1.0, 0, [1, 2, 3], "cpu", "float32") == (
+        "base", tuple(range(10, 20)))
+    assert baseline_for(db, "s1", "p1", "greedy", 0.0, 1.0, 1, [1, 2, 3], "cpu", "float32") is None
+    # the same cell fed other prompt ids, or on another device or dtype, has no baseline to compare with
+    assert baseline_for(db, "s1", "p1", "greedy", 0.0, 1.0, 0, [1, 2, 4], "cpu", "float32") is None
+    assert baseline_for(db, "s1", "p1", "greedy", 0.0, 1.0, 0, [1, 2, 3], "cuda", "float32") is None
+    assert baseline_for(db, "s1", "p1", "greedy", 0.0, 1.0, 0, [1, 2, 3], "cpu", "bfloat16") is None
     sweeps = list_sweeps(db)
-    assert list(sweeps.columns) == ["sweep_id", "started", "target", "drafts", "runs", "errors", "lossless_failures"]
+    assert list(sweeps.columns) == ["sweep_id", "started", "target", "drafts", "runs", "errors", "lossless_failures",
+                                    "real_divergences"]
     assert sweeps[["sweep_id", "target", "drafts", "runs", "errors", "lossless_failures"]].values.tolist() == [
         ["s1", "smollm2", "ngram, none", 3, 1, 0], ["s2", "smollm2", "ngram", 1, 0, 0]]

@@ -14,7 +14,7 @@ from runner.engine.sampling import Decoding
 from runner.records import Generation
 
 DEFAULT_NGRAM = 3  # longest n-gram prompt lookup tries before falling back to shorter ones
-WARMUP_TOKENS = 8
+WARMUP_TOKENS = 8  # plain decoding's warm-up
 
 
 @dataclass(frozen=True)
@@ -57,8 +57,10 @@ class Pair:
             if spec.kind == "layerskip":
                 self.draft_models[spec.text] = layer_skip(target.model, int(spec.arg))
             elif spec.kind == "model":
-                loaded = models.load(spec.arg, device=str(target.device), dtype=_dtype_name(target.dtype))
+                loaded = models.load(spec.arg, device=str(target.device), dtype=_dtype_name(target.dtype),
+                                     trust_remote_code=target.trust_remote_code)
                 models.check_same_tokenizer(target, loaded)
+                _check_embeds(loaded, target)
                 self.draft_models[spec.text] = loaded.model
 
     def drafter(self, spec: DraftSpec, decoding: Decoding, generator: torch.Generator) -> Drafter:
@@ -66,7 +68,7 @@ class Pair:
             return NoDraft()
         if spec.kind == "ngram":
             return NgramDrafter(int(spec.arg))
-        return ModelDrafter(self.draft_models[spec.text], decoding, generator)
+        return ModelDrafter(self.draft_models[spec.text], decoding, generator, self.target.vocab_size)
 
     def run(
         self, spec: DraftSpec, prompt: list[int], k: int | None, decoding: Decoding, max_new_tokens: int, seed: int
@@ -78,10 +80,23 @@ class Pair:
         drafter = self.drafter(spec, decoding, generator)
         return generate(self.target, drafter, prompt, k, decoding, max_new_tokens, generator)
 
-    def warm_up(self, specs: list[DraftSpec], prompt: list[int], k: int, decoding: Decoding) -> None:
-        """One short generation per drafter, so one-time costs (allocator, kernels) stay out of the timings."""
+    def warm_up(self, specs: list[DraftSpec], prompt: list[int], ks: tuple[int, ...], decoding: Decoding,
+                max_new_tokens: int) -> None:
+        """One short generation per drafter and k, so one-time costs (allocator growth, kernel choice for each
+        verify width k+1) stay out of the timings: k+2 tokens make the prefill's and one full round of k (no run
+        goes past max_new_tokens, so neither does its warm-up)."""
         for spec in specs:
-            self.run(spec, prompt, None if spec.baseline else k, decoding, WARMUP_TOKENS, seed=0)
+            for k in [None] if spec.baseline else ks:
+                n = WARMUP_TOKENS if k is None else k + 2
+                self.run(spec, prompt, k, decoding, min(n, max_new_tokens), seed=0)
+
+
+def _check_embeds(draft: models.Loaded, target: models.Loaded) -> None:
+    """The draft reads every token the target writes, so it must embed all the ids the target chooses from."""
+    rows = draft.model.get_input_embeddings().weight.shape[0]
+    if rows < target.vocab_size:
+        raise models.ModelError(f'draft "{draft.spec}" embeds {rows} token ids, fewer than the {target.vocab_size} '
+                                f'that target "{target.spec}" can write')
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

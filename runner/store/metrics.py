@@ -52,7 +52,9 @@ def cells_sql(filters: Filters, keys: tuple[str, ...] = CELL) -> tuple[str, list
             alpha(sum(accepted), sum(rejected)) AS alpha, thrown_share(sum(thrown), sum(drafted)) AS thrown_share,
             avg(tau) AS tau, avg(c) AS c,
             geomean(measured_speedup) AS measured_speedup, geomean(theoretical_speedup) AS predicted_speedup,
-            count(*) FILTER (lossless = false) AS lossless_failures
+            count(*) FILTER (lossless = false) AS lossless_failures,
+            count(*) FILTER (divergence = 'real') AS real_divergences,
+            count(*) FILTER (divergence = 'tie') AS numeric_ties
         FROM run_stats WHERE draft <> 'none' AND {where} {group}""", params
 
 

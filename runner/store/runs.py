@@ -24,7 +24,8 @@ _RUN_COLUMNS = (
     "mode", "temperature", "top_p", "seed", "max_new_tokens", "device", "dtype", "new_tokens", "n_rounds",
     "target_passes", "draft_calls", "wall_s", "prefill_s", "draft_s", "verify_s", "prompt_tokens", "output_tokens",
     "output_text", "stop_reason", "baseline_run_id", "lossless", "status", "error", "torch_version",
-    "transformers_version", "python_version", "host", "git_commit", "device_name",
+    "transformers_version", "python_version", "host", "git_commit", "device_name", "divergence_at",
+    "divergence_gap", "divergence_tolerance", "divergence",
 )
 _INSERT_RUN = f"INSERT INTO runs ({', '.join(_RUN_COLUMNS)}) VALUES ({', '.join('?' * len(_RUN_COLUMNS))})"
 # One statement for all rounds: unnest zips the column lists (~10x faster than executemany).
@@ -45,7 +46,8 @@ def _run_row(record: RunRecord) -> list:
             *generated, record.output_text, gen.stop_reason if gen else None, record.baseline_run_id,
             record.lossless, record.status, record.error,
             *(prov.get(key) for key in ("torch_version", "transformers_version", "python_version", "host",
-                                        "git_commit", "device_name"))]
+                                        "git_commit", "device_name")),
+            record.divergence_at, record.divergence_gap, record.divergence_tolerance, record.divergence]
 
 
 def _totals_row(record: RunRecord) -> list:
@@ -140,19 +142,22 @@ def recorded_runs(db_path: str | os.PathLike, sweep_id: str, lock_timeout_s: flo
 
 
 def baseline_for(db_path: str | os.PathLike, sweep_id: str, prompt_id: str, mode: str, temperature: float,
-                 top_p: float, seed: int, lock_timeout_s: float = 30.0) -> tuple[str, tuple[int, ...]] | None:
-    """The sweep's 'ok' plain-decoding run for this cell: (run_id, output_tokens), or None."""
+                 top_p: float, seed: int, prompt_tokens: list[int], device: str, dtype: str,
+                 lock_timeout_s: float = 30.0) -> tuple[str, tuple[int, ...]] | None:
+    """The sweep's newest 'ok' plain-decoding run for this cell, fed the same prompt ids on the same device and
+    dtype: (run_id, output_tokens), or None."""
     path = Path(db_path)
-    key = (sweep_id, prompt_id, mode, temperature, top_p, seed)
+    key = (sweep_id, prompt_id, mode, temperature, top_p, seed, list(prompt_tokens), device, dtype)
     rows = read(path, "SELECT run_id, output_tokens FROM runs WHERE sweep_id = ? AND prompt_id = ? "
-                       "AND mode = ? AND temperature = ? AND top_p = ? AND seed = ? "
-                       "AND draft = 'none' AND status = 'ok' ORDER BY started_at DESC LIMIT 1",
+                       "AND mode = ? AND temperature = ? AND top_p = ? AND seed = ? AND prompt_tokens = ? "
+                       "AND device = ? AND dtype = ? AND draft = 'none' AND status = 'ok' "
+                       "ORDER BY started_at DESC LIMIT 1",
                  list(key), lock_timeout_s)
     if rows:
         return rows[0][0], tuple(rows[0][1])
     for _, r in pending.pending(path):
-        if (r.sweep_id, r.prompt_id, r.mode, r.temperature, r.top_p, r.seed) == key and r.draft == "none" \
-                and r.status == "ok":
+        if (r.sweep_id, r.prompt_id, r.mode, r.temperature, r.top_p, r.seed, list(r.generation.prompt_tokens)
+                if r.generation else None, r.device, r.dtype) == key and r.draft == "none" and r.status == "ok":
             return r.run_id, r.generation.output_tokens
     return None
 
@@ -161,19 +166,20 @@ _SWEEPS = """SELECT sweep_id, min(started_at) AS started,
     string_agg(DISTINCT target, ', ' ORDER BY target) AS target,
     string_agg(DISTINCT draft, ', ' ORDER BY draft) AS drafts, count(*) AS runs,
     count(*) FILTER (status = 'error') AS errors,
-    count(*) FILTER (lossless = false) AS lossless_failures
+    count(*) FILTER (lossless = false) AS lossless_failures,
+    count(*) FILTER (divergence = 'real') AS real_divergences
     FROM runs GROUP BY sweep_id ORDER BY started DESC, sweep_id"""
 
 
 def list_sweeps(db_path: str | os.PathLike, lock_timeout_s: float = 30.0) -> pd.DataFrame:
     """One row per sweep, newest first."""
-    columns = ["sweep_id", "started", "target", "drafts", "runs", "errors", "lossless_failures"]
+    columns = ["sweep_id", "started", "target", "drafts", "runs", "errors", "lossless_failures", "real_divergences"]
     return pd.DataFrame(read(Path(db_path), _SWEEPS, [], lock_timeout_s), columns=columns)
 
 
 SUMMARY_KEYS = ("category", "draft", "k", "mode")
 SUMMARY_COLUMNS = (*SUMMARY_KEYS, "runs", "alpha", "tau", "thrown_share", "measured_speedup", "predicted_speedup",
-                   "lossless_failures")
+                   "real_divergences", "numeric_ties")
 
 
 def sweep_summary(db_path: str | os.PathLike, sweep_id: str, lock_timeout_s: float = 30.0) -> pd.DataFrame:

@@ -67,6 +67,14 @@ def _create_run_totals(con: duckdb.DuckDBPyConnection) -> None:
     con.execute(FILL_RUN_TOTALS)
 
 
+def _add_divergence(con: duckdb.DuckDBPyConnection) -> None:
+    # A greedy mismatch is either a numeric tie (two logits within rounding of each other swapped between passes
+    # of different widths) or a real divergence: where it happened and how close the target's choice was.
+    for column, kind in (("divergence_at", "INTEGER"), ("divergence_gap", "DOUBLE"),
+                         ("divergence_tolerance", "DOUBLE"), ("divergence", "TEXT")):
+        con.execute(f"ALTER TABLE runs ADD COLUMN {column} {kind}")
+
+
 # The explainer's numbers, each defined once: as SQL macros stored in the file, so run_stats, the dashboard, the
 # sweep's summary, the bench and users' own SQL all compute them the same way (README, "Schema").
 METRIC_MACROS = {
@@ -103,7 +111,7 @@ RUN_STATS = """CREATE OR REPLACE VIEW run_stats AS
            temperature, top_p, seed, device, dtype, new_tokens, n_rounds, accepted, rejected,
            thrown, drafted, alpha, tau, thrown_share, tokens_per_s, baseline_tokens_per_s,
            measured_speedup, target_pass_s, verify_pass_s, draft_token_s, c,
-           formula_speedup(alpha, k, c) AS theoretical_speedup, lossless
+           formula_speedup(alpha, k, c) AS theoretical_speedup, lossless, divergence
     FROM with_c"""
 
 
@@ -119,6 +127,7 @@ MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     _add_device_name,
     _create_bench_results,
     _create_run_totals,
+    _add_divergence,
     _define_metrics,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
