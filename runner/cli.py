@@ -6,11 +6,13 @@ import sys
 from pathlib import Path
 from typing import Annotated
 
+import torch
 import typer
 from rich.console import Console
 
 from runner.engine import models
-from runner.engine.pair import PLAIN, Pair, parse_draft
+from runner.engine.kernels import SKINNY, all_cores
+from runner.engine.pair import PLAIN, Pair, parse_draft, parse_kernels
 from runner.engine.sampling import Decoding
 from runner.report import frame_table, print_generation, sweep_table
 from runner.stats import summarize
@@ -58,6 +60,16 @@ Target = Annotated[str, typer.Option(help="smollm2-135m, a .gguf file, a local d
 Mode = Annotated[str, typer.Option(help="greedy or sample")]
 Device = Annotated[str | None, typer.Option(help="cpu or cuda (default: cuda when present)")]
 Dtype = Annotated[str | None, typer.Option(help="float32, bfloat16 or float16 (default: bf16 on cuda, fp32 on cpu)")]
+Kernels = Annotated[str, typer.Option(help="the linears on CPU: skinny (the fastest product measured per weight "
+                                      "shape and row count) or stock (torch's F.linear); CUDA always runs stock")]
+Threads = Annotated[int | None, typer.Option(help="torch CPU threads (default: OMP_NUM_THREADS, else every core)")]
+
+
+def check_threads(threads: int | None) -> int:
+    """The thread count to run with: every core unless given."""
+    if threads is not None and threads < 1:
+        raise UsageError(f"threads must be >= 1, got {threads}")
+    return all_cores() if threads is None else threads
 
 
 @app.command()
@@ -73,9 +85,13 @@ def generate(
     max_new_tokens: int = 64,
     device: Device = None,
     dtype: Dtype = None,
+    kernels: Kernels = SKINNY,
+    threads: Threads = None,
 ) -> None:
     """Decode one prompt speculatively and plainly; print the text, every round and the summary."""
     try:
+        parse_kernels(kernels)
+        torch.set_num_threads(check_threads(threads))
         spec = parse_draft(draft)
         if spec.kind == "baseline":
             raise UsageError("generate compares a draft against plain decoding: give a draft, not none")
@@ -86,7 +102,7 @@ def generate(
         if not prompt.strip():
             raise UsageError("the prompt is empty")
         loaded = models.load(target, device, dtype)
-        pair = Pair(loaded, [spec])
+        pair = Pair(loaded, [spec], kernels)
         ids = models.encode_chat(loaded, prompt)
         if len(ids) + max_new_tokens > loaded.max_context:
             raise UsageError(
@@ -136,9 +152,12 @@ def sweep(
     resume: Annotated[str | None, typer.Option(help="a sweep id: record only its missing cells")] = None,
     device: Device = None,
     dtype: Dtype = None,
+    kernels: Kernels = SKINNY,
+    threads: Threads = None,
 ) -> None:
     """Record baseline and speculative runs for every prompt × draft × k into the database."""
     try:
+        parse_kernels(kernels)
         ks = _ints(k, "k")
         for value in ks:
             check_k(value)
@@ -153,7 +172,7 @@ def sweep(
             target=target, drafts=tuple(draft), ks=tuple(ks),
             decodings=tuple(dict.fromkeys(decoding_for(m, temperature, top_p) for m in mode)),
             prompts=tuple(chosen), max_new_tokens=max_new_tokens, seed=seed, db=db, device=device, dtype=dtype,
-            sweep_id=resume,
+            sweep_id=resume, kernels=kernels, threads=check_threads(threads),
         )
         if resume and resume not in set(list_sweeps(db)["sweep_id"]):
             raise UsageError(f'no sweep "{resume}" in {db}')

@@ -82,6 +82,8 @@ class RunRecord:
     output_text: str | None
     baseline_run_id: str | None
     lossless: bool | None  # greedy only: output equals the baseline's token for token
+    kernels: str | None = None  # the linears' path: 'skinny' (measured per shape) or 'stock'; None: not recorded
+    threads: int | None = None  # torch's CPU threads during the run
     provenance: dict[str, str] = field(default_factory=dict)  # torch/transformers/python versions, host, git commit
 
     def cell_key(self) -> tuple:

@@ -20,7 +20,7 @@ _RUN_COLUMNS = (
     "mode", "temperature", "top_p", "seed", "max_new_tokens", "device", "dtype", "new_tokens", "n_rounds",
     "target_passes", "draft_calls", "wall_s", "prefill_s", "draft_s", "verify_s", "prompt_tokens", "output_tokens",
     "output_text", "stop_reason", "baseline_run_id", "lossless", "status", "error", "torch_version",
-    "transformers_version", "python_version", "host", "git_commit", "device_name",
+    "transformers_version", "python_version", "host", "git_commit", "device_name", "kernels", "threads",
 )
 _INSERT_RUN = f"INSERT INTO runs ({', '.join(_RUN_COLUMNS)}) VALUES ({', '.join('?' * len(_RUN_COLUMNS))})"
 # One statement for all rounds: unnest zips the column lists (~10x faster than executemany).
@@ -41,7 +41,7 @@ def _run_row(record: RunRecord) -> list:
             *generated, record.output_text, gen.stop_reason if gen else None, record.baseline_run_id,
             record.lossless, record.status, record.error,
             *(prov.get(key) for key in ("torch_version", "transformers_version", "python_version", "host",
-                                        "git_commit", "device_name"))]
+                                        "git_commit", "device_name")), record.kernels, record.threads]
 
 
 def _totals_row(record: RunRecord) -> list:

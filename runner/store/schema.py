@@ -30,8 +30,9 @@ def _create_runs_and_rounds(con: duckdb.DuckDBPyConnection) -> None:
         draft_tokens INTEGER[], target_tokens INTEGER[], PRIMARY KEY (run_id, round))""")
 
 
-def _run_stats(per_run: str) -> str:
-    """The run_stats view over `per_run`, a query giving run_id, accepted, rejected, thrown, drafted and tau."""
+def _run_stats(per_run: str, extra: str = "") -> str:
+    """The run_stats view over `per_run`, a query giving run_id, accepted, rejected, thrown, drafted and tau;
+    `extra` names more columns of runs to show, after lossless."""
     # Stage by stage so each formula reads as DESIGN §2 writes it; b is the run's baseline.
     return f"""CREATE OR REPLACE VIEW run_stats AS
     WITH per_run AS ({per_run}),
@@ -57,7 +58,7 @@ def _run_stats(per_run: str) -> str:
            CASE WHEN alpha = 1 THEN (k + 1) / (1 + k * c)  -- the limit of the formula at α = 1
                 ELSE (1 - pow(alpha, k + 1)) / ((1 - alpha) * (1 + k * c))
            END AS theoretical_speedup,
-           lossless
+           lossless{extra}
     FROM with_c"""
 
 
@@ -90,6 +91,12 @@ def _create_bench_results(con: duckdb.DuckDBPyConnection) -> None:
 FILL_RUN_TOTALS = """INSERT INTO run_totals SELECT run_id, sum(accepted), sum(rejected), sum(thrown), sum(k),
     sum(emitted) FROM rounds GROUP BY run_id"""
 
+# run_stats' per-run sums, read from run_totals (migration 5 on).
+_FROM_RUN_TOTALS = """
+    SELECT t.run_id, t.accepted::BIGINT AS accepted, t.rejected::BIGINT AS rejected,
+           t.thrown::BIGINT AS thrown, t.drafted::BIGINT AS drafted, t.emitted / r.n_rounds AS tau
+    FROM run_totals t JOIN runs r USING (run_id)"""
+
 
 def _create_run_totals(con: duckdb.DuckDBPyConnection) -> None:
     # Per-run sums of the rounds, written with the run, so run_stats no longer aggregates every round on
@@ -99,10 +106,19 @@ def _create_run_totals(con: duckdb.DuckDBPyConnection) -> None:
         run_id TEXT PRIMARY KEY, accepted INTEGER, rejected INTEGER, thrown INTEGER, drafted INTEGER,
         emitted INTEGER)""")
     con.execute(FILL_RUN_TOTALS)
-    con.execute(_run_stats("""
-        SELECT t.run_id, t.accepted::BIGINT AS accepted, t.rejected::BIGINT AS rejected,
-               t.thrown::BIGINT AS thrown, t.drafted::BIGINT AS drafted, t.emitted / r.n_rounds AS tau
-        FROM run_totals t JOIN runs r USING (run_id)"""))
+    con.execute(_run_stats(_FROM_RUN_TOTALS))
+
+
+def _add_kernels_and_threads(con: duckdb.DuckDBPyConnection) -> None:
+    # The linears' path and the CPU thread count change a run's speed by up to 2x, so a run says which it had.
+    # Every run recorded before ran torch's stock F.linear; their thread count is unknown (NULL).
+    con.execute("ALTER TABLE runs ADD COLUMN kernels TEXT")
+    con.execute("ALTER TABLE runs ADD COLUMN threads INTEGER")
+    con.execute("UPDATE runs SET kernels = 'stock'")
+    con.execute(_run_stats(_FROM_RUN_TOTALS, ", kernels, threads"))
+    # A bench's own engine too: its plain and speculative rows ran on these kernels (transformers' on stock).
+    con.execute("ALTER TABLE bench_results ADD COLUMN kernels TEXT")
+    con.execute("UPDATE bench_results SET kernels = 'stock'")
 
 
 MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
@@ -111,6 +127,7 @@ MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     _add_device_name,
     _create_bench_results,
     _create_run_totals,
+    _add_kernels_and_threads,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -40,6 +40,8 @@ class SweepConfig:
     device: str | None  # None: cuda when present
     dtype: str | None  # None: bf16 on cuda, fp32 on cpu
     sweep_id: str | None = None  # set to resume: cells already recorded are skipped
+    kernels: str = "skinny"  # the linears' path on CPU: 'skinny' (measured per shape) or 'stock' (F.linear)
+    threads: int | None = None  # torch CPU threads; None leaves torch's setting as it is
 
 
 @dataclass(frozen=True)
@@ -140,7 +142,8 @@ class Recorder:
             device=str(target.device), dtype=str(target.dtype).removeprefix("torch."), status=status, error=error,
             generation=generation,
             output_text=None if generation is None else target.tokenizer.decode(list(generation.output_tokens)),
-            baseline_run_id=None if baseline is None else baseline[0], lossless=lossless, provenance=self.provenance,
+            baseline_run_id=None if baseline is None else baseline[0], lossless=lossless,
+            kernels=self.pair.kernels, threads=torch.get_num_threads(), provenance=self.provenance,
         ))
         if cell.k is None and generation is not None:
             self.baselines[key] = (run_id, generation.output_tokens)
@@ -152,9 +155,11 @@ def run_sweep(config: SweepConfig, console: Console) -> tuple[str, Recorder]:
     check_db(config.db)  # fail on a bad --db before loading any model, creating nothing
     done = recorded_runs(config.db, sweep_id) if config.sweep_id else set()
     cells = [c for c in plan(config) if c.key(config.seed) not in done]
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
     target = models.load(config.target, config.device, config.dtype)
     drafts = [parse_draft(d) for d in config.drafts]
-    pair = Pair(target, drafts)
+    pair = Pair(target, drafts, config.kernels)
     for p in config.prompts:
         if len(models.encode_chat(target, p.text)) + config.max_new_tokens > target.max_context:
             raise ValueError(f'prompt "{p.id}" + max-new-tokens exceeds the model\'s context of {target.max_context}')
