@@ -74,8 +74,13 @@ def speedup_by_k(frame: pd.DataFrame) -> alt.FacetChart:
 
 
 def verify_growth(frame: pd.DataFrame) -> alt.LayerChart:
-    """Mean verify-pass time by drafts per pass, relative to a one-token pass; the explainer assumes 1."""
-    base = alt.Chart(frame).transform_calculate(setup=alt.datum.target + " on " + alt.datum.device)
+    """Mean verify-pass time by drafts per pass, relative to a one-token pass; the explainer assumes 1. One line
+    per target, device, kernels and threads."""
+    setup = frame["target"] + " on " + frame["device"]
+    for name, label in (("kernels", "{}"), ("threads", "{:.0f} threads")):
+        if name in frame:  # NULL for runs recorded before they were
+            setup += frame[name].map(lambda v, label=label: "" if pd.isna(v) else " · " + label.format(v))
+    base = alt.Chart(frame.assign(setup=setup))
     y = alt.Y("relative:Q", title="verify pass time / one-token pass", scale=alt.Scale(zero=True))
     measured = base.mark_line(point=True).encode(
         _K.title("drafts verified in the pass (k of the round)"), y,

@@ -7,7 +7,7 @@ import streamlit as st
 
 from dashboard import charts, common, frames, queries
 
-FILTERS = ("target", "category", "mode", "device", "sweep_id")
+FILTERS = ("target", "category", "mode", "device", "kernels", "threads", "sweep_id")
 
 
 def _leaderboard_config(table: pd.DataFrame) -> dict:
