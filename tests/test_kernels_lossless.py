@@ -22,11 +22,6 @@ UNSEEN = (
 )
 
 
-@pytest.fixture(scope="module")
-def pair(smollm2) -> Pair:
-    return Pair(smollm2, [parse_draft("ngram"), parse_draft("layerskip:24")], kernels.SKINNY)
-
-
 def transformers_greedy(target: models.Loaded, ids: list[int]) -> tuple[int, ...]:
     """transformers' own greedy decoding; outside our engine the linears run stock."""
     prompt = torch.tensor([ids])
@@ -36,8 +31,9 @@ def transformers_greedy(target: models.Loaded, ids: list[int]) -> tuple[int, ...
 
 
 @pytest.mark.parametrize("text", UNSEEN)
-def test_plain_greedy_on_our_kernels_equals_transformers_generate_and_speculative_equals_plain(pair, text,
+def test_plain_greedy_on_our_kernels_equals_transformers_generate_and_speculative_equals_plain(smollm2, text,
                                                                                               one_thread):
+    pair = Pair(smollm2, [parse_draft("ngram"), parse_draft("layerskip:24")], kernels.SKINNY)
     assert pair.kernels == kernels.SKINNY and pair.switches
     ids = models.encode_chat(pair.target, text)
     ours = pair.run(PLAIN, ids, None, GREEDY, NEW_TOKENS, seed=0).output_tokens
