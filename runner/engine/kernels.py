@@ -29,7 +29,7 @@ from runner.engine.models import cache_dir
 
 STOCK, SKINNY = "stock", "skinny"  # values of --kernels: torch's own F.linear, or the measured choice
 MAX_ROWS = 16  # beyond a verify pass's rows (prefill), stock
-MARGIN = 0.05  # a candidate replaces stock only when its median is this much faster: noise never picks a loser
+MARGIN = 0.05  # a candidate replaces stock only when its median is this much faster, so noise alone never does
 REPEATS = 3  # timed sweeps over the weights per candidate, shape and row count; the median is kept
 
 Shape = tuple[int, int]  # (out_features, in_features)
@@ -80,7 +80,7 @@ def table_from(timings: Timings) -> Table:
 
 def measure(linears: list[nn.Linear], repeats: int = REPEATS) -> Timings:
     """Seconds per product of every candidate, shape and row count, each timed over ALL the weights of its shape
-    in turn: the model's weights do not fit in cache, and neither do they here, shapes taking turns."""
+    in turn, the shapes taking turns: in a pass the weights come from memory, not from cache, and so they do here."""
     groups: dict[Shape, list[nn.Linear]] = {}
     for linear in linears:
         groups.setdefault(tuple(linear.weight.shape), []).append(linear)
