@@ -14,13 +14,22 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from runner.engine import models
 
+# One torch thread in the test process: on a busy 2-core machine two threads wait on each other at every
+# matmul (a SmolLM2 pass measured ~0.1 s on one thread, over 1 s on two), and the sweeps the tests start in
+# subprocesses run on one thread too (reliability_helpers.child_env).
+torch.set_num_threads(1)
+
 
 def tiny_llama(vocab_size: int, seed: int, layers: int = 2) -> LlamaForCausalLM:
-    """A randomly initialised Llama small enough to decode in milliseconds."""
+    """A seeded random Llama small enough to decode in milliseconds, whose greedy text depends on the prompt.
+
+    The LM head is its own matrix: tied to the embeddings, a random model scores the token it was just fed
+    highest and repeats the prompt's last token forever, which hides cache, position and rollback bugs.
+    """
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False,
     )
     return LlamaForCausalLM(config).eval()
 
