@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 from scipy.stats import chisquare
@@ -104,7 +102,6 @@ def test_end_to_end_sampling_matches_the_targets_joint_distribution():
     want, seen = expected[keep].double().numpy(), got[keep].double().numpy()
     assert chisquare(seen, want / want.sum() * seen.sum()).pvalue > 1e-3
     assert big.sum() >= 20  # the law is spread over many outcomes, so the test means something
-    assert math.isclose(counts.sum().item(), n)
 
 
 def _shaped(model: torch.nn.Module, seed: int) -> torch.nn.Module:
