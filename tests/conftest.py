@@ -34,6 +34,15 @@ def tiny_llama(vocab_size: int, seed: int, layers: int = 2) -> LlamaForCausalLM:
     return LlamaForCausalLM(config).eval()
 
 
+def greedy_without_cache(model: torch.nn.Module, prompt: list[int], n: int) -> list[int]:
+    """The argmax after the whole text, one full forward pass per token: no cache, nothing shared with decode."""
+    ids = list(prompt)
+    with torch.inference_mode():
+        for _ in range(n):
+            ids.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt):]
+
+
 @pytest.fixture(scope="session")
 def smollm2() -> models.Loaded:
     return models.load(models.DEFAULT_MODEL)

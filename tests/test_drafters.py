@@ -14,7 +14,7 @@ from transformers import DynamicCache, LlamaForCausalLM
 
 from runner.engine.drafters import ModelDrafter, NgramDrafter, crop_to, layer_skip
 from runner.engine.sampling import Decoding
-from tests.conftest import tiny_llama
+from tests.conftest import greedy_without_cache, tiny_llama
 
 GREEDY = Decoding("greedy", 0.0, 1.0)
 
@@ -118,14 +118,6 @@ def test_layer_skip_on_smollm2_matches_the_targets_hidden_state_after_layer_l(sm
         hidden = model(input_ids=text[None], output_hidden_states=True).hidden_states[12]
         expected = model.lm_head(model.model.norm(hidden))
         torch.testing.assert_close(layer_skip(model, 12)(input_ids=text[None]).logits, expected, atol=1e-4, rtol=1e-4)
-
-
-def greedy_without_cache(model: torch.nn.Module, text: list[int], n: int) -> list[int]:
-    ids = list(text)
-    with torch.inference_mode():
-        for _ in range(n):
-            ids.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[len(text):]
 
 
 def test_a_model_drafter_proposes_its_own_greedy_text_and_keeps_its_cache_at_the_kept_text(target):

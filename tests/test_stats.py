@@ -79,3 +79,8 @@ def test_a_run_ended_by_its_prefill_has_no_rounds_to_summarise():
     assert s.measured_speedup == pytest.approx(2.0)
     # a baseline without rounds gives no target pass time, so no c, even for a run that drafted
     assert summarize(RUN, generation(tuple(range(9)), (), 0.9), 4, greedy=True).c is None
+
+
+def test_alpha_with_as_many_rejections_as_acceptances_is_one_half():
+    tie = generation((0, 1, 2), rounds((2, 1, 1, 0, 2, 0.01),), 0.3)  # 1 accepted, 1 rejected
+    assert summarize(tie, BASELINE, 2, greedy=True).alpha == 0.5

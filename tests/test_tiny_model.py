@@ -7,17 +7,9 @@ import torch
 from runner.engine.decode import generate
 from runner.engine.drafters import NoDraft
 from runner.engine.sampling import Decoding
+from tests.conftest import greedy_without_cache
 
 PROMPTS = ([1, 2, 3, 4, 5], [100, 200, 300], list(range(100, 140)) * 2, [7, 7, 7])
-
-
-def greedy_without_cache(model: torch.nn.Module, prompt: list[int], n: int) -> list[int]:
-    """The argmax after the whole text, one full forward pass per token: no cache, nothing shared with decode."""
-    ids = list(prompt)
-    with torch.inference_mode():
-        for _ in range(n):
-            ids.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[len(prompt):]
 
 
 def test_the_tiny_models_greedy_text_depends_on_the_prompt(tiny):
