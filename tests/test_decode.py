@@ -6,11 +6,14 @@ speculative output is checked against transformers' own `generate` in test_refer
 
 from __future__ import annotations
 
+import re
+import time
+
 import pytest
 import torch
 
 from runner.engine.decode import Clock, Sequence, Target, generate, speculative_round
-from runner.engine.drafters import Draft, ModelDrafter, NgramDrafter
+from runner.engine.drafters import Draft, ModelDrafter, NgramDrafter, NoDraft
 from runner.engine.models import Loaded
 from runner.engine.pair import Pair, parse_draft
 from runner.engine.sampling import Decoding
@@ -136,3 +139,30 @@ def test_drafters_that_ask_get_the_targets_hidden_states_of_the_kept_positions(t
         full = torch.tensor([PROMPT + g[:3]])
         expected = tiny.model(input_ids=full, output_hidden_states=True).hidden_states[-1][0, -3:]
     torch.testing.assert_close(drafter.hidden, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("prompt", "max_new", "message"), [
+    ([], 4, "the prompt is empty"),
+    ([5], 0, "max-new-tokens must be >= 1, got 0"),
+    ([5] * 501, 12, "prompt (501 tokens) + max-new-tokens (12) exceeds the model's context of 512 tokens"),
+])
+def test_generate_refuses_what_it_cannot_decode(tiny, prompt, max_new, message):
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        generate(tiny, NoDraft(), prompt, None, GREEDY, max_new, torch.Generator())
+
+
+def test_a_prompt_that_fills_the_context_exactly_is_decoded(tiny):
+    run = generate(tiny, NoDraft(), [5] * 500, None, GREEDY, 12, torch.Generator())  # 500 + 12 = 512
+    assert len(run.output_tokens) == 12 and run.prompt_tokens == (5,) * 500
+
+
+def test_the_timings_partition_the_run(tiny):
+    started = time.perf_counter()
+    run = generate(tiny, ModelDrafter(tiny.model, GREEDY, None), PROMPT, 3, GREEDY, 12, torch.Generator())
+    outside = time.perf_counter() - started
+    assert all(r.draft_s >= 0 and r.verify_s >= 0 for r in run.rounds)
+    # the same clock, read around the call: the parts fit in the whole, and the whole in what the caller saw
+    assert 0 <= run.prefill_s + run.draft_s + run.verify_s <= run.wall_s <= outside
+    assert run.prompt_tokens == tuple(PROMPT) and run.draft_calls == sum(r.k for r in run.rounds)  # a call a draft
+    plain = generate(tiny, NoDraft(), PROMPT, None, GREEDY, 12, torch.Generator())
+    assert plain.draft_calls == 0 and [r.k for r in plain.rounds] == [0] * 11

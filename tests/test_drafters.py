@@ -10,7 +10,7 @@ import copy
 
 import pytest
 import torch
-from transformers import DynamicCache, LlamaForCausalLM
+from transformers import DynamicCache, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from runner.engine.drafters import ModelDrafter, NgramDrafter, crop_to, layer_skip
 from runner.engine.sampling import Decoding
@@ -31,6 +31,7 @@ def lookup(n: int, text: list[int], k: int) -> list[int]:
     # the last 3 tokens (1, 2, 3) appeared at the start, followed by 4, 1, 2, 3
     (3, [1, 2, 3, 4, 1, 2, 3], 2, [4, 1]),
     (3, [1, 2, 3, 4, 1, 2, 3], 8, [4, 1, 2, 3]),  # cut where the text ends
+    (3, [1, 2, 3, 4, 1, 2, 3], 1, [4]),
     # (5, 6) appeared twice: the latest occurrence wins (followed by 8, not 7)
     (2, [5, 6, 7, 5, 6, 8, 5, 6], 3, [8, 5, 6]),
     # (3, 4, 2) and (4, 2) never appeared; (2,) did, followed by 3, 4
@@ -155,6 +156,31 @@ def test_a_sampling_model_drafter_returns_the_probabilities_it_drew_from(target)
             expected[kept] = probs[kept] / probs[kept].sum()
             torch.testing.assert_close(proposed.q[i], expected, atol=1e-5, rtol=1e-5)
             assert proposed.q[i, proposed.tokens[i]] > 0  # each draft was drawn from its row
+
+
+def test_a_model_drafter_fed_a_one_token_prompt_caches_that_token():
+    draft = tiny_llama(64, seed=6)
+    drafter = ModelDrafter(draft, GREEDY, None)
+    with torch.inference_mode():
+        drafter.prefill(torch.tensor([9, 4]))  # a one-token prompt and the prefill's token
+        assert drafter.cache.get_seq_length() == 1
+        assert drafter.propose(torch.tensor([9, 4]), 2).tokens.tolist() == greedy_without_cache(draft, [9, 4], 2)
+
+
+def test_layer_skip_cuts_the_layer_types_of_a_model_that_has_them():
+    """Qwen2 names each layer's attention (full or sliding window); the draft keeps the first L names."""
+    config = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2, use_sliding_window=True, sliding_window=4,
+                         max_window_layers=1)
+    torch.manual_seed(8)
+    target = Qwen2ForCausalLM(config).eval()
+    assert target.config.layer_types == ["full_attention"] + ["sliding_attention"] * 3
+    draft = layer_skip(target, 2)
+    assert draft.config.layer_types == ["full_attention", "sliding_attention"]
+    assert target.config.layer_types == ["full_attention"] + ["sliding_attention"] * 3
+    with torch.inference_mode():
+        hidden = target(input_ids=TEXT[None], output_hidden_states=True).hidden_states[2]
+        torch.testing.assert_close(draft(input_ids=TEXT[None]).logits, target.lm_head(target.model.norm(hidden)))
 
 
 def test_crop_to_keeps_the_first_positions(target):

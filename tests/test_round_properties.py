@@ -76,8 +76,10 @@ def test_greedy_rounds_keep_the_explainers_invariants(target, script, k, max_new
     run = generate(target, drafter, PROMPT, k, GREEDY, max_new, torch.Generator())
     assert list(run.output_tokens) == truth  # the committed text is the target's own choices
     at = 1  # the prefill made truth[0]
-    for r in run.rounds:
-        assert r.accepted + r.rejected + r.thrown == r.k <= min(k, max_new - at - 1)
+    for i, r in enumerate(run.rounds):
+        # as many drafts as the script had, but never more than k, nor past the budget (k drafts give k + 1)
+        assert r.accepted + r.rejected + r.thrown == r.k == min(len(script[i]) if i < len(script) else 0, k,
+                                                                 max_new - at - 1)
         expected = 0
         while expected < r.k and r.draft_tokens[expected] == truth[at + expected]:
             expected += 1
