@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-from reliability_helpers import one_torch_thread
 from tokenizers import Tokenizer, pre_tokenizers
 from tokenizers import models as tok_models
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -74,10 +72,3 @@ def foreign_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     PreTrainedTokenizerFast(tokenizer_object=core, unk_token="[UNK]", eos_token="w0").save_pretrained(path)
     tiny_llama(101, seed=2).save_pretrained(path)
     return path
-
-
-@pytest.fixture
-def one_thread() -> Iterator[None]:
-    """The test's in-process sweeps on one torch thread (a busy 2-core machine)."""
-    with one_torch_thread():
-        yield

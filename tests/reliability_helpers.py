@@ -17,13 +17,12 @@ turns a hung child into a failure instead of a hung test run.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import duckdb
@@ -60,19 +59,6 @@ def sweep_args(target: Path, db: Path, prompts: Path, drafts: list[str], ks: lis
     drafts_args = [arg for draft in drafts for arg in ("--draft", draft)]
     return ["--target", str(target), *drafts_args, "--k", ",".join(map(str, ks)), "--prompts", str(prompts),
             "--max-new-tokens", "4", "--db", str(db)]
-
-
-@contextlib.contextmanager
-def one_torch_thread() -> Iterator[None]:
-    """In-process sweeps on one torch thread, like the sweeps started by start_script (OMP_NUM_THREADS=1)."""
-    import torch  # here, not at the top: the reader roles of this module never need it
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def child_env() -> dict[str, str]:

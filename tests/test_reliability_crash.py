@@ -84,7 +84,7 @@ def _snapshot(db: Path) -> tuple[list, list]:
             query(db, "SELECT * FROM rounds ORDER BY run_id, round"))
 
 
-def test_sigkill_at_random_points_then_resume_records_exactly_the_missing_cells(tiny_dir, tmp_path, one_thread):
+def test_sigkill_at_random_points_then_resume_records_exactly_the_missing_cells(tiny_dir, tmp_path):
     rng = random.Random(SEED)
     prompts = write_prompts(tmp_path / "prompts.jsonl", PROMPTS)
     planned = sorted(planned_cells(PROMPTS, DRAFTS, KS), key=repr)
