@@ -10,7 +10,7 @@ import copy
 
 import pytest
 import torch
-from transformers import DynamicCache, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from runner.engine.drafters import ModelDrafter, NgramDrafter, crop_to, layer_skip
 from runner.engine.sampling import Decoding
@@ -101,7 +101,9 @@ def test_layer_skip_leaves_the_target_as_it_was_and_shares_its_weights(target):
         assert torch.equal(target(input_ids=TEXT[None]).logits, before)
     assert target.config.num_hidden_layers == 4 and len(target.model.layers) == 4
     assert draft.config.num_hidden_layers == 2 and len(draft.model.layers) == 2
+    # its own generation settings (assisted generation changes the assistant's), equal to the target's
     assert draft.generation_config is not target.generation_config
+    assert draft.generation_config.to_dict() == target.generation_config.to_dict()
     assert draft.lm_head.weight.data_ptr() == target.lm_head.weight.data_ptr()
     assert draft.model.layers[1].mlp.up_proj.weight.data_ptr() == target.model.layers[1].mlp.up_proj.weight.data_ptr()
 
@@ -110,6 +112,12 @@ def test_layer_skip_leaves_the_target_as_it_was_and_shares_its_weights(target):
 def test_layer_skip_needs_fewer_layers_than_the_target(target, layers):
     with pytest.raises(ValueError, match=rf"^layerskip:L needs 1 <= L < 4 \(the target's layer count\), got {layers}$"):
         layer_skip(target, layers)
+
+
+def test_layer_skip_needs_a_decoder_with_layers():
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=2))  # its blocks are `.h`
+    with pytest.raises(ValueError, match="^layerskip needs a decoder with .layers; GPT2LMHeadModel has none$"):
+        layer_skip(gpt2, 1)
 
 
 def test_layer_skip_on_smollm2_matches_the_targets_hidden_state_after_layer_l(smollm2):

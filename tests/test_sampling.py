@@ -27,6 +27,12 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
     assert probabilities(logits, Decoding("sample", 1.0, 0.4)).tolist() == [0.0, 1.0, 0.0, 0.0]
 
 
+def test_top_p_of_one_keeps_every_token_however_unlikely():
+    # p = (1 − 2.1e-9, 2.1e-9): in float32 the mass before the second token already rounds to 1
+    probs = probabilities(torch.tensor([0.0, -20.0]), Decoding("sample", 1.0, 1.0))
+    assert probs[1] > 0 and probs[1].item() == pytest.approx(2.06e-9, rel=0.01)
+
+
 def test_residual_is_the_normalised_positive_part_of_p_minus_q():
     p, q = torch.tensor([0.5, 0.3, 0.2, 0.0]), torch.tensor([0.2, 0.6, 0.1, 0.1])
     torch.testing.assert_close(residual(p, q, 1), torch.tensor([0.75, 0.0, 0.25, 0.0]))
