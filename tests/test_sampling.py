@@ -27,6 +27,12 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
     assert probabilities(logits, Decoding("sample", 1.0, 0.4)).tolist() == [0.0, 1.0, 0.0, 0.0]
 
 
+def test_top_p_stops_once_the_kept_mass_reaches_p_exactly():
+    # 0.5 + 0.25 is exactly 0.75 (binary fractions): the third token is not needed
+    probs = probabilities(torch.tensor([2.0, 1.0, 1.0]).log(), Decoding("sample", 1.0, 0.75))
+    torch.testing.assert_close(probs, torch.tensor([2 / 3, 1 / 3, 0.0]))
+
+
 def test_top_p_of_one_keeps_every_token_however_unlikely():
     # p = (1 − 2.1e-9, 2.1e-9): in float32 the mass before the second token already rounds to 1
     probs = probabilities(torch.tensor([0.0, -20.0]), Decoding("sample", 1.0, 1.0))
