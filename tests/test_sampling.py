@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from scipy.stats import chisquare
@@ -11,6 +13,22 @@ from runner.engine.drafters import ModelDrafter
 from runner.engine.models import Loaded
 from runner.engine.sampling import Decoding, accept_greedy, accept_sampled, probabilities, residual
 from tests.conftest import tiny_llama
+
+
+@pytest.mark.parametrize(("mode", "temperature", "top_p", "message"), [
+    ("beam", 1.0, 1.0, 'unknown mode "beam"; use greedy or sample'),
+    ("sample", -0.5, 1.0, "temperature must be >= 0, got -0.5"),
+    ("sample", 0.0, 1.0, "temperature 0 means greedy: use --mode greedy"),
+    ("sample", 1.0, 0.0, "top-p must be in (0, 1], got 0.0"),
+    ("sample", 1.0, 1.01, "top-p must be in (0, 1], got 1.01"),
+])
+def test_a_decoding_rule_that_means_nothing_is_refused(mode, temperature, top_p, message):
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        Decoding(mode, temperature, top_p)
+
+
+def test_the_edges_of_the_decoding_rules_are_allowed():
+    assert Decoding("greedy", 0.0, 1.0).greedy and not Decoding("sample", 1e-6, 1e-6).greedy
 
 
 def test_temperature_divides_the_logits():
