@@ -74,8 +74,7 @@ def first_tokens(smollm2, pair: Pair, draft: str, prefix: list[int]) -> tuple[li
             drafter = pair.drafter(spec, DECODING, generator)
             text = Sequence(prefix, len(prefix) + K + 1, smollm2.device)
             drafter.prefill(text.tokens)
-            r = speculative_round(target, drafter, text, 0 if spec.baseline else K, DECODING, generator, clock,
-                                  K + 1, frozenset())
+            r = speculative_round(target, drafter, text, K, DECODING, generator, clock, K + 1, frozenset())
             firsts.append(int(text.tokens[len(prefix)]))
             outcomes.append((r.accepted, r.k))
             crop_to(target.cache, len(prefix) - 1)
