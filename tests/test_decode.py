@@ -166,3 +166,16 @@ def test_the_timings_partition_the_run(tiny):
     assert run.prompt_tokens == tuple(PROMPT) and run.draft_calls == sum(r.k for r in run.rounds)  # a call a draft
     plain = generate(tiny, NoDraft(), PROMPT, None, GREEDY, 12, torch.Generator())
     assert plain.draft_calls == 0 and [r.k for r in plain.rounds] == [0] * 11
+
+
+def test_a_sampled_run_is_reproduced_by_its_seed_whatever_torchs_global_state(tiny):
+    decoding = Decoding("sample", 0.9, 0.95)
+    draft = tiny_llama(tiny.model.config.vocab_size, seed=9)
+
+    def run(global_seed: int) -> tuple:
+        torch.manual_seed(global_seed)
+        gen = torch.Generator().manual_seed(4)
+        out = generate(tiny, ModelDrafter(draft, decoding, gen), PROMPT, 3, decoding, 16, gen)
+        return out.output_tokens, [(r.draft_tokens, r.target_tokens) for r in out.rounds]
+
+    assert run(0) == run(1)

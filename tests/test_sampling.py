@@ -45,6 +45,25 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
     assert probabilities(logits, Decoding("sample", 1.0, 0.4)).tolist() == [0.0, 1.0, 0.0, 0.0]
 
 
+def test_rows_of_a_batch_are_each_their_own_distribution():
+    # a verify pass gives k + 1 rows at once; each is cut and renormalised alone
+    logits = torch.tensor([[0.05, 0.5, 0.15, 0.3], [0.4, 0.3, 0.2, 0.1]]).log()
+    batch = probabilities(logits, Decoding("sample", 1.0, 0.75))
+    for row, one in zip(batch, logits, strict=True):
+        torch.testing.assert_close(row, probabilities(one, Decoding("sample", 1.0, 0.75)))
+    torch.testing.assert_close(batch[1], torch.tensor([4 / 9, 3 / 9, 2 / 9, 0.0]))
+
+
+def test_speculative_sampling_draws_from_its_generator_alone():
+    """The seed recorded with a run reproduces it: nothing comes from torch's global random state."""
+    def outcomes(global_seed: int) -> list[tuple[int, int]]:
+        torch.manual_seed(global_seed)
+        gen = torch.Generator().manual_seed(5)
+        return [accept_sampled(torch.tensor([1, 3]), q, P, gen) for q in (Q, None) for _ in range(50)]
+
+    assert outcomes(0) == outcomes(1)
+
+
 def test_top_p_stops_once_the_kept_mass_reaches_p_exactly():
     # 0.5 + 0.25 is exactly 0.75 (binary fractions): the third token is not needed
     probs = probabilities(torch.tensor([2.0, 1.0, 1.0]).log(), Decoding("sample", 1.0, 0.75))
