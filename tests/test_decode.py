@@ -87,6 +87,9 @@ def test_rounds_are_cut_by_max_new_tokens_and_never_draft_past_it(tiny):
     assert [(r.k, r.emitted) for r in run.rounds] == [(4, 5), (1, 2)]  # after the prefill's token: 1 + 5 + 2
     assert list(run.output_tokens) == greedy_without_cache(tiny.model, PROMPT, 8)
     assert run.stop_reason == "max_new_tokens"
+    # one token left after a round: the last round drafts nothing
+    short = generate(tiny, ModelDrafter(tiny.model, GREEDY, None), PROMPT, 4, GREEDY, 7, torch.Generator())
+    assert [(r.k, r.accepted, r.emitted) for r in short.rounds] == [(4, 4, 5), (0, 0, 1)]
     # a budget of one token is the prefill's alone: no round at all
     once = generate(tiny, ModelDrafter(tiny.model, GREEDY, None), PROMPT, 4, GREEDY, 1, torch.Generator())
     assert (len(once.output_tokens), once.rounds, once.stop_reason) == (1, (), "max_new_tokens")
