@@ -182,3 +182,10 @@ def test_a_sampled_run_is_reproduced_by_its_seed_whatever_torchs_global_state(ti
         return out.output_tokens, [(r.draft_tokens, r.target_tokens) for r in out.rounds]
 
     assert run(0) == run(1)
+
+
+def test_in_sample_mode_the_prefills_token_is_drawn(tiny):
+    # the tiny model spreads its next token over thousands of ids: five seeds, five first tokens
+    firsts = {generate(tiny, NoDraft(), PROMPT, None, Decoding("sample", 1.0, 1.0), 1,
+                       torch.Generator().manual_seed(seed)).output_tokens for seed in range(5)}
+    assert len(firsts) == 5
