@@ -32,7 +32,6 @@ GREEDY = Decoding("greedy", 0.0, 1.0)
 SAMPLE = Decoding("sample", 0.8, 0.9)
 # Concentrated enough that the exact joint law of two tokens has ~20 outcomes, each seen often in 400 draws.
 EXACTNESS = Decoding("sample", 0.5, 0.8)
-pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread is ~20x faster on a busy machine
 NEW_TOKENS = 20  # every prompt is ~40 tokens: with the output, five windows of 8
 
 

@@ -16,6 +16,7 @@ import duckdb
 import pytest
 
 from runner.records import Generation, Round, RunRecord
+from runner.store import connect
 from runner.store.connect import init_db
 from runner.store.pending import record_from_dict, record_to_dict, spill
 from runner.store.runs import baseline_for, flush_pending, list_sweeps, recorded_runs, write_run
@@ -333,35 +334,54 @@ def test_sigkill_during_writes_never_leaves_a_partial_run(db):
 
 
 HOLDER = """
-import sys, time, duckdb
+import sys, duckdb
 con = duckdb.connect(sys.argv[1], read_only=True)
 print("held", flush=True)
-time.sleep(float(sys.argv[2]))
+sys.stdin.readline()  # until the test says so
 con.close()
 """
 
 
-def hold_read_only(db: Path, seconds: float) -> subprocess.Popen:
-    child = subprocess.Popen([sys.executable, "-c", HOLDER, str(db), str(seconds)], stdout=subprocess.PIPE, text=True)
+def hold_read_only(db: Path) -> subprocess.Popen:
+    """Another process with the file open read-only until a line arrives on its stdin."""
+    child = subprocess.Popen([sys.executable, "-c", HOLDER, str(db)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
     assert child.stdout.readline() == "held\n"
     return child
 
 
-def test_a_locked_write_retries_until_the_reader_lets_go(db):
+def release(holder: subprocess.Popen) -> None:
+    holder.stdin.write("release\n")
+    holder.stdin.flush()
+    assert holder.wait() == 0
+
+
+def test_a_locked_write_retries_until_the_reader_lets_go(db, monkeypatch):
     write_run(db, BASELINE)
-    holder = hold_read_only(db, 1.0)
-    started = time.monotonic()
-    retries = write_run(db, SPEC, lock_timeout_s=10)
-    assert retries > 0
-    assert 0.5 < time.monotonic() - started < 5
-    holder.wait()
+    holder = hold_read_only(db)
+    waits: list[float] = []
+
+    class Clock:  # the store's clock, except that the third wait lets the reader go first
+        monotonic = staticmethod(time.monotonic)
+
+        @staticmethod
+        def sleep(seconds: float) -> None:
+            waits.append(seconds)
+            if len(waits) == 3:
+                release(holder)
+            time.sleep(seconds)
+
+    monkeypatch.setattr(connect, "time", Clock)
+    retries = write_run(db, SPEC, lock_timeout_s=600)
+    assert retries == len(waits) == 3  # three refusals while held, in the first try after the release
+    assert holder.returncode == 0
     assert query(db, "SELECT run_id FROM runs ORDER BY run_id") == [("base",), ("spec",)]
     assert not (db.parent / "runs.duckdb.pending").exists()
 
 
 def test_a_write_locked_past_its_bound_spills_and_is_flushed_exactly_once(db):
     write_run(db, many_rounds("first", 5))
-    holder = hold_read_only(db, 1.5)
+    holder = hold_read_only(db)
     assert write_run(db, BASELINE, lock_timeout_s=0.2) > 0
     assert (db.parent / "runs.duckdb.pending" / "base.json").is_file()
     # Readers share the file with the holder, and see the spilled run as recorded.
@@ -369,7 +389,7 @@ def test_a_write_locked_past_its_bound_spills_and_is_flushed_exactly_once(db):
                                              ("p1", "none", None, "greedy", 0.0, 1.0, 0)}
     assert baseline_for(db, "s1", "p1", "greedy", 0.0, 1.0, 0, [1, 2, 3], "cpu", "float32") == (
         "base", tuple(range(10, 20)))
-    holder.wait()
+    release(holder)
     assert flush_pending(db) == 1
     assert flush_pending(db) == 0
     assert query(db, "SELECT run_id, n_rounds FROM runs ORDER BY run_id") == [("base", 10), ("first", 5)]
