@@ -65,6 +65,20 @@ def test_the_table_is_the_median_choice_per_shape_and_row_count():
             assert medians[name] <= medians["stock"]
 
 
+def test_a_candidate_the_library_refuses_is_left_out_and_stock_is_chosen(monkeypatch):
+    """oneDNN has no float16 inner product on most CPUs: a candidate that raises is dropped for that shape."""
+    def refuses(x, w, b):
+        if w.shape[0] == 8:
+            raise RuntimeError("could not create a primitive descriptor")
+        return kernels._transposed(x, w, b)
+
+    monkeypatch.setattr(kernels, "CANDIDATES", {"stock": F.linear, "refuses": refuses})
+    timings = kernels.measure([torch.nn.Linear(4, 8), torch.nn.Linear(8, 4)], repeats=1)
+    assert all(set(by_name) == {"stock"} for by_name in timings[(8, 4)].values())
+    assert all(set(by_name) == {"stock", "refuses"} for by_name in timings[(4, 8)].values())
+    assert kernels.table_from(timings)[(8, 4)] == ("stock",) * kernels.MAX_ROWS
+
+
 def forced(switch: kernels.Kernels, name_for_rows) -> None:
     """Set the switch's table at this thread count to `name_for_rows(rows)` for every shape, unmeasured."""
     shapes = {tuple(m.weight.shape) for m in switch.linears}
