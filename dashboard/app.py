@@ -27,4 +27,5 @@ page = st.navigation([
     st.Page("sql_page.py", title="SQL", icon=":material/database:", url_path="sql"),
 ])
 st.sidebar.caption(f"database: `{common.db_path()}`")
+common.recording_banner()
 page.run()

@@ -1,48 +1,27 @@
 """The dashboard's reads: pure `(con, …) -> DataFrame` functions, aggregation done in DuckDB.
 
 No Streamlit here. Every value a user picks travels as a `?` parameter; column names come only
-from the fixed fields of `Filters`. Cells pool α and the thrown share over their runs' drafts, average
-τ and c over runs, and take the geometric mean of speedups (ratios), as `runner sweep` reports them.
+from the fixed fields of `Filters`. The pooled numbers (cells, the leaderboard, the formula's curves)
+come from `runner.store.metrics`, which `runner sweep` and the bench read too.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import astuple, dataclass, fields
+from dataclasses import fields
 from typing import TypeVar
 
 import duckdb
 import pandas as pd
 
 from runner.store.connect import open_db
+from runner.store.metrics import Filters
 from runner.store.schema import schema_version
 
 T = TypeVar("T")
 # A reader waits this long for the runner's write transaction (milliseconds each) before giving up.
 LOCK_BOUND_S = 10.0
-
-
-@dataclass(frozen=True)
-class Filters:
-    """The selected values per `runs` column; an empty tuple selects everything."""
-
-    target: tuple[str, ...] = ()
-    draft: tuple[str, ...] = ()
-    category: tuple[str, ...] = ()
-    k: tuple[int, ...] = ()
-    mode: tuple[str, ...] = ()
-    device: tuple[str, ...] = ()
-    sweep_id: tuple[str, ...] = ()
-
-    def where(self, alias: str = "", skip: tuple[str, ...] = ()) -> tuple[str, list]:
-        """A SQL condition (always valid, 'true' when nothing is picked) and its parameters."""
-        clauses, params = ["true"], []
-        for field, values in zip(fields(self), astuple(self), strict=True):
-            if values and field.name not in skip:
-                clauses.append(f"{alias}{field.name} IN ({', '.join('?' * len(values))})")
-                params.extend(values)
-        return " AND ".join(clauses), params
 
 
 def read(db_path: str | os.PathLike, query: Callable[..., T], *args: object) -> T:
@@ -68,38 +47,10 @@ def run_count(con: duckdb.DuckDBPyConnection) -> int:
 def filter_options(con: duckdb.DuckDBPyConnection) -> dict[str, list]:
     """The values each filter can take, from the speculative runs that have statistics."""
     names = [field.name for field in fields(Filters)]
-    lists = ", ".join(f"list(DISTINCT {name} ORDER BY {name})" for name in names)
+    # NULL is no option: runs recorded before a column existed have none.
+    lists = ", ".join(f"list(DISTINCT {name} ORDER BY {name}) FILTER ({name} IS NOT NULL)" for name in names)
     row = con.execute(f"SELECT {lists} FROM run_stats WHERE draft <> 'none'").fetchone()
     return {name: values or [] for name, values in zip(names, row, strict=True)}
-
-
-def cells(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
-    """One row per target × mode × category × draft × k."""
-    where, params = filters.where()
-    return _frame(con, f"""
-        SELECT target, mode, category, draft, k, count(*) AS runs,
-            sum(accepted)::BIGINT AS accepted, sum(rejected)::BIGINT AS rejected,
-            sum(thrown)::BIGINT AS thrown, sum(drafted)::BIGINT AS drafted,
-            sum(accepted) / nullif(sum(accepted) + sum(rejected), 0) AS alpha,
-            sum(thrown) / nullif(sum(drafted), 0) AS thrown_share,
-            avg(tau) AS tau, avg(c) AS c,
-            exp(avg(ln(measured_speedup))) AS measured_speedup,
-            exp(avg(ln(theoretical_speedup))) AS predicted_speedup,
-            count(*) FILTER (lossless = false) AS lossless_failures
-        FROM run_stats WHERE draft <> 'none' AND {where}
-        GROUP BY ALL ORDER BY target, mode, category, draft, k""", params)
-
-
-def totals(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
-    """One row: the headline numbers over every selected speculative run."""
-    where, params = filters.where()
-    return _frame(con, f"""
-        SELECT count(*) AS runs, sum(n_rounds)::BIGINT AS rounds, sum(drafted)::BIGINT AS drafted,
-            sum(thrown)::BIGINT AS thrown, sum(thrown) / nullif(sum(drafted), 0) AS thrown_share,
-            sum(accepted) / nullif(sum(accepted) + sum(rejected), 0) AS alpha,
-            avg(tau) AS tau,
-            exp(avg(ln(measured_speedup))) AS measured_speedup
-        FROM run_stats WHERE draft <> 'none' AND {where}""", params)
 
 
 def runs(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
@@ -121,40 +72,32 @@ def verify_growth(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFr
     spec_where, spec_params = filters.where(alias="s.")
     base_where, base_params = filters.where(alias="s.", skip=("draft", "k"))
     # The rounds are summed per (run, k) before the join: at 10M rounds that is 4x faster than joining each round.
+    # Kernels and threads change the pass time itself, so each setting gets its own curve and its own reference.
     return _frame(con, f"""
         WITH per_run_k AS (SELECT run_id, k, count(*) AS n, sum(verify_s) AS s FROM rounds GROUP BY ALL),
         picked AS (
-            SELECT s.target, s.device, p.k, p.n, p.s, s.draft = 'none' AS baseline
+            SELECT s.target, s.device, s.kernels, s.threads, p.k, p.n, p.s, s.draft = 'none' AS baseline
             FROM per_run_k p JOIN runs s USING (run_id)
             WHERE s.status = 'ok' AND ((s.draft <> 'none' AND {spec_where}) OR (s.draft = 'none' AND {base_where}))),
-        one_token AS (SELECT target, device, sum(s) / sum(n) AS one_token_s FROM picked WHERE baseline GROUP BY ALL)
-        SELECT target, device, k, sum(n)::BIGINT AS rounds, sum(s) / sum(n) AS verify_s,
-            sum(s) / sum(n) / any_value(one_token_s) AS relative
-        FROM picked LEFT JOIN one_token USING (target, device)
-        GROUP BY ALL ORDER BY target, device, k""", spec_params + base_params)
+        one_token AS (SELECT target, device, kernels, threads, sum(s) / sum(n) AS one_token_s FROM picked
+                      WHERE baseline GROUP BY ALL)
+        SELECT p.target, p.device, p.kernels, p.threads, p.k, sum(p.n)::BIGINT AS rounds,
+            sum(p.s) / sum(p.n) AS verify_s, sum(p.s) / sum(p.n) / any_value(o.one_token_s) AS relative
+        FROM picked p LEFT JOIN one_token o ON o.target = p.target AND o.device = p.device
+            AND o.kernels IS NOT DISTINCT FROM p.kernels AND o.threads IS NOT DISTINCT FROM p.threads
+        GROUP BY ALL ORDER BY p.target, p.device, p.kernels, p.threads, p.k""", spec_params + base_params)
 
 
 def lossless_rates(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
-    """Per target × mode × draft: runs, and the share of checked runs whose output equals the baseline's."""
+    """Per target × mode × draft: runs, the share of checked runs whose output equals the baseline's, and the
+    mismatches by class."""
     where, params = filters.where()
     return _frame(con, f"""
-        SELECT target, mode, draft, count(*) AS runs, avg(lossless::INTEGER) AS lossless_rate
+        SELECT target, mode, draft, count(*) AS runs, avg(lossless::INTEGER) AS lossless_rate,
+            count(*) FILTER (divergence = 'tie') AS numeric_ties,
+            count(*) FILTER (divergence = 'real') AS real_divergences
         FROM run_stats WHERE draft <> 'none' AND {where}
         GROUP BY ALL ORDER BY target, mode, draft""", params)
-
-
-def draft_categories(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
-    """Per target × mode × draft × category: α over every k, and the k with the best measured speedup."""
-    where, params = filters.where()
-    return _frame(con, f"""
-        WITH cell AS (
-            SELECT target, mode, draft, category, k, sum(accepted) AS accepted, sum(rejected) AS rejected,
-                avg(tau) AS tau, exp(avg(ln(measured_speedup))) AS speedup
-            FROM run_stats WHERE draft <> 'none' AND {where} GROUP BY ALL)
-        SELECT target, mode, draft, category,
-            sum(accepted) / nullif(sum(accepted) + sum(rejected), 0) AS alpha,
-            arg_max(k, speedup) AS best_k, max(speedup) AS best_speedup, arg_max(tau, speedup) AS tau_at_best_k
-        FROM cell GROUP BY ALL ORDER BY target, mode, draft, category""", params)
 
 
 def run_choices(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
@@ -169,8 +112,9 @@ def run_detail(con: duckdb.DuckDBPyConnection, run_id: str) -> pd.DataFrame:
     return _frame(con, """
         SELECT r.run_id, r.sweep_id, r.started_at, r.target, r.draft, r.draft_kind, r.category, r.prompt_id,
             r.prompt_text, r.k, r.mode, r.temperature, r.top_p, r.seed, r.max_new_tokens, r.device, r.dtype,
-            r.new_tokens, r.n_rounds, r.wall_s, r.draft_s, r.verify_s, r.output_tokens, r.output_text,
-            r.stop_reason, r.baseline_run_id, r.lossless, r.status, r.error,
+            r.kernels, r.threads, r.new_tokens, r.n_rounds, r.wall_s, r.draft_s, r.verify_s, r.output_tokens,
+            r.output_text, r.stop_reason, r.baseline_run_id, r.lossless, r.status, r.error, r.divergence,
+            r.divergence_at, r.divergence_gap, r.divergence_tolerance,
             s.accepted, s.rejected, s.thrown, s.drafted, s.alpha, s.tau, s.c, s.measured_speedup,
             s.theoretical_speedup, b.wall_s AS baseline_wall_s, b.output_tokens AS baseline_tokens
         FROM runs r LEFT JOIN run_stats s USING (run_id) LEFT JOIN runs b ON b.run_id = r.baseline_run_id
@@ -200,7 +144,9 @@ def benches(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
     return _frame(con, """
         SELECT bench_id, any_value(started_at) AS started_at, any_value(target) AS target,
             any_value(device) AS device, any_value(device_name) AS device_name, any_value(dtype) AS dtype,
-            any_value(threads) AS threads, any_value(max_new_tokens) AS max_new_tokens,
+            -- the bench's own thread count: its verify curves are also timed at 1 thread
+            any_value(threads) FILTER (category NOT LIKE 'threads=%') AS threads, any_value(kernels) AS kernels,
+            any_value(max_new_tokens) AS max_new_tokens,
             any_value(prompts) AS prompts, any_value(repeats) AS repeats, any_value(load_before) AS load_before,
             any_value(load_after) AS load_after, any_value(command) AS command,
             any_value(torch_version) AS torch_version, any_value(transformers_version) AS transformers_version,
@@ -212,7 +158,7 @@ def benches(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
 def bench_rows(con: duckdb.DuckDBPyConnection, bench_id: str) -> pd.DataFrame:
     """The rows of one bench in the order it printed them."""
     return _frame(con, """
-        SELECT metric, unit, draft, k, category, ours, ours_min, ours_max, theirs, theirs_min, theirs_max,
+        SELECT metric, unit, draft, k, category, threads, ours, ours_min, ours_max, theirs, theirs_min, theirs_max,
             ratio, ratio_min, ratio_max, alpha, c, goal, goal_met, mismatches
         FROM bench_results WHERE bench_id = ? ORDER BY rowid""", [bench_id])
 

@@ -9,7 +9,7 @@ import duckdb
 import pytest
 
 from runner.cli import app
-from runner.store.schema import MIGRATIONS
+from runner.store.schema import METRIC_MACROS, MIGRATIONS
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 
@@ -38,6 +38,12 @@ def test_the_readme_documents_every_column(relation):
 
 def test_the_readme_shows_every_command():
     commands = sorted(c.name or c.callback.__name__ for c in app.registered_commands)
-    assert commands == ["generate", "list", "sql", "sweep", "train-draft"]
+    assert commands == ["generate", "list", "serve", "sql", "sweep", "train-draft"]
     for command in commands:
         assert f"python -m runner {command}" in README
+
+
+def test_the_readme_defines_every_metric_macro():
+    section = _section("### Metric macros")
+    for signature in METRIC_MACROS:
+        assert f"`{signature}`" in section

@@ -16,12 +16,13 @@ import transformers
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from runner.engine import models
+from runner.engine import lossless, models
 from runner.engine.pair import PLAIN, DraftSpec, Pair, check_drafts, parse_draft
 from runner.engine.sampling import Decoding
-from runner.records import CELL_KEY, RunRecord
+from runner.records import CELL_KEY, Divergence, Generation, RunRecord
 from runner.store.connect import check_db
 from runner.store.runs import baseline_for, flush_pending, recorded_runs, write_run
+from runner.sweep import progress
 from runner.sweep.prompts import Prompt
 
 
@@ -40,6 +41,14 @@ class SweepConfig:
     device: str | None  # None: cuda when present
     dtype: str | None  # None: bf16 on cuda, fp32 on cpu
     sweep_id: str | None = None  # set to resume: cells already recorded are skipped
+    trust_remote_code: bool = False  # run the model code a checkpoint ships (transformers' trust_remote_code)
+    kernels: str = "skinny"  # the linears' path on CPU: 'skinny' (measured per shape) or 'stock' (F.linear)
+    threads: int | None = None  # torch CPU threads; None leaves torch's setting as it is
+
+    def plan_id(self) -> str:
+        """What the sweep records, as a short hash: a sweep is resumable by a later one with the same plan."""
+        return progress.fingerprint(self.target, self.drafts, self.ks, self.decodings, self.prompts,
+                                    self.max_new_tokens, self.seed, self.device, self.dtype)
 
 
 @dataclass(frozen=True)
@@ -99,76 +108,147 @@ def new_sweep_id() -> str:
     return datetime.now(UTC).strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:4]
 
 
+def device_error(exc: BaseException) -> bool:
+    """An error of the device itself: after it, later cells would fail too (a CUDA error leaves the context
+    unusable) or measure a device in trouble."""
+    return isinstance(exc, (torch.OutOfMemoryError, torch.AcceleratorError)) or (
+        isinstance(exc, RuntimeError) and "CUDA error" in str(exc))
+
+
+def make_record(cell: Cell, generation: Generation | None, error: str | None, *, started: str, pair: Pair,
+                target_spec: str, sweep_id: str, seed: int, max_new_tokens: int,
+                baseline: tuple[str, tuple[int, ...]] | None, provenance: dict[str, str]) -> RunRecord:
+    """One row of `runs`: a cell's generation (or its error), checked against its baseline's (run_id, output).
+    Greedy only: the output must equal plain greedy decoding's token for token, and where it does not, the first
+    difference is classified as a numeric tie or a real divergence (`lossless.classify`)."""
+    d, target = cell.decoding, pair.target
+    checked = generation is not None and d.greedy and baseline is not None
+    divergence = lossless.classify(target, generation.prompt_tokens, baseline[1], generation.output_tokens) \
+        if checked else None
+    return RunRecord(
+        run_id=uuid.uuid4().hex[:16], sweep_id=sweep_id, started_at=started, target=target_spec,
+        draft=cell.draft.text, draft_kind=cell.draft.kind, category=cell.prompt.category, prompt_id=cell.prompt.id,
+        prompt_text=cell.prompt.text, k=cell.k, mode=d.mode, temperature=d.temperature, top_p=d.top_p, seed=seed,
+        max_new_tokens=max_new_tokens, device=str(target.device), dtype=lossless.dtype_name(target.dtype),
+        status="error" if error else "ok", error=error, generation=generation,
+        output_text=None if generation is None else target.tokenizer.decode(list(generation.output_tokens)),
+        baseline_run_id=None if baseline is None else baseline[0], lossless=divergence is None if checked else None,
+        provenance=provenance, divergence_at=divergence and divergence.at,
+        divergence_gap=divergence and divergence.gap, divergence_tolerance=divergence and divergence.tolerance,
+        divergence=divergence and divergence.kind, kernels=pair.kernels, threads=torch.get_num_threads(),
+    )
+
+
 class Recorder:
     """Runs cells on a loaded pair and writes each as one run (one transaction with its rounds)."""
 
     def __init__(self, config: SweepConfig, sweep_id: str, pair: Pair) -> None:
         self.config, self.sweep_id, self.pair = config, sweep_id, pair
         self.provenance = provenance(pair.target.device)
-        self.lossless_failures: list[str] = []
+        self.divergences: list[tuple[str, Divergence]] = []  # greedy runs that differ from their baseline
         self.errors: list[str] = []
-        # (prompt id, decoding) -> the baseline's (run_id, output tokens), kept from this process's runs so a
-        # speculative cell need not read them back; a resumed sweep finds earlier ones in the database.
+        self.device_error: str | None = None  # set when a device error stopped the sweep
+        self.ids: dict[str, list[int]] = {}  # prompt id -> its token ids, encoded once per sweep
+        # (prompt id, decoding, prompt ids) -> the baseline's (run_id, output tokens), kept from this process's runs
+        # so a speculative cell need not read them back; a resumed sweep finds earlier ones in the database.
         self.baselines: dict[tuple, tuple[str, tuple[int, ...]]] = {}
 
-    def record(self, cell: Cell) -> None:
-        cfg, target = self.config, self.pair.target
-        ids = models.encode_chat(target, cell.prompt.text)
-        d = cell.decoding
-        key = (cell.prompt.id, d.mode, d.temperature, d.top_p)
-        baseline = None if cell.k is None else self.baselines.get(key) or baseline_for(
-            cfg.db, self.sweep_id, cell.prompt.id, d.mode, d.temperature, d.top_p, cfg.seed)
-        started = datetime.now(UTC).isoformat()
+    @property
+    def lossless_failures(self) -> list[str]:
+        """The greedy runs that differ from their baseline, as labels, whatever the class."""
+        return [label for label, _ in self.divergences]
+
+    def prompt_ids(self, cell: Cell) -> list[int]:
+        if cell.prompt.id not in self.ids:
+            self.ids[cell.prompt.id] = models.encode_chat(self.pair.target, cell.prompt.text)
+        return self.ids[cell.prompt.id]
+
+    def baseline(self, cell: Cell) -> tuple[str, tuple[int, ...]] | None:
+        """The plain run this cell is checked and timed against: same prompt ids, device and dtype, so a
+        resumed sweep never compares with a baseline of other prompt tokens (a chat template that stamps the
+        date) or of another device or dtype."""
+        d, ids, target = cell.decoding, self.prompt_ids(cell), self.pair.target
+        key = (cell.prompt.id, d.mode, d.temperature, d.top_p, tuple(ids))
+        return self.baselines.get(key) or baseline_for(
+            self.config.db, self.sweep_id, cell.prompt.id, d.mode, d.temperature, d.top_p, self.config.seed,
+            ids, str(target.device), lossless.dtype_name(target.dtype))
+
+    def _run(self, cell: Cell) -> tuple[Generation | None, str | None]:
         try:
-            generation = self.pair.run(cell.draft, ids, cell.k, d, cfg.max_new_tokens, cfg.seed)
-            status, error = "ok", None
-        except Exception as exc:  # noqa: BLE001 - a failing cell (OOM, say) is recorded and the sweep goes on
+            return self.pair.run(cell.draft, self.prompt_ids(cell), cell.k, cell.decoding, self.config.max_new_tokens,
+                                 self.config.seed), None
+        except Exception as exc:  # noqa: BLE001 - a failing cell is recorded; the sweep goes on unless the device failed
             first_line = str(exc).splitlines()[0] if str(exc) else ""
-            generation, status, error = None, "error", f"{type(exc).__name__}: {first_line}"
-            self.errors.append(f"{cell.prompt.id} {cell.draft.text} k={cell.k}: {error}")
-        lossless = None
-        if generation is not None and d.greedy and baseline is not None:
-            lossless = generation.output_tokens == baseline[1]
-            if not lossless:
-                self.lossless_failures.append(f"{cell.prompt.id} {cell.draft.text} k={cell.k}")
-        run_id = uuid.uuid4().hex[:16]
-        write_run(cfg.db, RunRecord(
-            run_id=run_id, sweep_id=self.sweep_id, started_at=started, target=cfg.target,
-            draft=cell.draft.text, draft_kind=cell.draft.kind, category=cell.prompt.category,
-            prompt_id=cell.prompt.id, prompt_text=cell.prompt.text, k=cell.k, mode=d.mode,
-            temperature=d.temperature, top_p=d.top_p, seed=cfg.seed, max_new_tokens=cfg.max_new_tokens,
-            device=str(target.device), dtype=str(target.dtype).removeprefix("torch."), status=status, error=error,
-            generation=generation,
-            output_text=None if generation is None else target.tokenizer.decode(list(generation.output_tokens)),
-            baseline_run_id=None if baseline is None else baseline[0], lossless=lossless, provenance=self.provenance,
-        ))
+            error = f"{type(exc).__name__}: {first_line}"
+            self.errors.append(f"{self.label(cell)}: {error}")
+            if device_error(exc):
+                self.device_error = error
+            return None, error
+
+    @staticmethod
+    def label(cell: Cell) -> str:
+        return f"{cell.prompt.id} {cell.draft.text} k={cell.k} {cell.decoding.mode}"
+
+    def record(self, cell: Cell) -> None:
+        cfg, d = self.config, cell.decoding
+        baseline = None if cell.k is None else self.baseline(cell)
+        started = datetime.now(UTC).isoformat()
+        generation, error = self._run(cell)
+        record = make_record(cell, generation, error, started=started, pair=self.pair,
+                             target_spec=cfg.target, sweep_id=self.sweep_id, seed=cfg.seed,
+                             max_new_tokens=cfg.max_new_tokens, baseline=baseline, provenance=self.provenance)
+        if record.mismatch is not None:
+            self.divergences.append((self.label(cell), record.mismatch))
+        write_run(cfg.db, record)
         if cell.k is None and generation is not None:
-            self.baselines[key] = (run_id, generation.output_tokens)
+            key = (cell.prompt.id, d.mode, d.temperature, d.top_p, generation.prompt_tokens)
+            self.baselines[key] = (record.run_id, generation.output_tokens)
 
 
 def run_sweep(config: SweepConfig, console: Console) -> tuple[str, Recorder]:
-    """Load once, warm up, then record every cell not yet recorded. Returns the sweep id and its recorder."""
+    """Load once, warm up, then record every cell not yet recorded; a device error stops the sweep (what was
+    recorded stays). Returns the sweep id and its recorder."""
     sweep_id = config.sweep_id or new_sweep_id()
     check_db(config.db)  # fail on a bad --db before loading any model, creating nothing
     drafts = [parse_draft(d) for d in config.drafts]
-    check_drafts(config.target, drafts)  # and on a draft head that cannot fit this target
+    check_drafts(config.target, drafts, config.trust_remote_code)  # and on a draft head that cannot fit this target
     done = recorded_runs(config.db, sweep_id) if config.sweep_id else set()
-    cells = [c for c in plan(config) if c.key(config.seed) not in done]
-    target = models.load(config.target, config.device, config.dtype)
-    pair = Pair(target, drafts)
-    for p in config.prompts:
-        if len(models.encode_chat(target, p.text)) + config.max_new_tokens > target.max_context:
-            raise ValueError(f'prompt "{p.id}" + max-new-tokens exceeds the model\'s context of {target.max_context}')
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
+    target = models.load(config.target, config.device, config.dtype, config.trust_remote_code)
+    pair = Pair(target, drafts, config.kernels)
     recorder = Recorder(config, sweep_id, pair)
+    for cell in plan(config):
+        if len(recorder.prompt_ids(cell)) + config.max_new_tokens > target.max_context:
+            raise ValueError(f'prompt "{cell.prompt.id}" + max-new-tokens exceeds the model\'s context of '
+                             f"{target.max_context}")
+    # A recorded baseline counts only if it matches this run's prompt ids, device and dtype; else it is re-run.
+    cells = [c for c in plan(config) if c.key(config.seed) not in done or c.k is None and not recorder.baseline(c)]
     warm = models.encode_chat(target, config.prompts[0].text)
     for d in config.decodings:
-        pair.warm_up([PLAIN, *drafts], warm, max(config.ks), d)
+        pair.warm_up([PLAIN, *drafts], warm, config.ks, d, config.max_new_tokens)
+    plan_id, planned = config.plan_id(), sum(1 for _ in plan(config))
+
+    def stand(recorded: int, state: str) -> None:  # beside the file, for the dashboard and `--resume last`
+        progress.write(config.db, sweep_id, plan_id, planned - len(cells) + recorded, planned, state)
+
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=console, disable=not console.is_terminal) as progress:
-        task = progress.add_task(f"sweep {sweep_id}", total=len(cells))
-        for cell in cells:
-            progress.update(task, description=f"{cell.prompt.id} {cell.draft.text} k={cell.k} {cell.decoding.mode}")
-            recorder.record(cell)
-            progress.advance(task)
+    recorded = 0
+    with Progress(*columns, console=console, disable=not console.is_terminal) as bar:
+        task = bar.add_task(f"sweep {sweep_id}", total=len(cells))
+        stand(0, progress.RECORDING)
+        try:
+            for cell in cells:
+                bar.update(task, description=Recorder.label(cell))
+                recorder.record(cell)
+                recorded += 1
+                bar.advance(task)
+                stand(recorded, progress.RECORDING)
+                if recorder.device_error:
+                    break
+        except BaseException:  # Ctrl-C: what was recorded stays, and `--resume last` finishes the rest
+            stand(recorded, progress.INTERRUPTED)
+            raise
     flush_pending(config.db)
+    stand(recorded, progress.INTERRUPTED if recorder.device_error else progress.DONE)
     return sweep_id, recorder
