@@ -185,7 +185,7 @@ def test_a_sampled_run_is_reproduced_by_its_seed_whatever_torchs_global_state(ti
     def run(global_seed: int) -> tuple:
         torch.manual_seed(global_seed)
         gen = torch.Generator().manual_seed(4)
-        out = generate(tiny, ModelDrafter(draft, decoding, gen), PROMPT, 3, decoding, 16, gen)
+        out = generate(tiny, ModelDrafter(draft, decoding, gen, tiny.vocab_size), PROMPT, 3, decoding, 16, gen)
         return out.output_tokens, [(r.draft_tokens, r.target_tokens) for r in out.rounds]
 
     assert run(0) == run(1)
