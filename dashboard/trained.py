@@ -7,6 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import charts, common, queries
+from runner.store import metrics
 
 HELDOUT = "held-out prompts (training)"
 
@@ -52,7 +53,7 @@ def _learned(epochs: pd.DataFrame) -> None:
 
 def _drafted(t: pd.Series, epochs: pd.DataFrame) -> None:
     st.subheader(f"How `{t['draft']}` drafts")
-    per_category = common.load(queries.draft_categories, queries.Filters(target=(t["target"],), draft=(t["draft"],)))
+    per_category = common.load(metrics.draft_categories, metrics.Filters(target=(t["target"],), draft=(t["draft"],)))
     if per_category.empty:
         st.info("No recorded run uses this head yet. Record some, for example:")
         st.code(f"python -m runner sweep --target {t['target']} --draft {t['draft']} --draft ngram --k 1,2,3,4",
