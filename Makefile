@@ -3,7 +3,7 @@ PY := .venv/bin/python
 DB ?= runs.duckdb
 PORT ?= 8501
 
-.PHONY: setup browser test lint run bench dashboard
+.PHONY: setup browser test lint run bench dashboard head
 
 setup: .venv/.installed
 
@@ -23,12 +23,15 @@ browser:
 test: setup browser
 	$(PY) -m pytest -q
 
-# A quick sweep (a few minutes on 2 CPU cores), its summary, then the dashboard over everything recorded.
+# The dashboard on $(DB) at once; meanwhile a quick sweep (a few minutes on 2 CPU cores) records into the same
+# file, resuming one that an earlier Ctrl-C interrupted. Ctrl-C stops both.
+QUICK_SWEEP := --draft ngram --draft layerskip:24 --draft eagle:heads/smollm2-135m --k 2,4 --prompts-per-category 2 --max-new-tokens 48
 run: setup
-	$(PY) -m runner sweep --draft ngram --draft layerskip:24 --k 2,4 --prompts-per-category 2 \
-		--max-new-tokens 48 --db $(DB)
-	$(PY) -m streamlit run dashboard/app.py --server.headless=true --server.port=$(PORT) \
-		--browser.gatherUsageStats=false -- --db $(DB)
+	@$(PY) -m runner serve --db $(DB) --port $(PORT) --sweep "$(QUICK_SWEEP)"
+
+# The shipped draft head for the default target, trained on its own answers to runner/train/prompts.jsonl.
+head: setup
+	$(PY) -m runner train-draft --target smollm2-135m --out heads/smollm2-135m --db $(DB)
 
 bench: setup
 	$(PY) bench/bench.py --db $(DB)

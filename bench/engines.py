@@ -1,12 +1,11 @@
 """The two engines `make bench` times side by side: ours (the runner's decode loop) and transformers'
-`generate`, on one loaded target, with the time inside each model's forward; and the verify curve."""
+`generate`, on one loaded target, with the time inside each model's forward."""
 
 from __future__ import annotations
 
 import functools
 import tempfile
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -14,21 +13,21 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from transformers import DynamicCache
 
 from runner.engine import models
 from runner.engine.decode import Clock
-from runner.engine.drafters import crop_to
 from runner.engine.pair import PLAIN, DraftSpec, Pair, parse_draft
 from runner.engine.sampling import Decoding
 from runner.records import Generation, RunRecord
 from runner.store.connect import init_db
 from runner.store.runs import write_run
-from runner.sweep.prompts import Prompt, load_prompts
-from runner.sweep.run import provenance
+from runner.sweep.prompts import Prompt
+from runner.sweep.run import Cell as SweepCell
+from runner.sweep.run import make_record, provenance
 
 GREEDY = Decoding("greedy", 0.0, 1.0)
-VERIFY_KS = range(9)  # the verify curve: one target pass over k+1 tokens, k = 0..8
+
+
 @dataclass(frozen=True)
 class BenchConfig:
     """What one bench measures; the command line only parses into this."""
@@ -45,7 +44,8 @@ class BenchConfig:
     db: Path
     device: str | None  # None: cuda when present
     dtype: str | None  # None: bf16 on cuda, fp32 on cpu
-    threads: int | None  # CPU threads for torch; None: torch's default (one per core)
+    threads: int  # CPU threads for torch (the verify curve is also timed at 1)
+    kernels: str  # our engine's linears on CPU: 'skinny' or 'stock'; transformers' generate always runs stock
     command: str  # as typed, for the record
 
 
@@ -75,7 +75,8 @@ class Sample:
     target_calls: int  # the target's forward passes (prefill included)
     draft_calls: int  # the draft model's forward passes (0 for prompt lookup)
     generation: Generation | None = None  # ours only: its rounds
-    record_s: float | None = None  # ours only: building and writing its RunRecord
+    record: RunRecord | None = None  # ours only: its row of `runs`, against the plain run of its prompt and repeat
+    record_s: float | None = None  # ours only: building and writing that record
 
 
 
@@ -83,20 +84,14 @@ class Sample:
 class ForwardTimer:
     """Time inside each wrapped model's forward, set on the instances only: runner code is untouched.
 
-    CPU: perf_counter around the call. CUDA: events around it, read once per sample, so the timer adds
-    no synchronisation of its own. Wrapping costs ~1 µs a call, against milliseconds of forward.
+    The decode loop's Clock marks: perf_counter on a CPU; on CUDA, events on the current stream of the model's own
+    device (not GPU 0's), read once per sample, so the timer adds no synchronisation of its own. Wrapping costs
+    ~1 µs a call, against milliseconds of forward.
     """
 
     def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
+        self.clock = Clock(device)
         self.spans: dict[str, list] = {}
-
-    def _mark(self) -> float | torch.cuda.Event:
-        if not self.cuda:
-            return time.perf_counter()
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
 
     def wrap(self, label: str, model: nn.Module) -> None:
         inner = model.forward
@@ -104,24 +99,21 @@ class ForwardTimer:
 
         @functools.wraps(inner)  # transformers reads forward's signature (logits_to_keep support)
         def timed(*args, **kwargs):
-            start = self._mark()
+            start = self.clock.mark()
             out = inner(*args, **kwargs)
-            spans.append((start, self._mark()))
+            spans.append((start, self.clock.mark()))
             return out
 
         model.forward = timed
 
     def take(self) -> dict[str, tuple[float, int]]:
         """(seconds, calls) per label since the last take."""
-        if self.cuda:
-            torch.cuda.synchronize()
-        inside = {label: (sum(self._span(s, e) for s, e in spans), len(spans)) for label, spans in self.spans.items()}
+        self.clock.settle()
+        inside = {label: (sum(self.clock.seconds(s, e) for s, e in spans), len(spans))
+                  for label, spans in self.spans.items()}
         for spans in self.spans.values():
             spans.clear()
         return inside
-
-    def _span(self, start, end) -> float:
-        return start.elapsed_time(end) / 1000 if self.cuda else end - start
 
 
 class Engines:
@@ -131,7 +123,7 @@ class Engines:
         self.config, self.target = config, target
         self.clock = Clock(target.device)
         specs = [parse_draft(d) for d in config.drafts]
-        self.pair = Pair(target, specs)
+        self.pair = Pair(target, specs, config.kernels)
         self.timer = ForwardTimer(target.device)
         self.timer.wrap("target", target.model)
         for spec, draft in self.pair.draft_models.items():
@@ -140,6 +132,7 @@ class Engines:
         self.record_db = Path(self.record_dir.name) / "record.duckdb"
         init_db(self.record_db)  # created and migrated now: the first timed write pays no more than the rest
         self.provenance = provenance(target.device)
+        self.plain: dict[tuple[str, int], tuple[str, tuple[int, ...]]] = {}  # (prompt, repeat) -> (run_id, tokens)
 
     def run(self, engine: str, cell: Cell, prompt: Prompt, ids: list[int], n: int, repeat: int) -> Sample:
         self.timer.take()
@@ -151,10 +144,10 @@ class Engines:
             generation, tokens = None, self._theirs(cell, ids, n)
         wall = self.clock() - start
         inside = self.timer.take()
-        record_s = None if generation is None else self._record(cell, prompt, generation)
+        record, record_s = (None, None) if generation is None else self._record(cell, prompt, generation, repeat)
         (target_s, target_calls), (draft_s, draft_calls) = inside["target"], inside.get(cell.draft.text, (0.0, 0))
         return Sample(cell, engine, repeat, prompt, tokens, wall, target_s, draft_s, target_calls, draft_calls,
-                      generation, record_s)
+                      generation, record, record_s)
 
     def _theirs(self, cell: Cell, ids: list[int], n: int) -> tuple[int, ...]:
         """transformers' own greedy generate, assisted the way closest to our draft at this k."""
@@ -175,20 +168,18 @@ class Engines:
         out = self.target.model.generate(prompt, **kwargs)
         return tuple(out[0, len(ids):].tolist())
 
-    def _record(self, cell: Cell, prompt: Prompt, generation: Generation) -> float:
-        """The sweep's per-run recording: build the RunRecord (decode the text) and write it with its rounds."""
-        start = time.perf_counter()
-        target = self.target
-        write_run(self.record_db, RunRecord(
-            run_id=uuid.uuid4().hex[:16], sweep_id="bench", started_at=datetime.now(UTC).isoformat(),
-            target=self.config.target, draft=cell.draft.text, draft_kind=cell.draft.kind,
-            category=prompt.category, prompt_id=prompt.id, prompt_text=prompt.text,
-            k=cell.k, mode="greedy", temperature=0.0, top_p=1.0, seed=0,
-            max_new_tokens=self.config.max_new_tokens, device=str(target.device), dtype=dtype_name(target),
-            status="ok", error=None, generation=generation,
-            output_text=target.tokenizer.decode(list(generation.output_tokens)), baseline_run_id=None,
-            lossless=None, provenance=self.provenance))
-        return time.perf_counter() - start
+    def _record(self, cell: Cell, prompt: Prompt, generation: Generation, repeat: int) -> tuple[RunRecord, float]:
+        """The sweep's per-run recording, timed: build the RunRecord (decode the text) and write it with its rounds.
+        Each repeat is its own sweep, so the run_stats of a repeat's runs compare them with that repeat's plain run."""
+        start, started = time.perf_counter(), datetime.now(UTC).isoformat()
+        baseline = None if cell.k is None else self.plain[(prompt.id, repeat)]
+        record = make_record(SweepCell(prompt, GREEDY, cell.draft, cell.k), generation, None, started=started,
+                             pair=self.pair, target_spec=self.config.target, sweep_id=f"repeat-{repeat}", seed=0,
+                             max_new_tokens=self.config.max_new_tokens, baseline=baseline, provenance=self.provenance)
+        write_run(self.record_db, record)
+        if cell.k is None:
+            self.plain[(prompt.id, repeat)] = (record.run_id, generation.output_tokens)
+        return record, time.perf_counter() - start
 
 
 def measure(engines: Engines, cells: list[Cell], prompts: dict[Prompt, list[int]], repeats: int, n: int,
@@ -202,28 +193,6 @@ def measure(engines: Engines, cells: list[Cell], prompts: dict[Prompt, list[int]
                 order = ("ours", "theirs") if (repeat + i + j) % 2 == 0 else ("theirs", "ours")
                 samples += [engines.run(engine, cell, prompt, ids, n, repeat) for engine in order]
     return samples
-
-
-def verify_curve(target: models.Loaded, context: int, repeats: int) -> dict[int, list[float]]:
-    """Milliseconds of ONE target pass over k+1 tokens after `context` cached tokens, per repeat, for each k."""
-    suite = [t for p in load_prompts() for t in models.encode_chat(target, p.text)]
-    ids = torch.tensor((suite * (1 + (context + len(VERIFY_KS)) // len(suite)))[: context + len(VERIFY_KS)],
-                       device=target.device)
-    clock, cache = Clock(target.device), DynamicCache(config=target.model.config)
-    times: dict[int, list[float]] = {k: [] for k in VERIFY_KS}
-    with torch.inference_mode():
-        target.model(input_ids=ids[None, :context], cache=cache, use_cache=True, logits_to_keep=1)
-        for repeat in range(repeats + 1):  # the first round warms every shape up and is not kept
-            for k in VERIFY_KS if repeat % 2 else reversed(VERIFY_KS):
-                start = clock()
-                target.model(input_ids=ids[None, context: context + k + 1], cache=cache, use_cache=True,
-                             logits_to_keep=k + 1)
-                if repeat:
-                    times[k].append((clock() - start) * 1000)
-                crop_to(cache, context)
-    return times
-
-
 
 
 def dtype_name(target: models.Loaded) -> str:

@@ -4,10 +4,10 @@
     python bench/load.py --db runs.duckdb --rounds 3      # three waves of 20
     python bench/load.py --url http://127.0.0.1:8501      # an app that is already running
 
-One headless Debian Chromium (DESIGN §7), one context (its own cookies, so its own Streamlit session) per
-session, all opened at once from the async Playwright API. A session counts as rendered when the app says
-its script is done (`[data-testid="stApp"][data-test-script-state="notRunning"]`) with a chart visible; it
-counts as an error when the page shows an exception (`stException`), an error box (`stAlert` of kind error),
+One headless Debian Chromium (docs/design.md, "Browser testing"), one context (its own cookies, so its own
+Streamlit session) per session, all opened at once from the async Playwright API. A session counts as rendered
+when the app says its script is done (`[data-testid="stApp"][data-test-script-state="notRunning"]`) with a chart
+visible; it counts as an error when the page shows an exception (`stException`), an error box (`stAlert` of kind error),
 or does not render within the timeout. Prints p50 and p95 of the render times (navigation start to rendered).
 """
 
@@ -19,15 +19,17 @@ import contextlib
 import os
 import socket
 import statistics
-import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # `python bench/load.py` puts bench/, not the repository, on the path
+
+from runner.serve import start_dashboard, stop, wait_until_healthy  # noqa: E402
+
 CHROMIUM = "/usr/bin/chromium"
 LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
                "--disable-component-update", "--no-first-run"]
@@ -51,46 +53,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_healthy(base: str, server: subprocess.Popen, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"streamlit exited with {server.returncode}")
-        try:
-            with urllib.request.urlopen(f"{base}/_stcore/health", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.2)
-    raise TimeoutError(f"streamlit did not become healthy within {timeout_s:g} s")
-
-
 @contextlib.contextmanager
 def serve(db: Path, log: Path, port: int | None = None, timeout_s: float = 90) -> Iterator[str]:
-    """`streamlit run dashboard/app.py` on 127.0.0.1 over `db`; yields its base URL and stops it afterwards."""
+    """`runner serve`'s dashboard on 127.0.0.1 over `db`; yields its base URL and stops it afterwards."""
     port = port or free_port()
     with log.open("w") as out:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "streamlit", "run", "dashboard/app.py", "--server.headless=true",
-             f"--server.port={port}", "--server.address=127.0.0.1", "--browser.gatherUsageStats=false",
-             "--", "--db", str(db)], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        server = start_dashboard(db, port, out, address="127.0.0.1")
     try:
-        base = f"http://127.0.0.1:{port}"
-        _wait_healthy(base, server, timeout_s)
-        yield base
+        wait_until_healthy(server, port, timeout_s)
+        yield f"http://127.0.0.1:{port}"
     finally:
         stop(server)
-
-
-def stop(proc: subprocess.Popen) -> None:
-    """End a child process, politely and then not."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
 
 
 async def _one(browser, url: str, index: int, timeout_s: float) -> Session:

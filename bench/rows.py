@@ -6,9 +6,14 @@ import statistics
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from bench.engines import PLAIN_CELL, VERIFY_KS, Cell, Sample
-from runner.stats import theoretical_speedup
-from runner.store.bench_rows import GOALS, UNITS
+import pandas as pd
+
+from bench.engines import PLAIN_CELL, Cell, Sample
+from bench.passes import VERIFY_KS, Curves
+from runner.engine.kernels import SKINNY
+from runner.store import metrics
+from runner.store.bench_rows import UNITS, goal_for
+from runner.store.runs import in_scratch
 
 
 @dataclass(frozen=True)
@@ -24,6 +29,8 @@ class Row:
     mismatches: int | None = None  # outputs that differ from the engine's own plain greedy output
     alpha: float | None = None
     c: float | None = None
+    threads: int | None = None  # the row's own CPU thread count, where it is not the bench's
+    judged: bool = True  # False: shown for comparison, not held to the metric's goal
     ratios: list[float] | None = field(init=False)
 
     def __post_init__(self) -> None:
@@ -31,11 +38,11 @@ class Row:
         object.__setattr__(self, "ratios", ratios)
 
     def goal(self) -> tuple[str | None, bool | None]:
-        if self.metric not in GOALS:
+        goal = goal_for(self.metric, self.draft, self.k, self.category) if self.judged else None
+        if goal is None:
             return None, None
-        value, op, bound = GOALS[self.metric]
-        median = statistics.median(self.ratios if value == "ratio" else self.ours)
-        return f"{value} {op} {bound:g}", median >= bound if op == ">=" else median <= bound
+        median = statistics.median(self.ratios if goal.value == "ratio" else self.ours)
+        return goal.text, median >= goal.bound if goal.op == ">=" else median <= goal.bound
 
 
 
@@ -110,30 +117,40 @@ def overhead_rows(samples: list[Sample], cells: list[Cell]) -> list[Row]:
 
 
 def speedup_rows(samples: list[Sample], cells: list[Cell]) -> list[Row]:
-    """Measured speedup over our own plain decoding, and the formula's at the pooled α and c of the same runs."""
+    """Per repeat, as a sweep reports a cell (`metrics.cells_sql` over the runs' own run_stats): the geometric mean
+    of the measured speedups over our plain decoding, and of the formula's at each run's α and c; pooled α, mean c."""
+    records = [s.record for s in samples if s.record is not None and s.repeat >= 0]
+    by_category, overall = in_scratch(records, lambda con: (
+        metrics.cells(con, metrics.Filters(), ("draft", "k", "category", "sweep_id")),
+        metrics.cells(con, metrics.Filters(), ("draft", "k", "sweep_id")).assign(category="all")))
+    table = pd.concat([by_category, overall], ignore_index=True)
     rows = []
     for cell in cells:
         for category in _categories(samples):
-            plain = list(_per_repeat(samples, PLAIN_CELL, "ours", category))
-            spec = list(_per_repeat(samples, cell, "ours", category))
-            rounds = [r for s in spec[0] for r in s.generation.rounds]  # greedy: α is the same every repeat
-            accepted, rejected = sum(r.accepted for r in rounds), sum(r.rejected for r in rounds)
-            alpha = accepted / (accepted + rejected) if accepted + rejected else 0.0
-            measured, predicted, cs = [], [], []
-            for base, run in zip(plain, spec, strict=True):
-                target_pass = sum(s.generation.verify_s for s in base) / sum(len(s.generation.rounds) for s in base)
-                drafted = sum(r.k for s in run for r in s.generation.rounds)
-                c = sum(s.generation.draft_s for s in run) / max(drafted, 1) / target_pass
-                cs.append(c)
-                measured.append(_tokens_per_s(run) / _tokens_per_s(base))
-                predicted.append(theoretical_speedup(alpha, cell.k, c))
-            rows.append(Row("speedup", cell.draft.text, cell.k, category, measured, predicted,
-                            alpha=alpha, c=statistics.median(cs)))
+            picked = table[(table["draft"] == cell.draft.text) & (table["k"] == cell.k)
+                           & (table["category"] == category)].sort_values("sweep_id")
+            rows.append(Row("speedup", cell.draft.text, cell.k, category, picked["measured_speedup"].tolist(),
+                            picked["predicted_speedup"].tolist(), alpha=picked["alpha"].iloc[0],  # greedy: α repeats
+                            c=statistics.median(picked["c"])))
     return rows
 
 
-def verify_rows(times: dict[int, list[float]]) -> list[Row]:
-    return [Row("verify_ms", "none", k, "all", times[k], times[0]) for k in VERIFY_KS]
+def _metric(name: str, path: str) -> str:
+    return name if path == SKINNY else f"{name}_stock"
+
+
+def verify_rows(curves: Curves, threads: int) -> list[Row]:
+    """Each path's curve at each thread count, over its own one-token pass; judged at the bench's threads."""
+    rows = [Row(_metric("verify_ms", path), "none", k, f"threads={n}", times[k], times[0], threads=n,
+                judged=n == threads) for (path, n), times in curves.items() for k in VERIFY_KS]
+    return sorted(rows, key=lambda r: list(UNITS).index(r.metric))
+
+
+def roofline_rows(curves: Curves, threads: int, weight_bytes: int, copy_gbs: list[float]) -> list[Row]:
+    """Weight bytes over the one-token pass time of each path at the bench's threads, against the copy's GB/s."""
+    rows = [Row(_metric("roofline", path), "none", 0, "all", [weight_bytes / (ms / 1000) / 1e9 for ms in times[0]],
+                copy_gbs) for (path, n), times in curves.items() if n == threads]
+    return sorted(rows, key=lambda r: list(UNITS).index(r.metric))
 
 
 def _stats(values: list[float] | None) -> tuple[float | None, float | None, float | None]:
@@ -147,6 +164,7 @@ def db_rows(rows: list[Row], context: dict) -> list[dict]:
         goal, met = row.goal()
         # bench_results keys rows by k (NOT NULL): plain decoding's rows are stored at k = 0, as its verify pass is.
         values = {"draft": row.draft, "k": 0 if row.k is None else row.k, "category": row.category,
+                  **({} if row.threads is None else {"threads": row.threads}),
                   "metric": row.metric, "unit": UNITS[row.metric], "repeats": len(row.ours),
                   "mismatches": row.mismatches, "alpha": row.alpha, "c": row.c, "goal": goal, "goal_met": met}
         for name, series in (("ours", row.ours), ("theirs", row.theirs), ("ratio", row.ratios)):

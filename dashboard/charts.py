@@ -1,7 +1,7 @@
 """Pure `frame -> alt.Chart` functions over the long frames of `frames`.
 
 Every layered chart reads ONE frame and picks its rows with `transform_filter` on `source`: layering
-two frames and then faceting fails in Altair (DESIGN §8).
+two frames and then faceting fails in Altair (docs/design.md, "Charts").
 """
 
 from __future__ import annotations
@@ -73,9 +73,20 @@ def speedup_by_k(frame: pd.DataFrame) -> alt.FacetChart:
         title="speedup against k per category (◆ the formula's best k at the pooled α and c)")
 
 
+def _setup(row: dict) -> str:
+    """'target on device · kernels · N threads'; kernels and threads are NULL for runs recorded before them."""
+    parts = [f"{row['target']} on {row['device']}"]
+    if not pd.isna(row.get("kernels")):
+        parts.append(str(row["kernels"]))
+    if not pd.isna(row.get("threads")):
+        parts.append(f"{int(row['threads'])} threads")
+    return " · ".join(parts)
+
+
 def verify_growth(frame: pd.DataFrame) -> alt.LayerChart:
-    """Mean verify-pass time by drafts per pass, relative to a one-token pass; the explainer assumes 1."""
-    base = alt.Chart(frame).transform_calculate(setup=alt.datum.target + " on " + alt.datum.device)
+    """Mean verify-pass time by drafts per pass, relative to a one-token pass; the explainer assumes 1. One line
+    per target, device, kernels and threads."""
+    base = alt.Chart(frame.assign(setup=[_setup(row) for row in frame.to_dict("records")]))
     y = alt.Y("relative:Q", title="verify pass time / one-token pass", scale=alt.Scale(zero=True))
     measured = base.mark_line(point=True).encode(
         _K.title("drafts verified in the pass (k of the round)"), y,
@@ -84,3 +95,34 @@ def verify_growth(frame: pd.DataFrame) -> alt.LayerChart:
                  alt.Tooltip("verify_s:Q", format=".4f", title="mean verify s")])
     return alt.layer(measured, _rule_at_one(base, [])).properties(
         width=420, height=240, title="verify pass time against k (dashed: the explainer's flat assumption)")
+
+
+_EPOCH = alt.X("epoch:Q", title="epoch (0: untrained)", axis=alt.Axis(tickMinStep=1, format="d"))
+_ACCEPTANCE = alt.Y("acceptance:Q", title="acceptance", scale=alt.Scale(domain=[0, 1]))
+
+
+def training_loss(frame: pd.DataFrame) -> alt.Chart:
+    """Loss per epoch, one line per `source` ('training', 'held-out')."""
+    return alt.Chart(frame).mark_line(point=True).encode(
+        _EPOCH, alt.Y("loss:Q", title="loss (cross-entropy, steps weighted 0.8^j)", scale=alt.Scale(zero=False)),
+        color=alt.Color("source:N", title=None, scale=_SCHEME),
+        tooltip=["source:N", "epoch:Q", alt.Tooltip("loss:Q", format=".3f")],
+    ).properties(width=340, height=240, title="loss per epoch")
+
+
+def training_acceptance(frame: pd.DataFrame) -> alt.Chart:
+    """Held-out acceptance per epoch, one line per draft position."""
+    return alt.Chart(frame).mark_line(point=True).encode(
+        _EPOCH, _ACCEPTANCE, color=alt.Color("position:O", title="draft position", scale=_SCHEME),
+        tooltip=["epoch:Q", "position:Q", "judged:Q", "accepted:Q", alt.Tooltip("acceptance:Q", format=".3f")],
+    ).properties(width=340, height=240, title="held-out acceptance per epoch (given the earlier drafts were right)")
+
+
+def position_acceptance(frame: pd.DataFrame) -> alt.Chart:
+    """Acceptance by draft position per `series` (a category's runs, or the training's held-out score, dashed)."""
+    return alt.Chart(frame).mark_line(point=True).encode(
+        alt.X("position:Q", title="draft position", axis=alt.Axis(tickMinStep=1, format="d")), _ACCEPTANCE,
+        color=alt.Color("series:N", title=None, scale=_SCHEME),
+        strokeDash=alt.StrokeDash("source:N", title=None),
+        tooltip=["series:N", "position:Q", "judged:Q", "accepted:Q", alt.Tooltip("acceptance:Q", format=".3f")],
+    ).properties(width=420, height=240, title="acceptance by draft position: recorded runs and held-out prompts")

@@ -13,7 +13,10 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import queries
+from runner.store.connect import upgrade
+from runner.store.metrics import Filters
 from runner.store.schema import StoreError
+from runner.sweep import progress
 
 T = TypeVar("T")
 DB_ENV = "SPECDASH_DB"
@@ -55,6 +58,21 @@ def load(query: Callable[..., T], *args: object) -> T:
     return _cached(query, f"{query.__module__}.{query.__qualname__}", str(db), _stamp(db), args)
 
 
+@st.cache_data(ttl=600, max_entries=50, show_spinner="upgrading the database to this specdash's schema…")
+def _upgrade(db: str, stamp: tuple) -> None:
+    # Once per file state: a file from an older specdash lacks the views and metric macros the pages read.
+    upgrade(db)
+
+
+def recording_banner() -> None:
+    """While a sweep records into this file: how far it is, and that refreshing shows its new runs."""
+    stand = progress.read(db_path())
+    if stand and stand["state"] == progress.RECORDING:
+        st.sidebar.progress(stand["done"] / max(stand["total"], 1),
+                            text=f"a sweep is recording: {stand['done']} of {stand['total']} runs "
+                                 f"(sweep `{stand['sweep_id']}`); refresh to see new runs")
+
+
 def _empty_state(message: str, db: Path) -> None:
     st.info(f"{message} Record some runs, then refresh this page.")
     st.markdown(f"""\
@@ -74,6 +92,7 @@ def require_data(db: Path, need_runs: bool = True) -> bool:
         _empty_state(f"There is no database at `{db}` yet.", db)
         return False
     try:
+        _upgrade(str(db), _stamp(db))
         count = load(queries.run_count)
     except StoreError as error:
         st.error(str(error))
@@ -85,17 +104,17 @@ def require_data(db: Path, need_runs: bool = True) -> bool:
     return True
 
 
-def filter_widgets(options: dict[str, list], names: Sequence[str]) -> queries.Filters:
+def filter_widgets(options: dict[str, list], names: Sequence[str]) -> Filters:
     """Sidebar multiselects bound to the URL, so a copied URL carries them; none picked means all."""
     picked = {}
     for name in names:
         key = _URL_KEYS.get(name, name)
         picked[name] = tuple(st.sidebar.multiselect(key, options[name], key=key, bind="query-params",
                                                     placeholder="all"))
-    return queries.Filters(**picked)
+    return Filters(**picked)
 
 
-def filtered(title: str, names: Sequence[str], query: Callable[..., pd.DataFrame]) -> tuple[queries.Filters,
+def filtered(title: str, names: Sequence[str], query: Callable[..., pd.DataFrame]) -> tuple[Filters,
                                                                                              pd.DataFrame] | None:
     """A filtered page's start: its title, the sidebar filters and its first query. None, with the reason shown,
     when there is no data or no speculative run matches."""

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pandas as pd
 import streamlit as st
 
 from dashboard import charts, common, frames, queries
+from runner.store import metrics
 
-FILTERS = ("target", "category", "mode", "device", "host", "concurrent_workers", "sweep_id")
+FILTERS = ("target", "category", "mode", "device", "host", "concurrent_workers", "kernels", "threads", "sweep_id")
 
 
 def _leaderboard_config(table: pd.DataFrame) -> dict:
@@ -16,15 +19,20 @@ def _leaderboard_config(table: pd.DataFrame) -> dict:
     config = {column: st.column_config.NumberColumn(column, format=fmt)
               for column in table.columns for suffix, fmt in formats.items() if column.endswith(suffix)}
     config["lossless_rate"] = st.column_config.TextColumn(
-        "lossless", help="greedy runs whose output equals the baseline's token for token")
+        "lossless", help="greedy runs whose output equals the baseline's token for token; a mismatch is a numeric "
+        "tie (the target's contested logits within rounding of each other) or a real divergence")
     return config
 
 
-def _lossless(rate: float) -> str:
-    return "n/a (sampling)" if pd.isna(rate) else f"{rate:.0%}"
+def _lossless(rate: float, ties: int, real: int) -> str:
+    """The rate, then what the mismatches were: a real divergence is a bug, a numeric tie is rounding."""
+    if pd.isna(rate):
+        return "n/a (sampling)"
+    notes = [f"{n} {name}{'s' * (n > 1)}" for n, name in ((real, "real divergence"), (ties, "numeric tie")) if n]
+    return f"{rate:.0%}" + (f" ({', '.join(notes)})" if notes else "")
 
 
-def _head_to_head(cells: pd.DataFrame, drafts: list[str]) -> None:
+def _head_to_head(cells: pd.DataFrame, drafts: list[str], filters: metrics.Filters) -> None:
     st.subheader("Head to head")
     left, right = st.columns(2)
     a = left.selectbox("draft A", drafts, index=0, key="a", bind="query-params")
@@ -36,21 +44,24 @@ def _head_to_head(cells: pd.DataFrame, drafts: list[str]) -> None:
     st.dataframe(table, hide_index=True, column_config={
         column: st.column_config.NumberColumn(column, format="%.3f" if column.startswith("α") else "%.2f")
         for column in table.columns if "·" in column})
-    st.altair_chart(charts.speedup_by_k(frames.speedup_by_k(cells[cells["draft"].isin([a, b])])))
+    curves = common.load(metrics.formula_over_k, dataclasses.replace(filters, draft=(a, b)))
+    st.altair_chart(charts.speedup_by_k(frames.speedup_by_k(cells[cells["draft"].isin([a, b])], curves)))
 
 
 def render() -> None:
-    if (start := common.filtered("Compare drafts", FILTERS, queries.draft_categories)) is None:
+    if (start := common.filtered("Compare drafts", FILTERS, metrics.draft_categories)) is None:
         return
     filters, per_category = start
     st.subheader("Leaderboard")
-    table = frames.leaderboard(per_category, common.load(queries.lossless_rates, filters))
-    table["lossless_rate"] = table["lossless_rate"].map(_lossless)
+    rates = common.load(queries.lossless_rates, filters)
+    rates["lossless_rate"] = [_lossless(*row) for row in
+                              rates[["lossless_rate", "numeric_ties", "real_divergences"]].itertuples(index=False)]
+    table = frames.leaderboard(per_category, rates)
     st.dataframe(table, hide_index=True, column_config=_leaderboard_config(table))
     st.caption("Per category: α over every k, then the k with the best measured speedup (geometric mean over "
                "prompts), its speedup and its τ. Ranked by the geometric mean of those best speedups.")
-    cells = common.load(queries.cells, filters)
-    _head_to_head(cells, sorted(cells["draft"].unique()))
+    cells = common.load(metrics.cells, filters)
+    _head_to_head(cells, sorted(cells["draft"].unique()), filters)
 
 
 if __name__ == "__main__":  # st.navigation runs each page file as __main__

@@ -1,18 +1,14 @@
 """Chart- and table-ready frames built from the small frames `queries` returns; pure pandas.
 
 The theory sits next to the measurements in one long frame with a `source` column, so one Altair
-chart can layer a line (theory) and points (measured) and still facet (DESIGN §8).
+chart can layer a line (theory) and points (measured) and still facet (docs/design.md, "Charts").
+The formula's values come from SQL (`runner.store.metrics`), where it is defined once.
 """
 
 from __future__ import annotations
 
-import math
-
 import pandas as pd
 
-from runner.stats import best_k, theoretical_speedup
-
-ALPHA_GRID = [i / 50 for i in range(51)]  # α in [0, 1]; fine enough for a smooth curve, few rows
 THEORY, MEASURED, BEST_K = "theory", "measured", "formula's best k"
 
 
@@ -24,47 +20,34 @@ def series_label(frame: pd.DataFrame) -> pd.Series:
     return label
 
 
-def theory_vs_measured(runs: pd.DataFrame, k: int) -> pd.DataFrame:
-    """For one k: each run as a dot at (α, measured speedup), and per series the formula's curve
-    over α in [0, 1] at the series' mean measured c."""
+def theory_vs_measured(runs: pd.DataFrame, curves: pd.DataFrame, k: int) -> pd.DataFrame:
+    """For one k: each run as a dot at (α, measured speedup), and per series the formula's curve over α
+    (`metrics.formula_over_alpha` at the same k and filters)."""
     labelled = runs.assign(series=series_label(runs)) if len(runs) else runs.assign(series=[])
     picked = labelled[(labelled["k"] == k) & labelled["measured_speedup"].notna() & labelled["alpha"].notna()]
     measured = picked.rename(columns={"measured_speedup": "speedup", "theoretical_speedup": "predicted"})
     measured = measured[["series", "alpha", "speedup", "predicted", "c", "run_id", "category", "prompt_id", "tau"]]
-    curves = [
-        pd.DataFrame({"series": series, "alpha": ALPHA_GRID, "c": c,
-                      "speedup": [theoretical_speedup(alpha, k, c) for alpha in ALPHA_GRID]})
-        for series, c in picked.groupby("series")["c"].mean().items() if not math.isnan(c)
-    ]
-    return pd.concat([*(curve.assign(source=THEORY) for curve in curves), measured.assign(source=MEASURED)],
-                     ignore_index=True)
+    theory = curves.assign(series=series_label(curves))[["series", "alpha", "c", "speedup"]] if len(curves) else None
+    return pd.concat([*([theory.assign(source=THEORY)] if theory is not None else []),
+                      measured.assign(source=MEASURED)], ignore_index=True)
 
 
-def _pooled(group: pd.DataFrame) -> tuple[float, float]:
-    """α over every draft judged at any k, and c averaged over runs."""
-    judged = group["accepted"].sum() + group["rejected"].sum()
-    alpha = group["accepted"].sum() / judged if judged else math.nan
-    weighted = group.dropna(subset=["c"])
-    c = (weighted["c"] * weighted["runs"]).sum() / weighted["runs"].sum() if len(weighted) else math.nan
-    return alpha, c
-
-
-def speedup_by_k(cells: pd.DataFrame) -> pd.DataFrame:
-    """Measured speedup against k per category and series, the formula's curve at the pooled α and c,
-    and one row marking the formula's best k."""
+def speedup_by_k(cells: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
+    """Measured speedup against k per category and series, the formula's curve (`metrics.formula_over_k`: at the
+    α pooled over every k and the mean c) up to the largest recorded k or the formula's best k, and one row
+    marking that best k."""
     labelled = cells.assign(series=series_label(cells)) if len(cells) else cells.assign(series=[])
     measured = labelled.rename(columns={"measured_speedup": "speedup"})
     parts = [measured[["series", "category", "k", "speedup", "alpha", "tau", "runs"]].assign(source=MEASURED)]
-    for (series, category), group in labelled.groupby(["series", "category"]):
-        alpha, c = _pooled(group)
-        if math.isnan(alpha) or math.isnan(c):
-            continue
-        best = best_k(alpha, c)
-        ks = list(range(1, max(int(group["k"].max()), best) + 1))
-        curve = pd.DataFrame({"k": ks, "speedup": [theoretical_speedup(alpha, k, c) for k in ks]})
-        parts.append(curve.assign(series=series, category=category, alpha=alpha, c=c, source=THEORY))
-        parts.append(curve[curve["k"] == best].assign(series=series, category=category, alpha=alpha, c=c,
-                                                      source=BEST_K))
+    if len(curves) and len(cells):
+        curves = curves.assign(series=series_label(curves))
+        recorded = labelled.groupby(["series", "category"])["k"].max().rename("recorded_k")
+        curves = curves.join(recorded, on=["series", "category"], how="inner")
+        best_k = curves[curves["best"]].set_index(["series", "category"])["k"].rename("best_k")
+        curves = curves.join(best_k, on=["series", "category"])
+        shown = curves[curves["k"] <= curves[["recorded_k", "best_k"]].max(axis=1)]
+        columns = ["series", "category", "k", "speedup", "alpha", "c"]
+        parts += [shown[columns].assign(source=THEORY), shown[shown["best"]][columns].assign(source=BEST_K)]
     return pd.concat(parts, ignore_index=True)
 
 
@@ -79,7 +62,7 @@ def leaderboard(per_category: pd.DataFrame, lossless: pd.DataFrame) -> pd.DataFr
     wide.columns = [f"{category} {metrics[metric]}" for metric, category in wide.columns]
     # The pivot widened best k to float; it is a count of drafts.
     wide = wide.astype({column: "Int64" for column in wide.columns if column.endswith("best k")})
-    overall = per_category.groupby(keys)["best_speedup"].apply(lambda s: math.exp(s.map(math.log).mean()))
+    overall = per_category.groupby(keys)["overall_speedup"].first()
     # The ranking and the lossless rate first: they must stay in view however many categories follow.
     table = lossless.set_index(keys).join(overall.rename("speedup (geo-mean)"), how="inner").join(wide)
     table = table[["speedup (geo-mean)", "lossless_rate", "runs", *wide.columns]]

@@ -6,8 +6,10 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import charts, common, frames, queries
+from runner.store import metrics
 
-FILTERS = ("target", "draft", "category", "k", "mode", "device", "host", "concurrent_workers", "sweep_id")
+FILTERS = ("target", "draft", "category", "k", "mode", "device", "host", "concurrent_workers", "kernels", "threads",
+           "sweep_id")
 # In display order: the explainer's numbers first, the counts behind them after.
 CELL_COLUMNS = {
     "category": st.column_config.TextColumn("category"),
@@ -25,6 +27,10 @@ CELL_COLUMNS = {
     "rejected": st.column_config.NumberColumn("rejected"),
     "drafted": st.column_config.NumberColumn("drafted"),
     "lossless_failures": st.column_config.NumberColumn("lossless ✗", help="greedy runs whose output differs"),
+    "real_divergences": st.column_config.NumberColumn(
+        "real ✗", help="lossless failures where the target's choice was clear: a bug, not rounding"),
+    "numeric_ties": st.column_config.NumberColumn(
+        "ties", help="lossless failures at a numeric tie: the contested logits within rounding of each other"),
     "mode": st.column_config.TextColumn("mode"),
     "target": st.column_config.TextColumn("target"),
 }
@@ -44,10 +50,10 @@ def _headline(totals: pd.Series) -> None:
     cols[4].metric("measured speedup", "n/a" if pd.isna(speedup) else f"{speedup:.2f}×", help="geometric mean")
 
 
-def _theory_chart(runs: pd.DataFrame, ks: list[int]) -> None:
+def _theory_chart(runs: pd.DataFrame, ks: list[int], filters: metrics.Filters) -> None:
     st.subheader("Measured speedup against the theory")
     k = st.selectbox("k for this chart", ks, key="chart_k", bind="query-params")
-    frame = frames.theory_vs_measured(runs, k)
+    frame = frames.theory_vs_measured(runs, common.load(metrics.formula_over_alpha, filters, k), k)
     if frame.empty:
         st.info("No run at this k has a baseline to measure its speedup against.")
         return
@@ -69,16 +75,16 @@ def _runs_table(runs: pd.DataFrame) -> None:
 
 
 def render() -> None:
-    if (start := common.filtered("Overview", FILTERS, queries.cells)) is None:
+    if (start := common.filtered("Overview", FILTERS, metrics.cells)) is None:
         return
     filters, cells = start
-    _headline(common.load(queries.totals, filters).iloc[0])
+    _headline(common.load(metrics.cells, filters, ()).iloc[0])
     st.subheader("Acceptance per category × draft × k")
     st.dataframe(cells, hide_index=True, column_config=CELL_COLUMNS, column_order=list(CELL_COLUMNS))
     runs = common.load(queries.runs, filters)
-    _theory_chart(runs, sorted(int(k) for k in cells["k"].unique()))
+    _theory_chart(runs, sorted(int(k) for k in cells["k"].unique()), filters)
     st.subheader("Speedup against k")
-    st.altair_chart(charts.speedup_by_k(frames.speedup_by_k(cells)))
+    st.altair_chart(charts.speedup_by_k(frames.speedup_by_k(cells, common.load(metrics.formula_over_k, filters))))
     st.subheader("Verify pass time against k")
     st.altair_chart(charts.verify_growth(common.load(queries.verify_growth, filters)))
     st.caption("The explainer assumes one target pass costs the same for 1 and for k+1 tokens. Each point is "

@@ -1,54 +1,27 @@
 """The dashboard's reads: pure `(con, …) -> DataFrame` functions, aggregation done in DuckDB.
 
 No Streamlit here. Every value a user picks travels as a `?` parameter; column names come only
-from the fixed fields of `Filters`. Cells pool α and the thrown share over their runs' drafts, average
-τ and c over runs, and take the geometric mean of speedups (ratios), as `runner sweep` reports them.
+from the fixed fields of `Filters`. The pooled numbers (cells, the leaderboard, the formula's curves)
+come from `runner.store.metrics`, which `runner sweep` and the bench read too.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import astuple, dataclass, fields
+from dataclasses import fields
 from typing import TypeVar
 
 import duckdb
 import pandas as pd
 
 from runner.store.connect import open_db
+from runner.store.metrics import RUNS_ONLY, Filters
 from runner.store.schema import schema_version
 
 T = TypeVar("T")
-# Filters on columns of `runs` that run_stats does not carry: they pick runs by run_id.
-RUNS_ONLY = ("host", "concurrent_workers")
 # A reader waits this long for the runner's write transaction (milliseconds each) before giving up.
 LOCK_BOUND_S = 10.0
-
-
-@dataclass(frozen=True)
-class Filters:
-    """The selected values per `runs` column; an empty tuple selects everything."""
-
-    target: tuple[str, ...] = ()
-    draft: tuple[str, ...] = ()
-    category: tuple[str, ...] = ()
-    k: tuple[int, ...] = ()
-    mode: tuple[str, ...] = ()
-    device: tuple[str, ...] = ()
-    sweep_id: tuple[str, ...] = ()
-    host: tuple[str, ...] = ()
-    concurrent_workers: tuple[int, ...] = ()
-
-    def where(self, alias: str = "", skip: tuple[str, ...] = ()) -> tuple[str, list]:
-        """A SQL condition (always valid, 'true' when nothing is picked) and its parameters."""
-        clauses, params = ["true"], []
-        for field, values in zip(fields(self), astuple(self), strict=True):
-            if values and field.name not in skip:
-                picked = f"{field.name} IN ({', '.join('?' * len(values))})"
-                clauses.append(f"{alias}run_id IN (SELECT run_id FROM runs WHERE {picked})"
-                               if field.name in RUNS_ONLY else f"{alias}{picked}")
-                params.extend(values)
-        return " AND ".join(clauses), params
 
 
 def read(db_path: str | os.PathLike, query: Callable[..., T], *args: object) -> T:
@@ -74,40 +47,12 @@ def run_count(con: duckdb.DuckDBPyConnection) -> int:
 def filter_options(con: duckdb.DuckDBPyConnection) -> dict[str, list]:
     """The values each filter can take, from the speculative runs that have statistics."""
     names = [field.name for field in fields(Filters)]
+    # NULL is no option: runs recorded before a column existed have none.
     lists = ", ".join(f"list(DISTINCT {name} ORDER BY {name}) FILTER ({name} IS NOT NULL)" for name in names)
     runs_only = f"SELECT run_id, {', '.join(RUNS_ONLY)} FROM runs"
     row = con.execute(f"SELECT {lists} FROM run_stats JOIN ({runs_only}) USING (run_id) "
                       "WHERE draft <> 'none'").fetchone()
     return {name: values or [] for name, values in zip(names, row, strict=True)}
-
-
-def cells(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
-    """One row per target × mode × category × draft × k."""
-    where, params = filters.where()
-    return _frame(con, f"""
-        SELECT target, mode, category, draft, k, count(*) AS runs,
-            sum(accepted)::BIGINT AS accepted, sum(rejected)::BIGINT AS rejected,
-            sum(thrown)::BIGINT AS thrown, sum(drafted)::BIGINT AS drafted,
-            sum(accepted) / nullif(sum(accepted) + sum(rejected), 0) AS alpha,
-            sum(thrown) / nullif(sum(drafted), 0) AS thrown_share,
-            avg(tau) AS tau, avg(c) AS c,
-            exp(avg(ln(measured_speedup))) AS measured_speedup,
-            exp(avg(ln(theoretical_speedup))) AS predicted_speedup,
-            count(*) FILTER (lossless = false) AS lossless_failures
-        FROM run_stats WHERE draft <> 'none' AND {where}
-        GROUP BY ALL ORDER BY target, mode, category, draft, k""", params)
-
-
-def totals(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
-    """One row: the headline numbers over every selected speculative run."""
-    where, params = filters.where()
-    return _frame(con, f"""
-        SELECT count(*) AS runs, sum(n_rounds)::BIGINT AS rounds, sum(drafted)::BIGINT AS drafted,
-            sum(thrown)::BIGINT AS thrown, sum(thrown) / nullif(sum(drafted), 0) AS thrown_share,
-            sum(accepted) / nullif(sum(accepted) + sum(rejected), 0) AS alpha,
-            avg(tau) AS tau,
-            exp(avg(ln(measured_speedup))) AS measured_speedup
-        FROM run_stats WHERE draft <> 'none' AND {where}""", params)
 
 
 def runs(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
@@ -129,40 +74,32 @@ def verify_growth(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFr
     spec_where, spec_params = filters.where(alias="s.")
     base_where, base_params = filters.where(alias="s.", skip=("draft", "k"))
     # The rounds are summed per (run, k) before the join: at 10M rounds that is 4x faster than joining each round.
+    # Kernels and threads change the pass time itself, so each setting gets its own curve and its own reference.
     return _frame(con, f"""
         WITH per_run_k AS (SELECT run_id, k, count(*) AS n, sum(verify_s) AS s FROM rounds GROUP BY ALL),
         picked AS (
-            SELECT s.target, s.device, p.k, p.n, p.s, s.draft = 'none' AS baseline
+            SELECT s.target, s.device, s.kernels, s.threads, p.k, p.n, p.s, s.draft = 'none' AS baseline
             FROM per_run_k p JOIN runs s USING (run_id)
             WHERE s.status = 'ok' AND ((s.draft <> 'none' AND {spec_where}) OR (s.draft = 'none' AND {base_where}))),
-        one_token AS (SELECT target, device, sum(s) / sum(n) AS one_token_s FROM picked WHERE baseline GROUP BY ALL)
-        SELECT target, device, k, sum(n)::BIGINT AS rounds, sum(s) / sum(n) AS verify_s,
-            sum(s) / sum(n) / any_value(one_token_s) AS relative
-        FROM picked LEFT JOIN one_token USING (target, device)
-        GROUP BY ALL ORDER BY target, device, k""", spec_params + base_params)
+        one_token AS (SELECT target, device, kernels, threads, sum(s) / sum(n) AS one_token_s FROM picked
+                      WHERE baseline GROUP BY ALL)
+        SELECT p.target, p.device, p.kernels, p.threads, p.k, sum(p.n)::BIGINT AS rounds,
+            sum(p.s) / sum(p.n) AS verify_s, sum(p.s) / sum(p.n) / any_value(o.one_token_s) AS relative
+        FROM picked p LEFT JOIN one_token o ON o.target = p.target AND o.device = p.device
+            AND o.kernels IS NOT DISTINCT FROM p.kernels AND o.threads IS NOT DISTINCT FROM p.threads
+        GROUP BY ALL ORDER BY p.target, p.device, p.kernels, p.threads, p.k""", spec_params + base_params)
 
 
 def lossless_rates(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
-    """Per target × mode × draft: runs, and the share of checked runs whose output equals the baseline's."""
+    """Per target × mode × draft: runs, the share of checked runs whose output equals the baseline's, and the
+    mismatches by class."""
     where, params = filters.where()
     return _frame(con, f"""
-        SELECT target, mode, draft, count(*) AS runs, avg(lossless::INTEGER) AS lossless_rate
+        SELECT target, mode, draft, count(*) AS runs, avg(lossless::INTEGER) AS lossless_rate,
+            count(*) FILTER (divergence = 'tie') AS numeric_ties,
+            count(*) FILTER (divergence = 'real') AS real_divergences
         FROM run_stats WHERE draft <> 'none' AND {where}
         GROUP BY ALL ORDER BY target, mode, draft""", params)
-
-
-def draft_categories(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
-    """Per target × mode × draft × category: α over every k, and the k with the best measured speedup."""
-    where, params = filters.where()
-    return _frame(con, f"""
-        WITH cell AS (
-            SELECT target, mode, draft, category, k, sum(accepted) AS accepted, sum(rejected) AS rejected,
-                avg(tau) AS tau, exp(avg(ln(measured_speedup))) AS speedup
-            FROM run_stats WHERE draft <> 'none' AND {where} GROUP BY ALL)
-        SELECT target, mode, draft, category,
-            sum(accepted) / nullif(sum(accepted) + sum(rejected), 0) AS alpha,
-            arg_max(k, speedup) AS best_k, max(speedup) AS best_speedup, arg_max(tau, speedup) AS tau_at_best_k
-        FROM cell GROUP BY ALL ORDER BY target, mode, draft, category""", params)
 
 
 def run_choices(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
@@ -177,8 +114,9 @@ def run_detail(con: duckdb.DuckDBPyConnection, run_id: str) -> pd.DataFrame:
     return _frame(con, """
         SELECT r.run_id, r.sweep_id, r.started_at, r.target, r.draft, r.draft_kind, r.category, r.prompt_id,
             r.prompt_text, r.k, r.mode, r.temperature, r.top_p, r.seed, r.max_new_tokens, r.device, r.dtype,
-            r.new_tokens, r.n_rounds, r.wall_s, r.draft_s, r.verify_s, r.output_tokens, r.output_text,
-            r.stop_reason, r.baseline_run_id, r.lossless, r.status, r.error, r.host, r.concurrent_workers,
+            r.kernels, r.threads, r.new_tokens, r.n_rounds, r.wall_s, r.draft_s, r.verify_s, r.output_tokens,
+            r.output_text, r.stop_reason, r.baseline_run_id, r.lossless, r.status, r.error, r.divergence,
+            r.divergence_at, r.divergence_gap, r.divergence_tolerance, r.host, r.concurrent_workers,
             s.accepted, s.rejected, s.thrown, s.drafted, s.alpha, s.tau, s.c, s.measured_speedup,
             s.theoretical_speedup, b.wall_s AS baseline_wall_s, b.output_tokens AS baseline_tokens
         FROM runs r LEFT JOIN run_stats s USING (run_id) LEFT JOIN runs b ON b.run_id = r.baseline_run_id
@@ -208,7 +146,9 @@ def benches(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
     return _frame(con, """
         SELECT bench_id, any_value(started_at) AS started_at, any_value(target) AS target,
             any_value(device) AS device, any_value(device_name) AS device_name, any_value(dtype) AS dtype,
-            any_value(threads) AS threads, any_value(max_new_tokens) AS max_new_tokens,
+            -- the bench's own thread count: its verify curves are also timed at 1 thread
+            any_value(threads) FILTER (category NOT LIKE 'threads=%') AS threads, any_value(kernels) AS kernels,
+            any_value(max_new_tokens) AS max_new_tokens,
             any_value(prompts) AS prompts, any_value(repeats) AS repeats, any_value(load_before) AS load_before,
             any_value(load_after) AS load_after, any_value(command) AS command,
             any_value(torch_version) AS torch_version, any_value(transformers_version) AS transformers_version,
@@ -220,6 +160,47 @@ def benches(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
 def bench_rows(con: duckdb.DuckDBPyConnection, bench_id: str) -> pd.DataFrame:
     """The rows of one bench in the order it printed them."""
     return _frame(con, """
-        SELECT metric, unit, draft, k, category, ours, ours_min, ours_max, theirs, theirs_min, theirs_max,
+        SELECT metric, unit, draft, k, category, threads, ours, ours_min, ours_max, theirs, theirs_min, theirs_max,
             ratio, ratio_min, ratio_max, alpha, c, goal, goal_met, mismatches
         FROM bench_results WHERE bench_id = ? ORDER BY rowid""", [bench_id])
+
+
+def _has_trainings(con: duckdb.DuckDBPyConnection) -> bool:
+    return con.execute("SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() "
+                       "AND table_name = 'trainings'").fetchone()[0] > 0
+
+
+def trainings(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
+    """One row per recorded training of a draft head, newest first: its setup, its saved epoch's held-out
+    acceptance of the first draft, and how many recorded runs used the head it made."""
+    if not _has_trainings(con):
+        return pd.DataFrame(columns=["train_id"])
+    return _frame(con, """
+        SELECT t.*, p.accepted / nullif(p.judged, 0) AS heldout_first_acceptance,
+            (SELECT count(*) FROM runs r WHERE r.draft = t.draft AND r.target = t.target AND r.status = 'ok')
+                AS runs
+        FROM trainings t
+        LEFT JOIN training_positions p ON p.train_id = t.train_id AND p.epoch = t.saved_epoch AND p.position = 1
+        ORDER BY t.started_at DESC, t.train_id""", [])
+
+
+def training_epochs(con: duckdb.DuckDBPyConnection, train_id: str) -> pd.DataFrame:
+    """Per epoch of one training (0: the untrained head): losses, seconds, and held-out acceptance by position."""
+    return _frame(con, """
+        SELECT e.epoch, e.train_loss, e.heldout_loss, e.seconds, p.position, p.judged, p.accepted,
+            p.accepted / nullif(p.judged, 0) AS acceptance
+        FROM training_epochs e JOIN training_positions p USING (train_id, epoch)
+        WHERE train_id = ? ORDER BY e.epoch, p.position""", [train_id])
+
+
+def draft_positions(con: duckdb.DuckDBPyConnection, target: str, draft: str) -> pd.DataFrame:
+    """Per mode × category × draft position j of one draft's runs: rounds that proposed a j-th draft after
+    accepting the j-1 before it (judged), and those that accepted it too, as the training's held-out score counts."""
+    return _frame(con, """
+        SELECT r.mode, r.category, p.position, count(*) FILTER (d.accepted >= p.position - 1) AS judged,
+            count(*) FILTER (d.accepted >= p.position) AS accepted,
+            count(*) FILTER (d.accepted >= p.position) / nullif(count(*) FILTER (d.accepted >= p.position - 1), 0)
+                AS acceptance
+        FROM rounds d JOIN runs r USING (run_id) JOIN range(1, 65) p(position) ON d.k >= p.position
+        WHERE r.target = ? AND r.draft = ? AND r.status = 'ok'
+        GROUP BY ALL ORDER BY r.mode, r.category, p.position""", [target, draft])

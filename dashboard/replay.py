@@ -54,8 +54,19 @@ def _seconds(value: float) -> str:
     return f"{value:.2f} s" if value >= 1 else f"{value * 1000:.1f} ms"
 
 
+def _divergence(run: pd.Series) -> str:
+    """What a greedy mismatch was, in words; empty when there is none or it was recorded unclassified."""
+    if pd.isna(run["lossless"]) or run["lossless"] or pd.isna(run["divergence"]):
+        return ""
+    kind = "a numeric tie" if run["divergence"] == "tie" else "a real divergence"
+    return (f"{kind} at token {int(run['divergence_at'])}: the target's two best logits there are "
+            f"{run['divergence_gap']:.3g} apart (tie tolerance {run['divergence_tolerance']:.3g} in {run['dtype']})")
+
+
 def _cost_panel(run: pd.Series) -> None:
     lossless = "n/a" if pd.isna(run["lossless"]) else "✓" if run["lossless"] else "✗"
+    if _divergence(run):
+        lossless += " tie" if run["divergence"] == "tie" else " real"
     top, bottom = st.columns(4), st.columns(5)
     top[0].metric("rounds", f"{run['n_rounds']}")
     top[1].metric("drafts accepted / rejected / thrown",
@@ -70,7 +81,14 @@ def _cost_panel(run: pd.Series) -> None:
     bottom[3].metric("formula's prediction", _fmt(run["theoretical_speedup"], ".2f", "×"),
                      help="(1 − α^(k+1)) / ((1 − α)(1 + k·c)) at this run's α, k and c")
     bottom[4].metric("lossless", lossless, help="greedy: the output equals the baseline's token for token "
-                     "(n/a when sampling)")
+                     "(n/a when sampling); a mismatch is a numeric tie (rounding) or a real divergence (a bug)")
+
+
+def _setup(run: pd.Series) -> str:
+    """The linears' path and the CPU threads; runs recorded before they were recorded say so."""
+    threads = "threads not recorded" if pd.isna(run["threads"]) else f"{int(run['threads'])} threads"
+    kernels = "kernels not recorded" if pd.isna(run["kernels"]) else f"{run['kernels']} kernels"
+    return f"{kernels}, {threads}"
 
 
 def _alongside(workers: float) -> str:
@@ -84,9 +102,12 @@ def _header(run: pd.Series) -> None:
     k = "" if pd.isna(run["k"]) else f" k={int(run['k'])}"
     st.subheader(f"{run['category']}/{run['prompt_id']} · {run['draft']}{k} · {run['mode']}")
     st.caption(f"run {run['run_id']} · sweep {run['sweep_id']} · target {run['target']} on {run['device']} "
-               f"({run['dtype']}) · temperature {run['temperature']:g}, top-p {run['top_p']:g}, seed {run['seed']}"
+               f"({run['dtype']}, {_setup(run)}) · temperature {run['temperature']:g}, top-p {run['top_p']:g}, "
+               f"seed {run['seed']}"
                f" · {run['new_tokens']} of {run['max_new_tokens']} new tokens, stopped at {run['stop_reason']}"
                f" · recorded on {run['host']}{_alongside(run['concurrent_workers'])}")
+    if divergence := _divergence(run):
+        st.caption(f"lossless ✗: {divergence}")
     with st.expander("prompt"):
         st.text(run["prompt_text"])
     if isinstance(run["baseline_run_id"], str):
@@ -105,7 +126,8 @@ def _tokens(run: pd.Series, rounds: pd.DataFrame) -> None:
     st.html(fates.text_html(fates.text_tokens(list(run["output_tokens"]), rounds), decode))
     if not pd.isna(run["lossless"]) and not run["lossless"]:
         at = fates.first_difference(list(run["output_tokens"]), list(run["baseline_tokens"]))
-        st.warning(f"This output differs from its baseline's from token {at} on.")
+        why = f" It is {_divergence(run)}." if _divergence(run) else ""
+        st.warning(f"This output differs from its baseline's from token {at} on.{why}")
     st.markdown("**Round by round**: the drafts as proposed, then the target's own token")
     st.html(fates.rounds_html(rounds, decode))
 

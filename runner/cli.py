@@ -2,24 +2,33 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
 
+import pandas as pd
+import torch
 import typer
 from rich.console import Console
 
 from runner.engine import models
-from runner.engine.pair import PLAIN, Pair, parse_draft
+from runner.engine.kernels import SKINNY, all_cores
+from runner.engine.pair import PLAIN, DraftSpec, Pair, check_drafts, parse_draft, parse_kernels
 from runner.engine.sampling import Decoding
-from runner.report import frame_table, print_generation, sweep_table
-from runner.stats import summarize
+from runner.records import Generation, RunRecord
+from runner.report import frame_table, print_divergences, print_generation, sweep_table
+from runner.serve import ServeError, serve
 from runner.store.merge import merge as merge_databases
-from runner.store.runs import list_sweeps, sweep_summary
+from runner.store.runs import in_scratch, list_sweeps, sweep_summary
 from runner.store.schema import StoreError
 from runner.store.sql import QueryError, run_query
-from runner.sweep.prompts import load_prompts, select_prompts
-from runner.sweep.run import SweepConfig, run_sweep
+from runner.sweep import progress
+from runner.sweep.prompts import Prompt, load_prompts, select_prompts
+from runner.sweep.run import Cell, SweepConfig, make_record, run_sweep
+from runner.train.fit import TrainConfig
+from runner.train.run import default_prompts, epoch_table, train_draft
 
 K_MAX = 64  # more drafts than this per round only burns draft calls
 app = typer.Typer(
@@ -59,13 +68,24 @@ Target = Annotated[str, typer.Option(help="smollm2-135m, a .gguf file, a local d
 Mode = Annotated[str, typer.Option(help="greedy or sample")]
 Device = Annotated[str | None, typer.Option(help="cpu or cuda (default: cuda when present)")]
 Dtype = Annotated[str | None, typer.Option(help="float32, bfloat16 or float16 (default: bf16 on cuda, fp32 on cpu)")]
+TrustRemoteCode = Annotated[bool, typer.Option(help="run the model code a checkpoint ships (read it first)")]
+Kernels = Annotated[str, typer.Option(help="the linears on CPU: skinny (the fastest product measured per weight "
+                                      "shape and row count) or stock (torch's F.linear); CUDA always runs stock")]
+Threads = Annotated[int | None, typer.Option(help="torch CPU threads (default: OMP_NUM_THREADS, else every core)")]
+
+
+def check_threads(threads: int | None) -> int:
+    """The thread count to run with: every core unless given."""
+    if threads is not None and threads < 1:
+        raise UsageError(f"threads must be >= 1, got {threads}")
+    return all_cores() if threads is None else threads
 
 
 @app.command()
 def generate(
     prompt: Annotated[str, typer.Option(help="the user message")],
     target: Target = models.DEFAULT_MODEL,
-    draft: Annotated[str, typer.Option(help="ngram[:n], layerskip:<L> or model:<spec>")] = "ngram",
+    draft: Annotated[str, typer.Option(help="ngram[:n], layerskip:<L>, model:<spec> or eagle:<head>")] = "ngram",
     k: Annotated[int, typer.Option(help="drafts per round")] = 4,
     mode: Mode = "greedy",
     temperature: float = 1.0,
@@ -74,9 +94,14 @@ def generate(
     max_new_tokens: int = 64,
     device: Device = None,
     dtype: Dtype = None,
+    trust_remote_code: TrustRemoteCode = False,
+    kernels: Kernels = SKINNY,
+    threads: Threads = None,
 ) -> None:
     """Decode one prompt speculatively and plainly; print the text, every round and the summary."""
     try:
+        parse_kernels(kernels)
+        torch.set_num_threads(check_threads(threads))
         spec = parse_draft(draft)
         if spec.kind == "baseline":
             raise UsageError("generate compares a draft against plain decoding: give a draft, not none")
@@ -86,24 +111,38 @@ def generate(
             raise UsageError(f"max-new-tokens must be >= 1, got {max_new_tokens}")
         if not prompt.strip():
             raise UsageError("the prompt is empty")
-        loaded = models.load(target, device, dtype)
-        pair = Pair(loaded, [spec])
+        check_drafts(target, [spec], trust_remote_code)
+        loaded = models.load(target, device, dtype, trust_remote_code)
+        pair = Pair(loaded, [spec], kernels)
         ids = models.encode_chat(loaded, prompt)
         if len(ids) + max_new_tokens > loaded.max_context:
             raise UsageError(
                 f"prompt ({len(ids)} tokens) + max-new-tokens ({max_new_tokens}) exceeds the model's "
                 f"context of {loaded.max_context} tokens"
             )
-        pair.warm_up([PLAIN, spec], ids, k, decoding)
+        pair.warm_up([PLAIN, spec], ids, (k,), decoding, max_new_tokens)
         baseline = pair.run(PLAIN, ids, None, decoding, max_new_tokens, seed)
         run = pair.run(spec, ids, k, decoding, max_new_tokens, seed)
     except ValueError as exc:  # ModelError, UsageError and the engine's checks are all ValueErrors
         fail(str(exc))
+    record, summary = _summary(pair, target, Prompt("prompt", "", prompt), spec, k, decoding, seed,
+                               max_new_tokens, baseline, run)
     text = loaded.tokenizer.decode(list(run.output_tokens), skip_special_tokens=True)
-    summary = summarize(run, baseline, k, decoding.greedy)
     print_generation(stdout, text, run, baseline, summary, loaded.tokenizer)
-    if summary.lossless is False:
-        stderr.print("[bold red]LOSSLESS CHECK FAILED: speculative output differs from plain greedy[/]")
+    if record.mismatch is not None:
+        print_divergences(stderr, [("this run", record.mismatch)], record.dtype)
+
+
+def _summary(pair: Pair, target: str, prompt: Prompt, spec: DraftSpec, k: int, decoding: Decoding,
+             seed: int, max_new_tokens: int, baseline: Generation, run: Generation) -> tuple[RunRecord, pd.Series]:
+    """The run as a sweep would record it, and its row of run_stats against its baseline."""
+    common = {"pair": pair, "target_spec": target, "sweep_id": "generate", "seed": seed,
+              "max_new_tokens": max_new_tokens, "provenance": {}, "started": datetime.now(UTC).isoformat()}
+    base = make_record(Cell(prompt, decoding, PLAIN, None), baseline, None, baseline=None, **common)
+    spec_run = make_record(Cell(prompt, decoding, spec, k), run, None, baseline=(base.run_id, baseline.output_tokens),
+                           **common)
+    return spec_run, in_scratch([base, spec_run], lambda con: con.execute(
+        "SELECT * FROM run_stats WHERE run_id = ?", [spec_run.run_id]).df()).iloc[0]
 
 
 def _csv(value: str, name: str) -> list[str]:
@@ -134,9 +173,14 @@ def sweep(
     seed: int = 0,
     max_new_tokens: int = 64,
     db: Annotated[Path, typer.Option(help="the DuckDB file to record into")] = Path("runs.duckdb"),
-    resume: Annotated[str | None, typer.Option(help="a sweep id: record only its missing cells")] = None,
+    resume: Annotated[str | None, typer.Option(
+        help="a sweep id: record only its missing cells; 'last': finish the last sweep if it was interrupted and "
+             "had this plan, else start a new one")] = None,
     device: Device = None,
     dtype: Dtype = None,
+    trust_remote_code: TrustRemoteCode = False,
+    kernels: Kernels = SKINNY,
+    threads: Threads = None,
     ray: Annotated[str | None, typer.Option(
         help="run the cells on Ray actors: auto (the cluster this machine is in), local (a new one here) or the "
              "cluster's address")] = None,
@@ -145,6 +189,7 @@ def sweep(
 ) -> None:
     """Record baseline and speculative runs for every prompt × draft × k into the database."""
     try:
+        parse_kernels(kernels)
         if workers is not None and (ray is None or workers < 1):
             raise UsageError("--workers needs --ray and must be >= 1")
         ks = _ints(k, "k")
@@ -161,9 +206,11 @@ def sweep(
             target=target, drafts=tuple(draft), ks=tuple(ks),
             decodings=tuple(dict.fromkeys(decoding_for(m, temperature, top_p) for m in mode)),
             prompts=tuple(chosen), max_new_tokens=max_new_tokens, seed=seed, db=db, device=device, dtype=dtype,
-            sweep_id=resume,
+            sweep_id=resume, trust_remote_code=trust_remote_code, kernels=kernels, threads=check_threads(threads),
         )
-        if resume and resume not in set(list_sweeps(db)["sweep_id"]):
+        if resume == "last":
+            config = dataclasses.replace(config, sweep_id=progress.resumable(db, config.plan_id()))
+        elif resume and resume not in set(list_sweeps(db)["sweep_id"]):
             raise UsageError(f'no sweep "{resume}" in {db}')
         if ray:
             from runner.sweep.ray_cells import run_sweep_on_ray  # only here: a local sweep never imports Ray
@@ -176,9 +223,11 @@ def sweep(
     stdout.print(sweep_table(sweep_summary(db, sweep_id), sweep_id))
     for problem in recorder.errors:
         stderr.print(f"[red]error run:[/] {problem}", highlight=False)
-    if recorder.lossless_failures:
-        stderr.print(f"[bold red]LOSSLESS CHECK FAILED in {len(recorder.lossless_failures)} run(s):[/] "
-                     + "; ".join(recorder.lossless_failures), highlight=False)
+    print_divergences(stderr, recorder.divergences, recorder.dtype)
+    if recorder.device_error:
+        stderr.print(f"[bold red]sweep stopped by a device error[/] ({recorder.device_error}): the runs recorded "
+                     f"before it are kept; record the rest with --resume {sweep_id}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -219,6 +268,58 @@ def list_command(db: Annotated[Path, typer.Option(help="the DuckDB file")] = Pat
     except StoreError as exc:
         fail(str(exc))
     stdout.print(frame_table(sweeps), highlight=False)
+
+
+@app.command("train-draft")
+def train_draft_command(
+    out: Annotated[Path, typer.Option(help="the head's directory (config.json + model.safetensors), written last")],
+    target: Target = models.DEFAULT_MODEL,
+    prompts: Annotated[Path | None, typer.Option(help="JSONL of {id, category, prompt}; default: the shipped "
+                                                      "training prompts")] = None,
+    max_tokens: Annotated[int, typer.Option(help="answer tokens of training data the target writes")] = 60_000,
+    epochs: int = 6,
+    draft_vocab: Annotated[int, typer.Option(help="the head's vocabulary: the most frequent answer tokens")] = 8192,
+    unroll: Annotated[int, typer.Option(help="draft positions trained on the head's own outputs")] = 3,
+    lr: Annotated[float, typer.Option(help="AdamW's peak learning rate")] = 2e-3,
+    max_new_tokens: Annotated[int, typer.Option(help="the longest answer per training prompt")] = 192,
+    seed: int = 0,
+    db: Annotated[Path, typer.Option(help="the DuckDB file the training and its epochs go to")] = Path("runs.duckdb"),
+    device: Device = None,
+    threads: Annotated[int | None, typer.Option(help="torch threads (default: one per core); 1 is faster on a "
+                                                     "machine other jobs keep busy")] = None,
+) -> None:
+    """Train an EAGLE-style draft head for a target on its own answers; record every epoch."""
+    config = TrainConfig(
+        target=target, out=out, prompts=prompts or default_prompts(), max_tokens=max_tokens, epochs=epochs,
+        draft_vocab=draft_vocab, seed=seed, db=db, unroll=unroll, lr=lr, max_new_tokens=max_new_tokens,
+        device=device, threads=threads, command=" ".join(["python -m runner", *sys.argv[1:]]),
+    )
+    try:
+        trained = train_draft(config, stderr)
+    except (ValueError, StoreError) as exc:
+        fail(str(exc))
+    except KeyboardInterrupt:
+        stderr.print(f"interrupted: {out} was not written")
+        raise typer.Exit(130) from None
+    stdout.print(epoch_table(trained), highlight=False)
+    stdout.print(f"saved epoch {trained.saved_epoch} to {out}; compare it: python -m runner sweep --draft eagle:{out}",
+                 highlight=False, soft_wrap=True)
+
+
+@app.command("serve")
+def serve_command(
+    db: Annotated[Path, typer.Option(help="the DuckDB file")] = Path("runs.duckdb"),
+    port: Annotated[int, typer.Option(help="the dashboard's port")] = 8501,
+    sweep: Annotated[str | None, typer.Option(
+        help="also record a sweep into --db meanwhile: the options of `runner sweep`, quoted as one string; "
+             "a sweep of the same plan interrupted earlier is finished")] = None,
+) -> None:
+    """Serve the dashboard on --db at once, and optionally record a sweep into it meanwhile; Ctrl-C stops both."""
+    try:
+        code = serve(db, port, sweep)
+    except ServeError as exc:
+        fail(str(exc))
+    raise typer.Exit(code)
 
 
 def main() -> None:

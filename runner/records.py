@@ -51,6 +51,16 @@ class Generation:
         return sum(r.verify_s for r in self.rounds)
 
 
+@dataclass(frozen=True)
+class Divergence:
+    """The first token where a greedy speculative output differs from its baseline's."""
+
+    at: int  # index into output_tokens
+    gap: float  # the target's top-1 minus top-2 logit there, recomputed
+    tolerance: float  # logits: the dtype's tolerance (runner/engine/lossless.py) · the position's max |logit|
+    kind: str  # 'tie': both contested tokens within the tolerance of the best logit; else 'real'
+
+
 # The columns of `runs` that make a cell of a sweep: a resumed sweep records only the cells it has no 'ok' run for.
 CELL_KEY = ("prompt_id", "draft", "k", "mode", "temperature", "top_p", "seed")
 
@@ -64,7 +74,7 @@ class RunRecord:
     started_at: str  # ISO-8601, UTC
     target: str  # the target's model spec, as given
     draft: str  # drafter spec; 'none' for a plain-decoding baseline
-    draft_kind: str  # 'baseline' | 'model' | 'ngram' | 'layerskip'
+    draft_kind: str  # 'baseline' | 'model' | 'ngram' | 'layerskip' | 'eagle'
     category: str
     prompt_id: str
     prompt_text: str
@@ -82,9 +92,24 @@ class RunRecord:
     output_text: str | None
     baseline_run_id: str | None
     lossless: bool | None  # greedy only: output equals the baseline's token for token
+    kernels: str | None = None  # the linears' path: 'skinny' (measured per shape) or 'stock'; None: not recorded
+    threads: int | None = None  # torch's CPU threads during the run
     provenance: dict[str, str] = field(default_factory=dict)  # torch/transformers/python versions, host, git commit
+    # where a greedy output first differs from its baseline's (runner/engine/lossless.py): index, the target's
+    # top-2 logit gap there, the tolerance in logits, and 'tie' | 'real'; all None when lossless or not judged
+    divergence_at: int | None = None
+    divergence_gap: float | None = None
+    divergence_tolerance: float | None = None
+    divergence: str | None = None
     # The sweep's workers on this run's host while it ran, itself included: 1 alone; more share the memory bandwidth.
     concurrent_workers: int = 1
 
     def cell_key(self) -> tuple:
         return tuple(getattr(self, name) for name in CELL_KEY)
+
+    @property
+    def mismatch(self) -> Divergence | None:
+        """Where and why a greedy output differs from its baseline's; None when lossless or not judged."""
+        if self.divergence is None:
+            return None
+        return Divergence(self.divergence_at, self.divergence_gap, self.divergence_tolerance, self.divergence)

@@ -8,8 +8,7 @@ from rich.table import Table
 from rich.text import Text
 from transformers import PreTrainedTokenizerBase
 
-from runner.records import Generation
-from runner.stats import Summary
+from runner.records import Divergence, Generation
 
 
 def _piece(tokenizer: PreTrainedTokenizerBase, token: int) -> str:
@@ -39,31 +38,55 @@ def _fmt(value: float | None, pattern: str) -> str:
     return "n/a" if value is None else format(value, pattern)
 
 
-def summary_table(s: Summary, run: Generation, baseline: Generation) -> Table:
+def _fmt(value: object, pattern: str, suffix: str = "") -> str:
+    return "n/a" if value is None or pd.isna(value) else format(value, pattern) + suffix
+
+
+def summary_table(s: pd.Series, run: Generation, baseline: Generation) -> Table:
+    """The run's row of run_stats (`s`) in the explainer's terms, with the two wall times behind the speedup."""
     table = Table(title="summary", title_justify="left", show_header=False)
-    lossless = {None: "n/a (sampling)", True: "✓ identical to plain greedy", False: "✗ DIFFERS from plain greedy"}
+    lossless = "n/a (sampling)" if pd.isna(s["lossless"]) else (
+        "✓ identical to plain greedy" if s["lossless"] else "✗ DIFFERS from plain greedy")
     rows = [
-        ("rounds", str(s.rounds)),
-        ("drafts accepted / rejected / thrown", f"{s.accepted} / {s.rejected} / {s.thrown}"),
-        ("α (accepted / judged)", _fmt(s.alpha, ".3f")),
-        ("τ (tokens per round)", _fmt(s.tau, ".2f")),
+        ("rounds", str(s["n_rounds"])),
+        ("drafts accepted / rejected / thrown", " / ".join(_fmt(s[n], ".0f") for n in ("accepted", "rejected",
+                                                                                         "thrown"))),
+        ("α (accepted / judged)", _fmt(s["alpha"], ".3f")),
+        ("τ (tokens per round)", _fmt(s["tau"], ".2f")),
         ("time: speculative / baseline", f"{run.wall_s:.2f} s / {baseline.wall_s:.2f} s"),
         ("tokens: speculative / baseline", f"{len(run.output_tokens)} / {len(baseline.output_tokens)}"),
-        ("c (draft token / target pass)", _fmt(s.c, ".3f")),
-        ("measured speedup", f"{s.measured_speedup:.2f}×"),
-        ("formula's prediction", _fmt(s.predicted_speedup, ".2f") + ("×" if s.predicted_speedup else "")),
-        ("lossless", lossless[s.lossless]),
+        ("c (draft token / target pass)", _fmt(s["c"], ".3f")),
+        ("measured speedup", _fmt(s["measured_speedup"], ".2f", "×")),
+        ("formula's prediction", _fmt(s["theoretical_speedup"], ".2f", "×")),
+        ("lossless", lossless),
     ]
     for name, value in rows:
         table.add_row(name, value)
     return table
 
 
-def print_generation(console: Console, text: str, run: Generation, baseline: Generation, summary: Summary,
+def print_generation(console: Console, text: str, run: Generation, baseline: Generation, summary: pd.Series,
                      tokenizer: PreTrainedTokenizerBase) -> None:
     console.print(text, markup=False, highlight=False)
     console.print(round_table(run, tokenizer))
     console.print(summary_table(summary, run, baseline))
+
+
+def print_divergences(console: Console, found: list[tuple[str, Divergence]], dtype: str) -> None:
+    """Greedy runs that differ from plain greedy, real divergences first: those say something is wrong; a numeric
+    tie says only that two logits were within the dtype's rounding of each other."""
+    def line(runs: list[tuple[str, Divergence]]) -> str:
+        return "; ".join(f"{label} at token {d.at} (top-2 gap {d.gap:.3g}, tolerance {d.tolerance:.3g})"
+                         for label, d in runs)
+    real = [(label, d) for label, d in found if d.kind == "real"]
+    ties = [(label, d) for label, d in found if d.kind == "tie"]
+    if real:
+        console.print(f"[bold red]LOSSLESS CHECK FAILED, a real divergence from plain greedy in {len(real)} "
+                      "run(s):[/] " + line(real), highlight=False, soft_wrap=True)
+    if ties:
+        console.print(f"[yellow]{len(ties)} run(s) differ from plain greedy at a numeric tie[/] (the contested "
+                      f"logits within {dtype} rounding of each other): " + line(ties), highlight=False,
+                      soft_wrap=True)
 
 
 def frame_table(frame: pd.DataFrame, title: str | None = None) -> Table:

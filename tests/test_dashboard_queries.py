@@ -14,7 +14,8 @@ import pytest
 from dashboard_fixtures import build
 
 from dashboard import charts, fates, frames, queries
-from dashboard.queries import Filters
+from runner.store import metrics
+from runner.store.metrics import Filters
 
 
 def formula(alpha: float, k: int, c: float) -> float:
@@ -53,7 +54,7 @@ CELLS = {
 
 
 def test_cells_hold_the_hand_computed_numbers(db):
-    cells = queries.read(db, queries.cells, Filters())
+    cells = queries.read(db, metrics.cells, Filters())
     columns = ["runs", "accepted", "rejected", "thrown", "drafted", "alpha", "thrown_share", "tau", "c",
                "measured_speedup", "predicted_speedup"]
     got = {(r.category, r.draft, r.k): tuple(getattr(r, c) for c in columns) for r in cells.itertuples()}
@@ -66,9 +67,9 @@ def test_cells_hold_the_hand_computed_numbers(db):
 
 
 def test_filters_pick_rows_by_parameters(db):
-    cells = queries.read(db, queries.cells, Filters(category=("poem",), k=(4,)))
+    cells = queries.read(db, metrics.cells, Filters(category=("poem",), k=(4,)))
     assert rows(cells, ["category", "draft", "k"]) == [["poem", "layerskip:2", 4], ["poem", "ngram", 4]]
-    hostile = queries.read(db, queries.cells, Filters(draft=("ngram' OR 1=1 --",)))
+    hostile = queries.read(db, metrics.cells, Filters(draft=("ngram' OR 1=1 --",)))
     assert hostile.empty
 
 
@@ -76,11 +77,21 @@ def test_filter_options_come_from_runs_with_statistics(db):
     # The failed k=8 run has no statistics, so k=8 is no option.
     assert queries.read(db, queries.filter_options) == {
         "target": ["tiny-target"], "draft": ["layerskip:2", "ngram"], "category": ["code", "poem"], "k": [2, 4],
-        "mode": ["greedy"], "device": ["cpu"], "sweep_id": ["s1"], "host": [], "concurrent_workers": [1]}
+        "mode": ["greedy"], "device": ["cpu"], "sweep_id": ["s1"], "host": [], "concurrent_workers": [1],
+        "kernels": ["skinny"], "threads": [2]}
+
+
+def test_kernels_and_threads_filter_runs_and_split_the_verify_curve(db):
+    assert len(queries.read(db, queries.runs, Filters(kernels=("skinny",), threads=(2,)))) == 9
+    assert queries.read(db, queries.runs, Filters(threads=(1,))).empty
+    assert queries.read(db, metrics.cells, Filters(kernels=("stock",))).empty
+    growth = queries.read(db, queries.verify_growth, Filters(threads=(2,)))
+    assert set(zip(growth["kernels"], growth["threads"], strict=True)) == {("skinny", 2)}
+    assert growth["relative"].tolist() == pytest.approx([1.0, 1.1, 1.2, 1.3, 1.4])
 
 
 def test_totals_pool_every_selected_run(db):
-    totals = queries.read(db, queries.totals, Filters()).iloc[0]
+    totals = queries.read(db, metrics.cells, Filters(), ()).iloc[0]
     taus = [1.5, 2.0, 12 / 5, 3.0, 4.0, 1.5, 3.0, 12 / 11, 1.0]
     speedups = [0.8, 0.6, 2.0, 4.0, 2.4, 0.5, 1.0, 1.2, 0.75]
     assert (totals["runs"], totals["rounds"], totals["drafted"], totals["thrown"]) == (9, 61, 140, 52)
@@ -105,7 +116,7 @@ def test_verify_growth_is_relative_to_the_one_token_pass(db):
 
 
 def test_leaderboard_ranks_drafts_with_best_k_and_lossless_rate(db):
-    per_category = queries.read(db, queries.draft_categories, Filters())
+    per_category = queries.read(db, metrics.draft_categories, Filters())
     table = frames.leaderboard(per_category, queries.read(db, queries.lossless_rates, Filters()))
     assert table.columns.tolist() == [
         "target", "mode", "draft", "speedup (geo-mean)", "lossless_rate", "runs", "code α", "code τ", "code best k",
@@ -121,7 +132,7 @@ def test_leaderboard_ranks_drafts_with_best_k_and_lossless_rate(db):
 
 
 def test_head_to_head_puts_two_drafts_side_by_side(db):
-    table = frames.head_to_head(queries.read(db, queries.cells, Filters()), "ngram", "layerskip:2")
+    table = frames.head_to_head(queries.read(db, metrics.cells, Filters()), "ngram", "layerskip:2")
     assert table.columns.tolist() == ["target", "mode", "category", "k", "α · ngram", "α · layerskip:2",
                                       "τ · ngram", "τ · layerskip:2", "speedup · ngram", "speedup · layerskip:2"]
     code_k4 = table[(table["category"] == "code") & (table["k"] == 4)].iloc[0]
@@ -129,7 +140,8 @@ def test_head_to_head_puts_two_drafts_side_by_side(db):
 
 
 def test_speedup_by_k_marks_the_formulas_best_k(db):
-    frame = frames.speedup_by_k(queries.read(db, queries.cells, Filters()))
+    frame = frames.speedup_by_k(queries.read(db, metrics.cells, Filters()),
+                                queries.read(db, metrics.formula_over_k, Filters()))
     best = frame[frame["source"] == frames.BEST_K].set_index(["series", "category"])
     # Pooled α and c: layerskip code 10/22, c 0.4: k=1 gives (1 + α)/1.4 ≈ 1.04 > k=2's ≈ 0.92.
     # ngram code 24/26, c 0.05: the curve still rises at k=16 (≈5.37 vs ≈5.36 at 15), the search's limit.
@@ -145,7 +157,8 @@ def test_speedup_by_k_marks_the_formulas_best_k(db):
 
 
 def test_theory_frame_and_chart_hold_the_curve_and_the_runs(db):
-    frame = frames.theory_vs_measured(queries.read(db, queries.runs, Filters()), k=2)
+    frame = frames.theory_vs_measured(queries.read(db, queries.runs, Filters()),
+                                      queries.read(db, metrics.formula_over_alpha, Filters(), 2), k=2)
     dots = frame[frame["source"] == frames.MEASURED].set_index("run_id")
     picked = dots.loc[["c1-ng-k2", "c2-ng-k2", "p1-ng-k2", "c1-ls-k2", "p1-ls-k2"]]
     assert picked["alpha"].tolist() == pytest.approx([7 / 8, 1.0, 1 / 9, 4 / 11, 0.4])

@@ -9,7 +9,7 @@ import duckdb
 import pytest
 
 from runner.cli import app
-from runner.store.schema import MIGRATIONS
+from runner.store.schema import METRIC_MACROS, MIGRATIONS
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 
@@ -27,7 +27,8 @@ def _columns(relation: str) -> list[str]:
     return [name for name, *_ in con.execute(f"DESCRIBE {relation}").fetchall()]
 
 
-@pytest.mark.parametrize("relation", ["runs", "rounds", "run_totals", "run_stats"])
+@pytest.mark.parametrize("relation", ["runs", "rounds", "run_totals", "run_stats", "trainings", "training_epochs",
+                                      "training_positions"])
 def test_the_readme_documents_every_column(relation):
     section = _section(f"### `{relation}`")
     documented = set(re.findall(r"\b[a-z_]+\b", section))
@@ -37,6 +38,12 @@ def test_the_readme_documents_every_column(relation):
 
 def test_the_readme_shows_every_command():
     commands = sorted(c.name or c.callback.__name__ for c in app.registered_commands)
-    assert commands == ["generate", "list", "merge", "sql", "sweep"]
+    assert commands == ["generate", "list", "merge", "serve", "sql", "sweep", "train-draft"]
     for command in commands:
         assert f"python -m runner {command}" in README
+
+
+def test_the_readme_defines_every_metric_macro():
+    section = _section("### Metric macros")
+    for signature in METRIC_MACROS:
+        assert f"`{signature}`" in section

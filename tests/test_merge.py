@@ -14,7 +14,7 @@ from runner.cli import app
 from runner.store.connect import init_db
 from runner.store.schema import SCHEMA_VERSION, migrate
 
-TABLES = ("runs", "rounds", "run_totals", "bench_results")
+TABLES = ("runs", "rounds", "run_totals", "bench_results", "trainings", "training_epochs", "training_positions")
 
 
 def counts(db: Path) -> dict[str, int]:
@@ -46,6 +46,11 @@ def sources(tmp_path: Path) -> tuple[Path, Path]:
     with duckdb.connect(str(b)) as con:  # b holds b-new (also in a) and b-later, its own
         con.execute("DELETE FROM bench_results WHERE bench_id = 'b-old'")
         con.execute("UPDATE bench_results SET bench_id = 'b-later' WHERE metric = 'verify_ms'")
+        # and one draft-head training: its row, two epochs, two positions of each
+        con.execute("INSERT INTO trainings (train_id, status, draft) VALUES ('t-b', 'ok', 'eagle:heads/x')")
+        con.execute("INSERT INTO training_epochs (train_id, epoch) VALUES ('t-b', 0), ('t-b', 1)")
+        con.execute("INSERT INTO training_positions VALUES ('t-b', 0, 1, 10, 2), ('t-b', 0, 2, 2, 0), "
+                    "('t-b', 1, 1, 10, 6), ('t-b', 1, 2, 6, 3)")
     return a, b
 
 
@@ -55,19 +60,20 @@ def test_merge_adds_every_run_once_and_its_counts_add_up(sources, tmp_path):
     code, out, err = merge(a, b, "--into", into)
     assert code == 0, err
     assert counts(into) == {t: counts(a)[t] + counts(b)[t] for t in ("runs", "rounds", "run_totals")} | {
-        "bench_results": counts(a)["bench_results"] + 3}  # b-later's 3 rows; b-new was in a already
+        "bench_results": counts(a)["bench_results"] + 3,  # b-later's 3 rows; b-new was in a already
+        "trainings": 1, "training_epochs": 2, "training_positions": 4}
     assert counts(a)["runs"] == 13 and counts(a)["rounds"] > 13
     assert out.splitlines() == [
-        f"{a}: +13 runs (1 sweeps), +{counts(a)['rounds']} rounds, +12 run_totals, +2 benchmarks; "
-        "0 runs already there",
-        f"{b}: +13 runs (1 sweeps), +{counts(b)['rounds']} rounds, +12 run_totals, +1 benchmarks; "
-        "0 runs already there",
+        f"{a}: +13 runs (1 sweeps), +{counts(a)['rounds']} rounds, +12 run_totals, +2 benchmarks, "
+        "+0 trainings; 0 runs already there",
+        f"{b}: +13 runs (1 sweeps), +{counts(b)['rounds']} rounds, +12 run_totals, +1 benchmarks, "
+        "+1 trainings; 0 runs already there",
     ]
     merged = counts(into)
     code, out, _ = merge(b, a, "--into", into)  # again, in the other order: nothing new
     assert code == 0 and counts(into) == merged
-    assert out.splitlines()[0] == f"{b}: +0 runs (0 sweeps), +0 rounds, +0 run_totals, +0 benchmarks; " \
-                                  "13 runs already there"
+    assert out.splitlines()[0] == f"{b}: +0 runs (0 sweeps), +0 rounds, +0 run_totals, +0 benchmarks, " \
+                                  "+0 trainings; 13 runs already there"
 
 
 def test_merged_runs_keep_their_rows_and_the_dashboard_filters_them_by_host(sources, tmp_path):
@@ -90,8 +96,8 @@ def test_an_older_file_is_upgraded_on_a_copy_and_merged(sources, tmp_path):
     with duckdb.connect(str(old)) as con:
         migrate(con, to_version=4)  # before run_totals and concurrent_workers existed
         con.execute(f"ATTACH '{a}' AS a (READ_ONLY)")
-        con.execute("INSERT INTO runs BY NAME SELECT * EXCLUDE (concurrent_workers) "
-                    "REPLACE ('old-' || run_id AS run_id) FROM a.runs")
+        con.execute("INSERT INTO runs BY NAME SELECT * EXCLUDE (concurrent_workers, divergence_at, divergence_gap, "
+                    "divergence_tolerance, divergence, kernels, threads) REPLACE ('old-' || run_id AS run_id) FROM a.runs")
         con.execute("INSERT INTO rounds SELECT * REPLACE ('old-' || run_id AS run_id) FROM a.rounds")
     before = old.read_bytes()
     into = tmp_path / "all.duckdb"

@@ -16,10 +16,11 @@ import duckdb
 import pytest
 
 from runner.records import Generation, Round, RunRecord
+from runner.store import connect
 from runner.store.connect import init_db
 from runner.store.pending import record_from_dict, record_to_dict, spill
 from runner.store.runs import baseline_for, flush_pending, list_sweeps, recorded_runs, write_run
-from runner.store.schema import MIGRATIONS, SCHEMA_VERSION, StoreError, migrate
+from runner.store.schema import FILL_RUN_TOTALS, SCHEMA_VERSION, StoreError, migrate
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -38,7 +39,7 @@ def record(run_id: str, rounds: tuple[Round, ...], wall_s: float, k: int | None 
         draft=draft, draft_kind="baseline" if draft == "none" else "ngram", category="code", prompt_id="p1",
         prompt_text="def f():", k=k, mode="greedy", temperature=0.0, top_p=1.0, seed=seed, max_new_tokens=10,
         device="cpu", dtype="float32", status="ok", error=None, generation=gen, output_text="x",
-        baseline_run_id=baseline_run_id, lossless=None if draft == "none" else True,
+        baseline_run_id=baseline_run_id, lossless=None if draft == "none" else True, kernels="skinny", threads=2,
         provenance={"torch_version": "2.13.0", "host": "h1", "git_commit": "abc"})
 
 
@@ -87,7 +88,8 @@ def test_runs_and_rounds_have_the_documented_columns(db):
         ("prompt_tokens", ints), ("output_tokens", ints), ("output_text", text), ("stop_reason", text),
         ("baseline_run_id", text), ("lossless", "BOOLEAN"), ("status", text), ("error", text),
         ("torch_version", text), ("transformers_version", text), ("python_version", text), ("host", text),
-        ("git_commit", text), ("device_name", text), ("concurrent_workers", i)]
+        ("git_commit", text), ("device_name", text), ("divergence_at", i), ("divergence_gap", f),
+        ("divergence_tolerance", f), ("divergence", text), ("kernels", text), ("threads", i), ("concurrent_workers", i)]
     assert columns(db, "rounds") == [
         ("run_id", text), ("round", i), ("k", i), ("accepted", i), ("rejected", i), ("thrown", i),
         ("bonus", "BOOLEAN"), ("emitted", i), ("draft_s", f), ("verify_s", f), ("draft_tokens", ints),
@@ -97,16 +99,19 @@ def test_runs_and_rounds_have_the_documented_columns(db):
         "temperature", "top_p", "seed", "device", "dtype", "new_tokens", "n_rounds", "accepted", "rejected",
         "thrown", "drafted", "alpha", "tau", "thrown_share", "tokens_per_s", "baseline_tokens_per_s",
         "measured_speedup", "target_pass_s", "verify_pass_s", "draft_token_s", "c", "theoretical_speedup",
-        "lossless"]
+        "lossless", "divergence", "kernels", "threads"]
     assert query(db, "SELECT version, name FROM schema_migrations ORDER BY version") == [
         (1, "create_runs_and_rounds"), (2, "create_run_stats"), (3, "add_device_name"), (4, "create_bench_results"),
-        (5, "create_run_totals"), (6, "add_concurrent_workers")]
+        (5, "create_run_totals"), (6, "add_divergence"), (7, "add_kernels_and_threads"), (8, "define_metrics"),
+        (9, "create_trainings"), (10, "add_concurrent_workers")]
 
 
 def schema_dump(db: Path) -> list:
     return [query(db, "SELECT table_name, column_name, data_type FROM information_schema.columns "
                       "ORDER BY ALL"),
             query(db, "SELECT view_name, sql FROM duckdb_views() WHERE NOT internal ORDER BY ALL"),
+            query(db, "SELECT function_name, parameters, macro_definition FROM duckdb_functions() "
+                      "WHERE function_type = 'macro' AND NOT internal ORDER BY ALL"),
             query(db, "SELECT version, name FROM schema_migrations ORDER BY version")]
 
 
@@ -124,14 +129,47 @@ def test_migrating_from_every_older_version_ends_identical(tmp_path, start):
         con.execute("INSERT INTO rounds (run_id, round, k, accepted, rejected, thrown, bonus, emitted) "
                     "VALUES ('base', 0, 0, 0, 0, 0, true, 1), ('spec', 0, 2, 2, 0, 0, true, 3), "
                     "('spec', 1, 2, 0, 1, 1, false, 1)")
+        if start >= 5:  # from version 5 on, a writer records each run's totals with its rounds
+            con.execute(FILL_RUN_TOTALS)
+        if start >= 7:  # from version 7 on, a writer records the kernels it ran on
+            con.execute("UPDATE runs SET kernels = 'stock'")
     migrate(con)
     migrate(con)  # a second run finds nothing to do
     con.close()
     assert schema_dump(old) == schema_dump(fresh)
-    assert len(MIGRATIONS) == SCHEMA_VERSION == 5
     if start >= 1:
-        assert query(old, "SELECT run_id, accepted, rejected, thrown, drafted, alpha, tau FROM run_stats "
-                          "ORDER BY run_id") == [("base", 0, 0, 0, 0, None, 1.0), ("spec", 2, 1, 1, 4, 2 / 3, 2.0)]
+        # Runs recorded before kernels were recorded ran stock F.linear, on a thread count nobody wrote down.
+        assert query(old, "SELECT run_id, accepted, rejected, thrown, drafted, alpha, tau, kernels, threads "
+                          "FROM run_stats ORDER BY run_id") == [("base", 0, 0, 0, 0, None, 1.0, "stock", None),
+                                                               ("spec", 2, 1, 1, 4, 2 / 3, 2.0, "stock", None)]
+
+
+# run_stats as specdash wrote it into every file before the metric macros (schema versions 5 to 7).
+LEGACY_RUN_STATS = """CREATE VIEW run_stats AS
+    WITH per_run AS (SELECT t.run_id, t.accepted::BIGINT AS accepted, t.rejected::BIGINT AS rejected,
+               t.thrown::BIGINT AS thrown, t.drafted::BIGINT AS drafted, t.emitted / r.n_rounds AS tau
+        FROM run_totals t JOIN runs r USING (run_id)),
+    measured AS (
+        SELECT r.*, a.accepted, a.rejected, a.thrown, a.drafted, a.tau,
+               a.accepted / nullif(a.accepted + a.rejected, 0) AS alpha
+        FROM runs r LEFT JOIN per_run a USING (run_id) WHERE r.status = 'ok')
+    SELECT run_id, alpha, tau FROM measured"""
+
+
+def test_a_file_from_before_the_metric_macros_gets_them_and_the_new_view(tmp_path):
+    fresh, old = tmp_path / "fresh.duckdb", tmp_path / "old.duckdb"
+    init_db(fresh)
+    con = duckdb.connect(str(old))
+    migrate(con, to_version=7)
+    con.execute(LEGACY_RUN_STATS)
+    con.execute("INSERT INTO runs (run_id, sweep_id, draft, k, status, new_tokens, n_rounds, wall_s) "
+                "VALUES ('spec', 's1', 'ngram', 2, 'ok', 4, 2, 0.1)")
+    con.execute("INSERT INTO run_totals VALUES ('spec', 2, 1, 1, 4, 3)")
+    migrate(con)
+    con.close()
+    assert schema_dump(old) == schema_dump(fresh)
+    # α = 2 / (2 + 1), τ = 3 emitted over 2 rounds, thrown share 1 of 4 drafted
+    assert query(old, "SELECT alpha, tau, thrown_share FROM run_stats") == [(2 / 3, 1.5, 0.25)]
 
 
 def test_a_newer_database_is_refused(db):
@@ -215,9 +253,10 @@ def test_run_stats_match_hand_computed_values(db):
 def test_a_run_and_its_rounds_are_stored_as_given(db):
     write_run(db, SPEC)
     assert query(db, "SELECT started_at, prompt_tokens, output_tokens, target_passes, draft_calls, prefill_s, "
-                     "stop_reason, torch_version, transformers_version, host, git_commit FROM runs") == [
+                     "stop_reason, torch_version, transformers_version, host, git_commit, kernels, threads "
+                     "FROM runs") == [
         (datetime(2025, 3, 1, 12), [1, 2, 3], list(range(10, 20)), 4, 3, 0.1, "max_new_tokens", "2.13.0", None,
-         "h1", "abc")]
+         "h1", "abc", "skinny", 2)]
     assert query(db, "SELECT round, k, accepted, rejected, thrown, bonus, emitted, draft_s, verify_s, draft_tokens, "
                      "target_tokens FROM rounds ORDER BY round") == [
         (0, 4, 4, 0, 0, True, 5, 0.004, 0.06, [10, 11, 12, 13], [10, 11, 12, 13, 14]),
@@ -296,42 +335,62 @@ def test_sigkill_during_writes_never_leaves_a_partial_run(db):
 
 
 HOLDER = """
-import sys, time, duckdb
+import sys, duckdb
 con = duckdb.connect(sys.argv[1], read_only=True)
 print("held", flush=True)
-time.sleep(float(sys.argv[2]))
+sys.stdin.readline()  # until the test says so
 con.close()
 """
 
 
-def hold_read_only(db: Path, seconds: float) -> subprocess.Popen:
-    child = subprocess.Popen([sys.executable, "-c", HOLDER, str(db), str(seconds)], stdout=subprocess.PIPE, text=True)
+def hold_read_only(db: Path) -> subprocess.Popen:
+    """Another process with the file open read-only until a line arrives on its stdin."""
+    child = subprocess.Popen([sys.executable, "-c", HOLDER, str(db)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
     assert child.stdout.readline() == "held\n"
     return child
 
 
-def test_a_locked_write_retries_until_the_reader_lets_go(db):
+def release(holder: subprocess.Popen) -> None:
+    holder.stdin.write("release\n")
+    holder.stdin.flush()
+    assert holder.wait() == 0
+
+
+def test_a_locked_write_retries_until_the_reader_lets_go(db, monkeypatch):
     write_run(db, BASELINE)
-    holder = hold_read_only(db, 1.0)
-    started = time.monotonic()
-    retries = write_run(db, SPEC, lock_timeout_s=10)
-    assert retries > 0
-    assert 0.5 < time.monotonic() - started < 5
-    holder.wait()
+    holder = hold_read_only(db)
+    waits: list[float] = []
+
+    class Clock:  # the store's clock, except that the third wait lets the reader go first
+        monotonic = staticmethod(time.monotonic)
+
+        @staticmethod
+        def sleep(seconds: float) -> None:
+            waits.append(seconds)
+            if len(waits) == 3:
+                release(holder)
+            time.sleep(seconds)
+
+    monkeypatch.setattr(connect, "time", Clock)
+    retries = write_run(db, SPEC, lock_timeout_s=600)
+    assert retries == len(waits) == 3  # three refusals while held, in the first try after the release
+    assert holder.returncode == 0
     assert query(db, "SELECT run_id FROM runs ORDER BY run_id") == [("base",), ("spec",)]
     assert not (db.parent / "runs.duckdb.pending").exists()
 
 
 def test_a_write_locked_past_its_bound_spills_and_is_flushed_exactly_once(db):
     write_run(db, many_rounds("first", 5))
-    holder = hold_read_only(db, 1.5)
+    holder = hold_read_only(db)
     assert write_run(db, BASELINE, lock_timeout_s=0.2) > 0
     assert (db.parent / "runs.duckdb.pending" / "base.json").is_file()
     # Readers share the file with the holder, and see the spilled run as recorded.
     assert recorded_runs(db, "s1") == {("p1", "ngram", 4, "greedy", 0.0, 1.0, 0),
                                              ("p1", "none", None, "greedy", 0.0, 1.0, 0)}
-    assert baseline_for(db, "s1", "p1", "greedy", 0.0, 1.0, 0) == ("base", tuple(range(10, 20)))
-    holder.wait()
+    assert baseline_for(db, "s1", "p1", "greedy", 0.0, 1.0, 0, [1, 2, 3], "cpu", "float32") == (
+        "base", tuple(range(10, 20)))
+    release(holder)
     assert flush_pending(db) == 1
     assert flush_pending(db) == 0
     assert query(db, "SELECT run_id, n_rounds FROM runs ORDER BY run_id") == [("base", 10), ("first", 5)]
@@ -355,7 +414,7 @@ def test_records_survive_the_json_round_trip():
 
 def test_reads_for_the_runner(db):
     assert recorded_runs(db, "s1") == set()
-    assert baseline_for(db, "s1", "p1", "greedy", 0.0, 1.0, 0) is None
+    assert baseline_for(db, "s1", "p1", "greedy", 0.0, 1.0, 0, [1, 2, 3], "cpu", "float32") is None
     assert list_sweeps(db).empty
     write_run(db, BASELINE)
     write_run(db, SPEC)
@@ -364,9 +423,15 @@ def test_reads_for_the_runner(db):
     write_run(db, failed)
     assert recorded_runs(db, "s1") == {("p1", "ngram", 4, "greedy", 0.0, 1.0, 0),
                                              ("p1", "none", None, "greedy", 0.0, 1.0, 0)}
-    assert baseline_for(db, "s1", "p1", "greedy", 0.0, 1.0, 0) == ("base", tuple(range(10, 20)))
-    assert baseline_for(db, "s1", "p1", "greedy", 0.0, 1.0, 1) is None
+    assert baseline_for(db, "s1", "p1", "greedy", 0.0, 1.0, 0, [1, 2, 3], "cpu", "float32") == (
+        "base", tuple(range(10, 20)))
+    assert baseline_for(db, "s1", "p1", "greedy", 0.0, 1.0, 1, [1, 2, 3], "cpu", "float32") is None
+    # the same cell fed other prompt ids, or on another device or dtype, has no baseline to compare with
+    assert baseline_for(db, "s1", "p1", "greedy", 0.0, 1.0, 0, [1, 2, 4], "cpu", "float32") is None
+    assert baseline_for(db, "s1", "p1", "greedy", 0.0, 1.0, 0, [1, 2, 3], "cuda", "float32") is None
+    assert baseline_for(db, "s1", "p1", "greedy", 0.0, 1.0, 0, [1, 2, 3], "cpu", "bfloat16") is None
     sweeps = list_sweeps(db)
-    assert list(sweeps.columns) == ["sweep_id", "started", "target", "drafts", "runs", "errors", "lossless_failures"]
+    assert list(sweeps.columns) == ["sweep_id", "started", "target", "drafts", "runs", "errors", "lossless_failures",
+                                    "real_divergences"]
     assert sweeps[["sweep_id", "target", "drafts", "runs", "errors", "lossless_failures"]].values.tolist() == [
         ["s1", "smollm2", "ngram, none", 3, 1, 0], ["s2", "smollm2", "ngram", 1, 0, 0]]

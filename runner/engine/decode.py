@@ -2,31 +2,62 @@
 
 Plain decoding is the same loop with a drafter that proposes nothing, so the baseline runs through
 the same model code, KV cache and timing as every speculative run.
+
+On CUDA the loop keeps the device busy: a round reads the device once (`host`: the drafts and the target's
+choices together; prompt lookup reads the new text once more), timing uses events, and tokens reach the
+device's copy of the text by device-to-device copies.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
-from transformers import DynamicCache
+from transformers.utils import ModelOutput
 
-from runner.engine.drafters import Drafter, crop_to
+from runner.engine.drafters import Drafter, crop_to, new_cache
 from runner.engine.models import Loaded
-from runner.engine.sampling import Decoding, accept_greedy, accept_sampled, draw, probabilities
+from runner.engine.sampling import Decoding, accept_greedy, accept_sampled, draw, host, probabilities
 from runner.records import Generation, Round
 
 
+class NonFiniteLogits(ValueError):
+    """The target's logits overflowed (inf/NaN): typically float16 on a model trained in bfloat16."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        name = str(dtype).removeprefix("torch.")
+        super().__init__(f"the target's logits are inf/NaN in {name} (an overflow); use --dtype bfloat16 or float32")
+
+
 class Clock:
-    """Wall time that includes the device's queued work (CUDA runs asynchronously)."""
+    """Time on the model's device. CPU: perf_counter. CUDA: events on the device's current stream, read once the
+    run has settled, so timing a round never makes the host wait for the device."""
 
     def __init__(self, device: torch.device) -> None:
-        self.sync = device.type == "cuda"
+        self.device = device
+        self.cuda = device.type == "cuda"
+
+    def mark(self) -> float | torch.cuda.Event:
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(self.device))
+        return event
+
+    def settle(self) -> None:
+        """Wait for the work queued on this device (not on another GPU's, as a bare synchronize() would)."""
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    def seconds(self, start: float | torch.cuda.Event, end: float | torch.cuda.Event) -> float:
+        """Between two marks; on CUDA only after `settle`."""
+        return start.elapsed_time(end) / 1000 if self.cuda else end - start
 
     def __call__(self) -> float:
-        if self.sync:
-            torch.cuda.synchronize()
+        """Wall time with the device's queued work done."""
+        self.settle()
         return time.perf_counter()
 
 
@@ -39,86 +70,135 @@ class Target:
 
     def __init__(self, loaded: Loaded) -> None:
         self.model = loaded.model
-        self.cache = DynamicCache(config=loaded.model.config)
+        self.vocab = loaded.vocab_size  # logits past the tokenizer's ids (a padded head) are cut
+        self.cache = new_cache(loaded.model)
 
-    def prefill(self, tokens: Tensor) -> Tensor:
-        """One pass over the whole prompt: the logits (V,) of the first new token."""
-        return self.model(input_ids=tokens[None], cache=self.cache, use_cache=True, logits_to_keep=1).logits[0, -1]
+    def prefill(self, tokens: Tensor, layers: tuple[int, ...] = ()) -> tuple[Tensor, Tensor | None]:
+        """One pass over the whole prompt: the logits (V,) of the first new token, and `features_of` its positions."""
+        out = self.model(input_ids=tokens[None], cache=self.cache, use_cache=True, logits_to_keep=1,
+                         output_hidden_states=bool(layers))
+        crop_to(self.cache, tokens.numel())  # trims sliding-window layers back to their window
+        return out.logits[0, -1, : self.vocab], features_of(out, layers)
 
-    def verify(self, fed: Tensor, want_hidden: bool) -> tuple[Tensor, Tensor | None]:
-        """One pass over `fed` (T,): the logits at every fed position (T, V), and the last hidden states."""
+    def verify(self, fed: Tensor, layers: tuple[int, ...] = ()) -> tuple[Tensor, Tensor | None]:
+        """One pass over `fed` (T,): the logits at every fed position (T, V), and `features_of` those positions."""
         out = self.model(
             input_ids=fed[None], cache=self.cache, use_cache=True,
-            logits_to_keep=fed.numel(), output_hidden_states=want_hidden,
+            logits_to_keep=fed.numel(), output_hidden_states=bool(layers),
         )
-        return out.logits[0], out.hidden_states[-1][0] if want_hidden else None
+        return out.logits[0, :, : self.vocab], features_of(out, layers)
 
     @property
     def length(self) -> int:
         return self.cache.get_seq_length()
 
 
+def features_of(out: ModelOutput, layers: tuple[int, ...]) -> Tensor | None:
+    """(T, len(layers)·H): the hidden states a drafter asked for, side by side; None when it asked for none."""
+    return torch.cat([out.hidden_states[i][0] for i in layers], dim=-1) if layers else None
+
+
 class Sequence:
-    """The committed text in a preallocated buffer, so appending never copies the prefix."""
+    """The committed text: a preallocated device buffer (appending never copies the prefix) and its host mirror."""
 
     def __init__(self, prompt: list[int], capacity: int, device: torch.device) -> None:
         self.buffer = torch.zeros(capacity, dtype=torch.long, device=device)
         self.buffer[: len(prompt)] = torch.tensor(prompt, dtype=torch.long)
-        self.length = len(prompt)
-        self.last = prompt[-1]  # the newest token, on the host
+        self.ids = list(prompt)  # the same ids on the host
+
+    @property
+    def length(self) -> int:
+        return len(self.ids)
+
+    @property
+    def last(self) -> int:
+        return self.ids[-1]
 
     @property
     def tokens(self) -> Tensor:
         return self.buffer[: self.length]
 
-    def append(self, new: list[int]) -> None:
-        self.buffer[self.length : self.length + len(new)] = torch.tensor(new, dtype=torch.long)
-        self.length += len(new)
-        self.last = new[-1]
+    def append(self, new: list[int], on_device: Tensor) -> None:
+        """`on_device` starts with the same ids, already on the device: no host-to-device copy."""
+        self.buffer[self.length : self.length + len(new)] = on_device[: len(new)]
+        self.ids.extend(new)
+
+
+@dataclass(frozen=True)
+class Timed:
+    """A round whose times are still clock marks, read once the run has settled."""
+
+    round: Round  # draft_s and verify_s are filled in by `read`
+    marks: tuple  # start, drafted, verified
+
+    def read(self, clock: Clock) -> Round:
+        start, drafted, verified = self.marks
+        return replace(self.round, draft_s=clock.seconds(start, drafted), verify_s=clock.seconds(drafted, verified))
+
+
+def _cut(tokens: list[int], budget: int, eos: frozenset[int]) -> list[int]:
+    """The tokens a round may append: at most `budget`, and nothing after an end-of-sequence token."""
+    tokens = tokens[:budget]
+    for i, t in enumerate(tokens):
+        if t in eos:
+            return tokens[: i + 1]
+    return tokens
 
 
 def speculative_round(
     target: Target, drafter: Drafter, text: Sequence, k: int, decoding: Decoding,
     generator: torch.Generator, clock: Clock, budget: int, eos: frozenset[int],
-) -> Round:
+) -> Timed:
     """One round as the explainer tells it; appends the emitted tokens to `text`."""
-    start = clock()
+    start = clock.mark()
     committed = text.length
     # 1. Draft: the drafter proposes up to k tokens d1..dk (with q-probabilities when sampling).
     draft = drafter.propose(text.tokens, k)
-    drafted = clock()
+    drafted = clock.mark()
     k = draft.tokens.numel()
     # 2. Verify: ONE target pass over the newest committed token + d1..dk gives t1..t(k+1).
     fed = torch.cat([text.tokens[-1:], draft.tokens])  # (k+1,)
     logits, hidden = target.verify(fed, drafter.wants_hidden)  # (k+1, V)
+    finite = logits.isfinite().all().view(1)
     # 3. Compare, left to right: accepted while the target agrees; the first failure is rejected, the
     #    rest are thrown (never judged); then the target's own token, the correction or the bonus.
-    draft_list = draft.tokens.tolist()
     if decoding.greedy:
-        choices = logits.argmax(-1).tolist()  # the one host sync of a greedy round
-        accepted = accept_greedy(draft_list, choices)
-        target_tokens, token = choices, choices[accepted]
+        choices = logits.argmax(-1)  # (k+1,)
+        *read, ok = host(torch.cat([draft.tokens, choices, finite]))  # the round's one host sync
+        draft_list, target_tokens = read[:k], read[k:]
+        accepted = accept_greedy(draft_list, target_tokens)
+        token = target_tokens[accepted]
+        kept = torch.cat([draft.tokens[:accepted], choices[accepted : accepted + 1]])
     else:
-        accepted, token = accept_sampled(draft.tokens, draft.q, probabilities(logits, decoding), generator)
+        n, drawn = accept_sampled(draft.tokens, draft.q, probabilities(logits, decoding), generator)
+        *draft_list, accepted, token, ok = host(torch.cat([draft.tokens, n.view(1), drawn.view(1), finite]))
+        kept = torch.cat([draft.tokens[:accepted], drawn.view(1)])
         target_tokens = draft_list[:accepted] + [token]
-    verified = clock()
+    verified = clock.mark()
+    if not ok:
+        raise NonFiniteLogits(logits.dtype)
     # 4. Append the kept drafts and the target's token, cut at EOS or max_new_tokens.
-    emitted = (draft_list[:accepted] + [token])[:budget]
-    for i, t in enumerate(emitted):
-        if t in eos:
-            emitted = emitted[: i + 1]
-            break
-    text.append(emitted)
+    emitted = _cut(draft_list[:accepted] + [token], budget, eos)
+    text.append(emitted, kept)
     # 5. Roll back: both caches forget the drafts that were not kept.
     crop_to(target.cache, text.length - 1)
     drafter.accepted(accepted, hidden[: accepted + 1] if hidden is not None else None)
     assert target.length == text.length - 1 == committed + len(emitted) - 1
     rejected = int(accepted < k)
-    return Round(
+    return Timed(Round(
         k=k, accepted=accepted, rejected=rejected, thrown=k - accepted - rejected, bonus=accepted == k,
-        emitted=len(emitted), draft_s=drafted - start, verify_s=verified - drafted,
+        emitted=len(emitted), draft_s=0.0, verify_s=0.0,
         draft_tokens=tuple(draft_list), target_tokens=tuple(target_tokens),
-    )
+    ), (start, drafted, verified))
+
+
+def _first_token(logits: Tensor, decoding: Decoding, generator: torch.Generator) -> tuple[int, Tensor]:
+    """The prefill's token, on the host and on the device (one host sync per run)."""
+    token = (logits.argmax() if decoding.greedy else draw(probabilities(logits, decoding), generator)).view(1)
+    value, ok = host(torch.cat([token, logits.isfinite().all().view(1)]))
+    if not ok:
+        raise NonFiniteLogits(logits.dtype)
+    return value, token
 
 
 def generate(
@@ -135,19 +215,19 @@ def generate(
             f"prompt ({len(prompt)} tokens) + max-new-tokens ({max_new_tokens}) exceeds the model's "
             f"context of {target.max_context} tokens"
         )
-    device = target.device
-    clock = Clock(device)
+    clock = Clock(target.device)
     with torch.inference_mode():
         start = clock()
         model = Target(target)
-        text = Sequence(prompt, len(prompt) + max_new_tokens, device)
+        text = Sequence(prompt, len(prompt) + max_new_tokens, target.device)
         # The prefill: one target pass over the prompt makes the first new token, as in plain decoding. The
         # drafter reads the prompt too; the new token is fed with round 0's drafts, like every later one.
-        logits = model.prefill(text.tokens)
-        text.append([int(logits.argmax() if decoding.greedy else draw(probabilities(logits, decoding), generator))])
-        drafter.prefill(text.tokens)
+        logits, features = model.prefill(text.tokens, drafter.wants_hidden)
+        first, on_device = _first_token(logits, decoding, generator)
+        text.append([first], on_device)
+        drafter.prefill(text.tokens, features)
         prefilled = clock()
-        rounds: list[Round] = []
+        rounds: list[Timed] = []
         while text.last not in target.eos_ids and (made := text.length - len(prompt)) < max_new_tokens:
             budget = max_new_tokens - made
             # Never draft past the budget: k drafts can yield k+1 tokens.
@@ -157,7 +237,7 @@ def generate(
         stop = "eos" if text.last in target.eos_ids else "max_new_tokens"
         end = clock()
     return Generation(
-        prompt_tokens=tuple(prompt), output_tokens=tuple(text.tokens[len(prompt) :].tolist()),
-        rounds=tuple(rounds), prefill_s=prefilled - start, wall_s=end - start,
+        prompt_tokens=tuple(prompt), output_tokens=tuple(text.ids[len(prompt) :]),
+        rounds=tuple(r.read(clock) for r in rounds), prefill_s=prefilled - start, wall_s=end - start,
         draft_calls=drafter.calls, stop_reason=stop,
     )

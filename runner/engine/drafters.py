@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 from transformers import DynamicCache, PreTrainedModel
 
-from runner.engine.sampling import Decoding, draw, probabilities
+from runner.engine.sampling import Decoding, draw, host, probabilities
 
 
 @dataclass(frozen=True)
@@ -22,23 +22,40 @@ class Draft:
     """What a drafter proposes for one round."""
 
     tokens: Tensor  # (k,) token ids on the target's device; k may be below what was asked
-    q: Tensor | None  # (k, V) the draft's probabilities when sampling; None for a greedy or deterministic draft
+    # (k, V) the draft's probabilities over the TARGET's V logits when sampling; None for a greedy or
+    # deterministic draft
+    q: Tensor | None
 
 
 class Drafter(Protocol):
     """Proposes tokens and learns, after each verify pass, how many the target kept."""
 
     calls: int  # forward passes (or lookups) so far: the denominator of the draft cost c
-    wants_hidden: bool  # ask for the target's last hidden states at the committed positions
+    # Indices into the target's hidden_states (0: embeddings, i: input of layer i, -1: the final normed output)
+    # whose rows the drafter gets at the committed positions, side by side; () asks for nothing and costs nothing.
+    wants_hidden: tuple[int, ...]
 
-    def prefill(self, tokens: Tensor) -> None:
-        """Start a new sequence: the prompt and the prefill's first new token (1-D ids)."""
+    def prefill(self, tokens: Tensor, hidden: Tensor | None) -> None:
+        """Start a new sequence: the prompt and the prefill's first new token (1-D ids); when asked for, `hidden`
+        is (P, L·H) for the P prompt positions, L = len(wants_hidden)."""
 
     def propose(self, tokens: Tensor, k: int) -> Draft:
         """Up to k tokens to follow `tokens`, all committed text so far (1-D ids)."""
 
     def accepted(self, n: int, hidden: Tensor | None) -> None:
-        """The target kept the first n drafts (then added its own token); `hidden` is (n+1, H) when asked for."""
+        """The target kept the first n drafts (then added its own token); `hidden` is (n+1, L·H) when asked for."""
+
+
+def new_cache(model: PreTrainedModel) -> DynamicCache:
+    """A KV cache that can roll back.
+
+    A sliding-window layer (Mistral, Gemma-2/3, Phi-3, gpt-oss) keeps only its last window - 1 positions, so once
+    the window is full transformers refuses any crop, even of 0 tokens. Recording the past keeps the positions of
+    each forward until the next `crop_to`, which drops the rejected ones and trims the layer back to its window.
+    """
+    cache = DynamicCache(config=model.config)
+    cache.activate_past_recording()
+    return cache
 
 
 def crop_to(cache: DynamicCache, length: int) -> None:
@@ -50,9 +67,9 @@ class NoDraft:
     """Plain decoding: nothing is proposed, so every round is one target pass making one token."""
 
     calls = 0
-    wants_hidden = False
+    wants_hidden = ()
 
-    def prefill(self, tokens: Tensor) -> None:
+    def prefill(self, tokens: Tensor, hidden: Tensor | None) -> None:
         pass
 
     def propose(self, tokens: Tensor, k: int) -> Draft:
@@ -63,28 +80,40 @@ class NoDraft:
 
 
 class ModelDrafter:
-    """A causal LM drafting one token per call, its KV cache kept in step with the committed text."""
+    """A causal LM drafting one token per call, its KV cache kept in step with the committed text.
 
-    wants_hidden = False
+    It drafts among the target's `vocab` ids (`Loaded.vocab_size`): families pad their heads to different sizes
+    over one tokenizer (Qwen2.5: 152,064 logits for 7B and up, 151,936 below), so a wider draft head is cut to
+    those ids, and a narrower q would be 0 on the ids it lacks (it never proposes them, which keeps speculative
+    sampling exact).
+    """
 
-    def __init__(self, model: PreTrainedModel, decoding: Decoding, generator: torch.Generator) -> None:
+    wants_hidden = ()
+
+    def __init__(self, model: PreTrainedModel, decoding: Decoding, generator: torch.Generator, vocab: int) -> None:
         self.model = model
         self.decoding = decoding
         self.generator = generator
+        self.vocab = vocab
         self.calls = 0
-        self.cache = DynamicCache(config=model.config)
+        self.cache = new_cache(model)
         self.committed = 0  # committed tokens when the last proposal was made
 
     def _next_logits(self, ids: Tensor) -> Tensor:
         out = self.model(input_ids=ids[None], cache=self.cache, use_cache=True, logits_to_keep=1)
         self.calls += 1
-        return out.logits[0, -1]  # (V,)
+        return out.logits[0, -1, : self.vocab]  # (V,) at most the target's V
 
-    def prefill(self, tokens: Tensor) -> None:
-        self.cache = DynamicCache(config=self.model.config)
+    def _q(self, logits: Tensor) -> Tensor:
+        q = probabilities(logits, self.decoding)
+        return torch.nn.functional.pad(q, (0, self.vocab - q.numel()))  # (V,) in the target's vocabulary
+
+    def prefill(self, tokens: Tensor, hidden: Tensor | None) -> None:
+        self.cache = new_cache(self.model)
         # All but the newest token: the first proposal feeds it, like every later correction or bonus.
         if tokens.numel() > 1:
             self.model(input_ids=tokens[None, :-1], cache=self.cache, use_cache=True, logits_to_keep=1)
+            crop_to(self.cache, tokens.numel() - 1)  # trims sliding-window layers back to their window
 
     def propose(self, tokens: Tensor, k: int) -> Draft:
         self.committed = tokens.numel()
@@ -97,7 +126,7 @@ class ModelDrafter:
             if self.decoding.greedy:
                 feed = logits.argmax().view(1)
             else:
-                q = probabilities(logits, self.decoding)
+                q = self._q(logits)
                 feed = draw(q, self.generator)
                 qs.append(q)
             drafted.append(feed)
@@ -112,7 +141,7 @@ class NgramDrafter:
     """Prompt lookup: find the latest earlier occurrence of the last n tokens (then n-1, … 1) in
     prompt + output and propose what followed it. An index per n-gram size keeps each lookup O(1)."""
 
-    wants_hidden = False
+    wants_hidden = ()
 
     def __init__(self, n: int) -> None:
         self.n = n
@@ -129,20 +158,19 @@ class NgramDrafter:
                     self.follows[m - 1][tuple(self.seen[j - m : j])] = j
             self.seen.append(token)
 
-    def prefill(self, tokens: Tensor) -> None:
+    def prefill(self, tokens: Tensor, hidden: Tensor | None) -> None:
         self.seen, self.follows = [], [{} for _ in range(self.n)]
-        self._extend(tokens.tolist())
+        self._extend(host(tokens))
 
     def propose(self, tokens: Tensor, k: int) -> Draft:
-        self._extend(tokens[len(self.seen) :].tolist())
+        self._extend(host(tokens[len(self.seen) :]))  # the text committed since: a round's second host sync
         self.calls += 1
-        found: list[int] = []
         for m in range(self.n, 0, -1):
             start = self.follows[m - 1].get(tuple(self.seen[-m:]))
             if start is not None and k > 0:
-                found = self.seen[start : start + k]
-                break
-        return Draft(tokens=torch.tensor(found, dtype=torch.long, device=tokens.device), q=None)
+                # `seen` mirrors `tokens`: slicing the device copy needs no host-to-device transfer.
+                return Draft(tokens=tokens[start : start + k], q=None)
+        return Draft(tokens=tokens[:0], q=None)
 
     def accepted(self, n: int, hidden: Tensor | None) -> None:
         pass  # the committed text arrives with the next proposal
@@ -155,8 +183,25 @@ def _shallow(module: nn.Module) -> nn.Module:
     return clone
 
 
+def _replaced(module: nn.Module, path: list[str], new: nn.Module, configs: dict[int, object]) -> nn.Module:
+    """Shallow copies of the modules on `path` with the last one replaced by `new`, each holding the copied
+    config where it held the original (`configs`: id of the original -> its copy)."""
+    if not path:
+        return new
+    clone = _shallow(module)
+    clone._modules[path[0]] = _replaced(module._modules[path[0]], path[1:], new, configs)
+    if id(getattr(clone, "config", None)) in configs:
+        clone.config = configs[id(clone.config)]
+    return clone
+
+
 def layer_skip(model: PreTrainedModel, layers: int) -> PreTrainedModel:
-    """The target's first `layers` decoder layers plus its final norm and LM head, sharing the weights."""
+    """The target's first `layers` decoder layers plus its final norm and LM head, sharing the weights.
+
+    The decoder may sit deep inside a multimodal wrapper (Gemma-3 4B+, Mistral-3, Llama-4 load as
+    `*ForConditionalGeneration`, the text decoder at `model.language_model`): the copy replaces it where it is,
+    and shortens the decoder's own config, not the wrapper's.
+    """
     decoder = model.get_decoder()
     total = len(getattr(decoder, "layers", ()))
     if total == 0:
@@ -164,14 +209,16 @@ def layer_skip(model: PreTrainedModel, layers: int) -> PreTrainedModel:
     if not 1 <= layers < total:
         raise ValueError(f"layerskip:L needs 1 <= L < {total} (the target's layer count), got {layers}")
     config = copy.deepcopy(model.config)
-    config.num_hidden_layers = layers
-    if getattr(config, "layer_types", None):
-        config.layer_types = config.layer_types[:layers]
+    text = config.get_text_config(decoder=True)  # the config itself for a plain causal LM
+    text.num_hidden_layers = layers
+    if getattr(text, "layer_types", None):
+        text.layer_types = text.layer_types[:layers]
     short_decoder = _shallow(decoder)
     short_decoder.layers = nn.ModuleList(decoder.layers[:layers])
-    short_decoder.config = config
-    draft = _shallow(model)
+    path = next(name for name, module in model.named_modules() if module is decoder).split(".")
+    configs = {id(model.config): config, id(model.config.get_text_config(decoder=True)): text}
+    draft = _replaced(model, path, short_decoder, configs)
+    short_decoder.config = text
     draft.config = config
     draft.generation_config = copy.deepcopy(model.generation_config)  # its own, not the target's object
-    setattr(draft, model.base_model_prefix, short_decoder)
     return draft

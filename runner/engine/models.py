@@ -15,8 +15,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 from transformers.utils import logging as hf_logging
+
+from runner.engine import loading
 
 # stderr belongs to our progress bar and one-line errors, not to loading bars and advisory warnings.
 hf_logging.disable_progress_bar()
@@ -40,10 +49,19 @@ class Loaded:
     tokenizer: PreTrainedTokenizerBase
     device: torch.device
     dtype: torch.dtype
+    trust_remote_code: bool = False  # drafts loaded with it run their checkpoint's own code too
 
     @property
     def max_context(self) -> int:
         return int(getattr(self.model.config, "max_position_embeddings", 2048))
+
+    @property
+    def vocab_size(self) -> int:
+        """The ids decoding chooses from: the tokenizer's, within the head's rows. Families pad their heads past
+        the tokenizer (Qwen2.5: 152,064 rows at 7B and up, 151,936 below, for 151,665 ids); the padded rows mean
+        no text and a smaller draft of the family could not even embed them."""
+        rows = self.model.get_output_embeddings().weight.shape[0]
+        return rows if self.tokenizer is None else min(rows, len(self.tokenizer))
 
     @property
     def eos_ids(self) -> frozenset[int]:
@@ -140,25 +158,48 @@ def load_tokenizer(spec: str) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(_source(spec), local_files_only=_local_only())
 
 
-def load(spec: str, device: str | None = None, dtype: str | None = None) -> Loaded:
-    """Load a model spec for inference. Offline by default: a repo id must be in the local cache."""
+def load_config(spec: str, trust_remote_code: bool = False) -> PretrainedConfig:
+    """The config of a model spec without its weights: what a draft head is checked against before any loading."""
+    offline = _local_only()
+    try:
+        return AutoConfig.from_pretrained(_source(spec), local_files_only=offline, trust_remote_code=trust_remote_code)
+    except OSError as exc:
+        raise ModelError(f"cannot load model: {loading.hub_problem(exc, spec, offline)}") from None
+
+
+def load(spec: str, device: str | None = None, dtype: str | None = None, trust_remote_code: bool = False) -> Loaded:
+    """Load a model spec for inference, straight onto its device. Offline by default: a repo id must be in the
+    local cache. Refuses (ModelError, one line) before loading weights that would not fit, and after loading a
+    checkpoint that leaves weights at random."""
     chosen = pick_device(device)
     chosen_dtype = pick_dtype(dtype, chosen)
+    offline = _local_only()
     try:
         where = _source(spec)
-        tokenizer = AutoTokenizer.from_pretrained(where, local_files_only=_local_only())
-        model = AutoModelForCausalLM.from_pretrained(where, dtype=chosen_dtype, local_files_only=_local_only())
+        tokenizer = AutoTokenizer.from_pretrained(where, local_files_only=offline, trust_remote_code=trust_remote_code)
+        config = AutoConfig.from_pretrained(where, local_files_only=offline, trust_remote_code=trust_remote_code)
+        needed = loading.weight_bytes(config, chosen_dtype, trust_remote_code)
+        if problem := loading.fit_problem(spec, needed, loading.free_bytes(chosen), chosen, chosen_dtype):
+            raise ModelError(problem)
+        model, info = AutoModelForCausalLM.from_pretrained(
+            where, dtype=chosen_dtype, local_files_only=offline, trust_remote_code=trust_remote_code,
+            device_map=str(chosen) if chosen.type == "cuda" else None,  # weights go to the GPU, not via host RAM
+            output_loading_info=True)
     except ModelError:
         raise
-    except OSError:
-        raise ModelError(
-            f'cannot load model "{spec}": no such directory, and not in the local Hugging Face cache (no hub access)'
-        ) from None
+    except OSError as exc:
+        raise ModelError(f"cannot load model: {loading.hub_problem(exc, spec, offline)}") from None
     except ValueError as exc:
+        if "trust_remote_code" in str(exc):  # transformers' own wording names its keyword, not our option
+            raise ModelError(f'cannot load model "{spec}": it ships its own model code; read it, then pass '
+                             "--trust-remote-code") from None
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelError(f'cannot load model "{spec}": {first}') from None
+    if problem := loading.random_weights_problem(spec, info):
+        raise ModelError(problem)
     model.to(chosen).eval()
-    return Loaded(spec=spec, model=model, tokenizer=tokenizer, device=chosen, dtype=chosen_dtype)
+    return Loaded(spec=spec, model=model, tokenizer=tokenizer, device=chosen, dtype=chosen_dtype,
+                  trust_remote_code=trust_remote_code)
 
 
 def check_same_tokenizer(target: Loaded, draft: Loaded) -> None:

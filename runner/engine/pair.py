@@ -5,16 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers import PreTrainedModel
+from torch import nn
 
-from runner.engine import models
+from runner.engine import head_files, kernels, models
 from runner.engine.decode import generate
 from runner.engine.drafters import Drafter, ModelDrafter, NgramDrafter, NoDraft, layer_skip
+from runner.engine.eagle_drafter import EagleDrafter
 from runner.engine.sampling import Decoding
 from runner.records import Generation
 
 DEFAULT_NGRAM = 3  # longest n-gram prompt lookup tries before falling back to shorter ones
-WARMUP_TOKENS = 8
+WARMUP_TOKENS = 8  # plain decoding's warm-up
 
 
 @dataclass(frozen=True)
@@ -22,8 +23,8 @@ class DraftSpec:
     """A parsed `--draft` value."""
 
     text: str  # as the user wrote it, e.g. 'layerskip:24'
-    kind: str  # 'baseline' | 'ngram' | 'layerskip' | 'model'
-    arg: str | None  # n for ngram, L for layerskip, the model spec for model
+    kind: str  # 'baseline' | 'ngram' | 'layerskip' | 'model' | 'eagle'
+    arg: str | None  # n for ngram, L for layerskip, the model spec for model, the head's directory or repo id for eagle
 
     @property
     def baseline(self) -> bool:
@@ -34,7 +35,7 @@ PLAIN = DraftSpec("none", "baseline", None)  # the baseline: plain decoding, no 
 
 
 def parse_draft(text: str) -> DraftSpec:
-    """`none`, `ngram`, `ngram:<n>`, `layerskip:<L>` or `model:<spec>`; ValueError otherwise."""
+    """`none`, `ngram`, `ngram:<n>`, `layerskip:<L>`, `model:<spec>` or `eagle:<head>`; ValueError otherwise."""
     kind, _, arg = text.partition(":")
     if text == PLAIN.text:
         return PLAIN
@@ -42,31 +43,68 @@ def parse_draft(text: str) -> DraftSpec:
         return DraftSpec(text, "ngram", arg or str(DEFAULT_NGRAM))
     if kind == "layerskip" and arg.isdigit() and int(arg) >= 1:
         return DraftSpec(text, "layerskip", arg)
-    if kind == "model" and arg:
-        return DraftSpec(text, "model", arg)
-    raise ValueError(f'unknown draft "{text}"; use ngram, ngram:<n>, layerskip:<L> or model:<spec>')
+    if kind in ("model", "eagle") and arg:
+        return DraftSpec(text, kind, arg)
+    raise ValueError(f'unknown draft "{text}"; use ngram, ngram:<n>, layerskip:<L>, model:<spec> or eagle:<head>')
+
+
+def check_drafts(target: str, drafts: list[DraftSpec], trust_remote_code: bool = False) -> None:
+    """Refuse an unusable draft head (missing or corrupt files, a head for another target) before any model loads."""
+    heads = [spec for spec in drafts if spec.kind == "eagle"]
+    if heads:
+        config = models.load_config(target, trust_remote_code)
+        for spec in heads:
+            head_files.check(spec.arg, config)
+
+
+def parse_kernels(text: str) -> str:
+    """A `--kernels` value; ValueError otherwise."""
+    if text not in (kernels.STOCK, kernels.SKINNY):
+        raise ValueError(f'unknown kernels "{text}"; use {kernels.SKINNY} or {kernels.STOCK}')
+    return text
 
 
 class Pair:
-    """Loads the target and each draft once; makes a fresh drafter for every generation."""
+    """Loads the target and each draft once; makes a fresh drafter for every generation.
 
-    def __init__(self, target: models.Loaded, drafts: list[DraftSpec]) -> None:
+    With `kernels` 'skinny' on a CPU, every generation runs the target's and the model drafts' linears on
+    the measured kernels (a layer-skip draft shares the target's); `self.kernels` says what actually runs.
+    """
+
+    def __init__(self, target: models.Loaded, drafts: list[DraftSpec], kernels_name: str = kernels.SKINNY) -> None:
         self.target = target
-        self.draft_models: dict[str, PreTrainedModel] = {}
+        self.draft_models: dict[str, nn.Module] = {}  # a PreTrainedModel, or an EagleHead for eagle drafts
+        separate = []  # draft models with weights of their own
         for spec in drafts:
             if spec.kind == "layerskip":
                 self.draft_models[spec.text] = layer_skip(target.model, int(spec.arg))
             elif spec.kind == "model":
-                loaded = models.load(spec.arg, device=str(target.device), dtype=_dtype_name(target.dtype))
+                loaded = models.load(spec.arg, device=str(target.device), dtype=_dtype_name(target.dtype),
+                                     trust_remote_code=target.trust_remote_code)
                 models.check_same_tokenizer(target, loaded)
+                _check_embeds(loaded, target)
                 self.draft_models[spec.text] = loaded.model
+                separate.append(loaded.model)
+            elif spec.kind == "eagle":
+                checked = head_files.check(spec.arg, target.model.config)
+                self.draft_models[spec.text] = head_files.load(
+                    checked, target.model.get_input_embeddings(), target.device, target.dtype)
+                separate.append(self.draft_models[spec.text])
+        chosen = parse_kernels(kernels_name)
+        # CUDA keeps cuBLAS: the skinny kernels answer a CPU BLAS's weakness.
+        self.kernels = chosen if target.device.type == "cpu" else kernels.STOCK
+        self.switches = [kernels.attach(m) for m in (target.model, *separate)] if self.kernels == kernels.SKINNY else []
+        for switch in self.switches:
+            switch.table()  # measured (or read from the cache) now, not inside a timed generation
 
     def drafter(self, spec: DraftSpec, decoding: Decoding, generator: torch.Generator) -> Drafter:
         if spec.baseline:
             return NoDraft()
         if spec.kind == "ngram":
             return NgramDrafter(int(spec.arg))
-        return ModelDrafter(self.draft_models[spec.text], decoding, generator)
+        if spec.kind == "eagle":
+            return EagleDrafter(self.draft_models[spec.text], decoding, generator)
+        return ModelDrafter(self.draft_models[spec.text], decoding, generator, self.target.vocab_size)
 
     def run(
         self, spec: DraftSpec, prompt: list[int], k: int | None, decoding: Decoding, max_new_tokens: int, seed: int
@@ -76,12 +114,26 @@ class Pair:
             raise ValueError(f"{spec.text}: k must be {'None' if spec.baseline else 'given'}, got {k}")
         generator = torch.Generator(device=self.target.device).manual_seed(seed)
         drafter = self.drafter(spec, decoding, generator)
-        return generate(self.target, drafter, prompt, k, decoding, max_new_tokens, generator)
+        with kernels.using(self.switches):
+            return generate(self.target, drafter, prompt, k, decoding, max_new_tokens, generator)
 
-    def warm_up(self, specs: list[DraftSpec], prompt: list[int], k: int, decoding: Decoding) -> None:
-        """One short generation per drafter, so one-time costs (allocator, kernels) stay out of the timings."""
+    def warm_up(self, specs: list[DraftSpec], prompt: list[int], ks: tuple[int, ...], decoding: Decoding,
+                max_new_tokens: int) -> None:
+        """One short generation per drafter and k, so one-time costs (allocator growth, kernel choice for each
+        verify width k+1) stay out of the timings: k+2 tokens make the prefill's and one full round of k (no run
+        goes past max_new_tokens, so neither does its warm-up)."""
         for spec in specs:
-            self.run(spec, prompt, None if spec.baseline else k, decoding, WARMUP_TOKENS, seed=0)
+            for k in [None] if spec.baseline else ks:
+                n = WARMUP_TOKENS if k is None else k + 2
+                self.run(spec, prompt, k, decoding, min(n, max_new_tokens), seed=0)
+
+
+def _check_embeds(draft: models.Loaded, target: models.Loaded) -> None:
+    """The draft reads every token the target writes, so it must embed all the ids the target chooses from."""
+    rows = draft.model.get_input_embeddings().weight.shape[0]
+    if rows < target.vocab_size:
+        raise models.ModelError(f'draft "{draft.spec}" embeds {rows} token ids, fewer than the {target.vocab_size} '
+                                f'that target "{target.spec}" can write')
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

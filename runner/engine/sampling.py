@@ -35,9 +35,20 @@ class Decoding:
         return self.mode == "greedy"
 
 
+def host(values: Tensor) -> list:
+    """The one way the decode loop reads device values on the host. On CUDA every call waits for the device to
+    finish its queue, so a round makes as few as it can (tests count the calls)."""
+    return values.tolist()
+
+
 def probabilities(logits: Tensor, decoding: Decoding) -> Tensor:
-    """(..., V) logits -> (..., V) probabilities after temperature, then top-p, renormalised."""
+    """(..., V) logits -> (..., V) probabilities after temperature, then top-p, renormalised.
+
+    A row that is not finite (a float16 overflow) becomes uniform: drawing from NaN would trip a device-side
+    assert on CUDA and kill the process's context, while the decode loop reports the target's bad logits itself.
+    """
     probs = torch.softmax(logits.float() / decoding.temperature, dim=-1)
+    probs = torch.where(probs.isfinite().all(-1, keepdim=True), probs, 1.0 / probs.shape[-1])
     if decoding.top_p < 1:
         sorted_probs, order = probs.sort(dim=-1, descending=True)
         # A token stays if the mass strictly before it is below top_p: the smallest set reaching top_p.
@@ -52,20 +63,15 @@ def draw(probs: Tensor, generator: torch.Generator) -> Tensor:
     return torch.multinomial(probs, 1, generator=generator)
 
 
-def residual(p: Tensor, q: Tensor | None, drafted: int) -> Tensor:
-    """Where to draw the correction after a rejection: norm(max(0, p - q)).
+def residual(p: Tensor, q: Tensor) -> Tensor:
+    """Where to draw the correction after a rejection: norm(max(0, p - q)), computed on the device.
 
-    A draft without probabilities (prompt lookup) is a point mass on `drafted`, so the residual is p
-    with that token removed.
+    A deterministic draft (prompt lookup) is a point mass (one-hot q), so the residual is p without that token.
     """
-    if q is None:
-        left = p.clone()
-        left[drafted] = 0.0
-    else:
-        left = (p - q).clamp_min(0.0)
+    left = (p - q).clamp_min(0.0)
     total = left.sum()
     # p == q up to rounding can leave nothing; rejection is then (almost) impossible, so p is exact enough.
-    return left / total if total > 0 else p
+    return torch.where(total > 0, left / total, p)
 
 
 def accept_greedy(drafts: list[int], choices: list[int]) -> int:
@@ -76,20 +82,19 @@ def accept_greedy(drafts: list[int], choices: list[int]) -> int:
     return n
 
 
-def accept_sampled(drafts: Tensor, q: Tensor | None, p: Tensor, generator: torch.Generator) -> tuple[int, int]:
-    """Speculative sampling over one round: returns (accepted count, the correction or bonus token).
+def accept_sampled(drafts: Tensor, q: Tensor | None, p: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """Speculative sampling over one round: (accepted count, the correction or bonus token) as 0-d tensors on
+    p's device, so the round reads them with its one host sync.
 
     drafts: (k,) ids; q: (k, V) draft probabilities or None (a deterministic draft); p: (k+1, V).
     Each d_i is accepted with probability min(1, p_i(d_i) / q_i(d_i)); the first failure is replaced
     by a draw from norm(max(0, p_i - q_i)); if all pass, the bonus is drawn from p_{k+1}.
     """
-    k = drafts.numel()
+    k, vocab = drafts.numel(), p.shape[-1]
+    q = torch.nn.functional.one_hot(drafts, vocab).to(p.dtype) if q is None else q.to(p.dtype)
     rows = torch.arange(k, device=p.device)
-    p_d = p[rows, drafts]  # (k,)
-    q_d = q[rows, drafts] if q is not None else torch.ones_like(p_d)
     r = torch.rand(k, generator=generator, device=p.device)
-    passed = (r * q_d < p_d).int()  # r < p/q without dividing by a tiny q
-    n = int(passed.cumprod(0).sum()) if k else 0
-    if n == k:
-        return n, int(draw(p[k], generator))
-    return n, int(draw(residual(p[n], None if q is None else q[n], int(drafts[n])), generator))
+    n = (r * q[rows, drafts] < p[rows, drafts]).int().cumprod(0).sum()  # r < p/q without dividing by a tiny q
+    # Row k+1 of q is zero, so after k acceptances the residual is p_{k+1} itself: the bonus.
+    q_next = torch.cat([q, q.new_zeros(1, vocab)]).index_select(0, n.view(1))[0]
+    return n, draw(residual(p.index_select(0, n.view(1))[0], q_next), generator)[0]

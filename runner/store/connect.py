@@ -17,7 +17,7 @@ from pathlib import Path
 
 import duckdb
 
-from runner.store.schema import StoreError, migrate, schema_version
+from runner.store.schema import SCHEMA_VERSION, StoreError, migrate, schema_version
 
 
 class Locked(StoreError):
@@ -191,6 +191,21 @@ def init_db(db_path: str | os.PathLike, lock_timeout_s: float = 30.0) -> None:
     """Create or migrate the database now, so a bad path fails before any model is loaded."""
     con, _ = open_for_write(Path(db_path), lock_timeout_s)
     con.close()
+
+
+def upgrade(db_path: str | os.PathLike, lock_timeout_s: float = 30.0) -> None:
+    """Migrate a file written by an older specdash, as its next write would: readers (the dashboard, user SQL)
+    need the current views and metric macros. A current, missing or empty file is left untouched."""
+    path = Path(db_path)
+    if not path.is_file():
+        return
+    con, _ = open_db(path, read_only=True, bound_s=lock_timeout_s)
+    try:
+        version = schema_version(con)  # refuses foreign and newer files
+    finally:
+        con.close()
+    if 0 < version < SCHEMA_VERSION:
+        init_db(path, lock_timeout_s)
 
 
 

@@ -1,4 +1,5 @@
-"""`runner merge`: runs and benchmarks recorded in other databases, brought into one by run_id and bench_id.
+"""`runner merge`: runs, benchmarks and draft-head trainings recorded in other databases, brought into one by
+run_id, bench_id and train_id.
 
 Every source is checked before anything is written, so one foreign or newer file refuses the whole merge.
 A source from an older specdash is upgraded through the migrations on a temporary copy, never in place.
@@ -31,11 +32,13 @@ class Added:
     present: int  # runs the destination already had (skipped)
     rows: dict[str, int]  # rows added per table keyed by run_id, runs aside (rounds, run_totals, …)
     benches: int  # benchmarks (bench_id) new to the destination
+    trainings: int  # draft-head trainings (train_id) new to the destination
     unflushed: int  # runs still spilled next to the source (`<db>.pending/`), not in the file, so not merged
 
     def line(self) -> str:
         parts = [f"+{self.runs} runs ({self.sweeps} sweeps)"] + [f"+{n} {t}" for t, n in sorted(self.rows.items())]
-        text = f"{self.source}: {', '.join(parts)}, +{self.benches} benchmarks; {self.present} runs already there"
+        text = (f"{self.source}: {', '.join(parts)}, +{self.benches} benchmarks, +{self.trainings} trainings; "
+                f"{self.present} runs already there")
         if self.unflushed:
             text += f"; {self.unflushed} runs spilled in {pending.pending_dir(self.source)} were not merged"
         return text
@@ -120,12 +123,20 @@ def _merge_one(con: duckdb.DuckDBPyConnection, alias: str, source: Path) -> Adde
     rows = {table: _insert(con, table, f"SELECT * FROM {alias}.{table} WHERE {new}")
             for table in _tables_with(con, alias, "run_id") if table != "runs"}
     _insert(con, "runs", f"SELECT * FROM {alias}.runs WHERE {new}")
-    benches = 0
-    for table in _tables_with(con, alias, "bench_id"):
-        fresh = f"bench_id NOT IN (SELECT bench_id FROM {table})"
-        benches += con.execute(f"SELECT count(DISTINCT bench_id) FROM {alias}.{table} WHERE {fresh}").fetchone()[0]
+    benches, trainings = _merge_keyed(con, alias, "bench_id"), _merge_keyed(con, alias, "train_id")
+    return Added(source, runs, sweeps, present, rows, benches, trainings, len(pending.pending(source)))
+
+
+def _merge_keyed(con: duckdb.DuckDBPyConnection, alias: str, key: str) -> int:
+    """The source's rows of every table keyed by `key` (a benchmark's, a training's) whose key that table lacks;
+    returns how many keys were new."""
+    added = 0
+    for table in _tables_with(con, alias, key):
+        fresh = f"{key} NOT IN (SELECT {key} FROM {table})"
+        new = con.execute(f"SELECT count(DISTINCT {key}) FROM {alias}.{table} WHERE {fresh}").fetchone()[0]
+        added = max(added, new)
         _insert(con, table, f"SELECT * FROM {alias}.{table} WHERE {fresh}")
-    return Added(source, runs, sweeps, present, rows, benches, len(pending.pending(source)))
+    return added
 
 
 def _insert(con: duckdb.DuckDBPyConnection, table: str, select: str) -> int:

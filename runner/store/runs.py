@@ -4,23 +4,28 @@ what a resumed sweep still has to do, and the sweep's summary."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
+from typing import TypeVar
 
 import duckdb
 import pandas as pd
 
 from runner.records import CELL_KEY, RunRecord
-from runner.store import pending
+from runner.store import metrics, pending
 from runner.store.connect import Locked, open_for_write, read
-from runner.store.schema import StoreError
+from runner.store.schema import StoreError, migrate
+
+T = TypeVar("T")
 
 _RUN_COLUMNS = (
     "run_id", "sweep_id", "started_at", "target", "draft", "draft_kind", "category", "prompt_id", "prompt_text", "k",
     "mode", "temperature", "top_p", "seed", "max_new_tokens", "device", "dtype", "new_tokens", "n_rounds",
     "target_passes", "draft_calls", "wall_s", "prefill_s", "draft_s", "verify_s", "prompt_tokens", "output_tokens",
     "output_text", "stop_reason", "baseline_run_id", "lossless", "status", "error", "torch_version",
-    "transformers_version", "python_version", "host", "git_commit", "device_name", "concurrent_workers",
+    "transformers_version", "python_version", "host", "git_commit", "device_name", "divergence_at",
+    "divergence_gap", "divergence_tolerance", "divergence", "kernels", "threads", "concurrent_workers",
 )
 _INSERT_RUN = f"INSERT INTO runs ({', '.join(_RUN_COLUMNS)}) VALUES ({', '.join('?' * len(_RUN_COLUMNS))})"
 # One statement for all rounds: unnest zips the column lists (~10x faster than executemany).
@@ -41,7 +46,9 @@ def _run_row(record: RunRecord) -> list:
             *generated, record.output_text, gen.stop_reason if gen else None, record.baseline_run_id,
             record.lossless, record.status, record.error,
             *(prov.get(key) for key in ("torch_version", "transformers_version", "python_version", "host",
-                                        "git_commit", "device_name")), record.concurrent_workers]
+                                        "git_commit", "device_name")),
+            record.divergence_at, record.divergence_gap, record.divergence_tolerance, record.divergence,
+            record.kernels, record.threads, record.concurrent_workers]
 
 
 def _totals_row(record: RunRecord) -> list:
@@ -72,6 +79,15 @@ def _insert(con: duckdb.DuckDBPyConnection, record: RunRecord) -> None:
         con.rollback()
         raise StoreError(f"could not record run {record.run_id}: {str(error).splitlines()[0]}") from None
 
+
+def in_scratch(records: list[RunRecord], query: Callable[[duckdb.DuckDBPyConnection], T]) -> T:
+    """`query` over runs that are not recorded anywhere (`runner generate`, the bench's own runs), written into a
+    throwaway in-memory database: their run_stats and pooled numbers are exactly a recorded sweep's."""
+    with duckdb.connect(":memory:") as con:
+        migrate(con)
+        for record in records:
+            _insert(con, record)
+        return query(con)
 
 
 def _flush(con: duckdb.DuckDBPyConnection, db_path: Path) -> int:
@@ -127,19 +143,22 @@ def recorded_runs(db_path: str | os.PathLike, sweep_id: str, lock_timeout_s: flo
 
 
 def baseline_for(db_path: str | os.PathLike, sweep_id: str, prompt_id: str, mode: str, temperature: float,
-                 top_p: float, seed: int, lock_timeout_s: float = 30.0) -> tuple[str, tuple[int, ...]] | None:
-    """The sweep's 'ok' plain-decoding run for this cell: (run_id, output_tokens), or None."""
+                 top_p: float, seed: int, prompt_tokens: list[int], device: str, dtype: str,
+                 lock_timeout_s: float = 30.0) -> tuple[str, tuple[int, ...]] | None:
+    """The sweep's newest 'ok' plain-decoding run for this cell, fed the same prompt ids on the same device and
+    dtype: (run_id, output_tokens), or None."""
     path = Path(db_path)
-    key = (sweep_id, prompt_id, mode, temperature, top_p, seed)
+    key = (sweep_id, prompt_id, mode, temperature, top_p, seed, list(prompt_tokens), device, dtype)
     rows = read(path, "SELECT run_id, output_tokens FROM runs WHERE sweep_id = ? AND prompt_id = ? "
-                       "AND mode = ? AND temperature = ? AND top_p = ? AND seed = ? "
-                       "AND draft = 'none' AND status = 'ok' ORDER BY started_at DESC LIMIT 1",
+                       "AND mode = ? AND temperature = ? AND top_p = ? AND seed = ? AND prompt_tokens = ? "
+                       "AND device = ? AND dtype = ? AND draft = 'none' AND status = 'ok' "
+                       "ORDER BY started_at DESC LIMIT 1",
                  list(key), lock_timeout_s)
     if rows:
         return rows[0][0], tuple(rows[0][1])
     for _, r in pending.pending(path):
-        if (r.sweep_id, r.prompt_id, r.mode, r.temperature, r.top_p, r.seed) == key and r.draft == "none" \
-                and r.status == "ok":
+        if (r.sweep_id, r.prompt_id, r.mode, r.temperature, r.top_p, r.seed, list(r.generation.prompt_tokens)
+                if r.generation else None, r.device, r.dtype) == key and r.draft == "none" and r.status == "ok":
             return r.run_id, r.generation.output_tokens
     return None
 
@@ -148,30 +167,24 @@ _SWEEPS = """SELECT sweep_id, min(started_at) AS started,
     string_agg(DISTINCT target, ', ' ORDER BY target) AS target,
     string_agg(DISTINCT draft, ', ' ORDER BY draft) AS drafts, count(*) AS runs,
     count(*) FILTER (status = 'error') AS errors,
-    count(*) FILTER (lossless = false) AS lossless_failures
+    count(*) FILTER (lossless = false) AS lossless_failures,
+    count(*) FILTER (divergence = 'real') AS real_divergences
     FROM runs GROUP BY sweep_id ORDER BY started DESC, sweep_id"""
 
 
 def list_sweeps(db_path: str | os.PathLike, lock_timeout_s: float = 30.0) -> pd.DataFrame:
     """One row per sweep, newest first."""
-    columns = ["sweep_id", "started", "target", "drafts", "runs", "errors", "lossless_failures"]
+    columns = ["sweep_id", "started", "target", "drafts", "runs", "errors", "lossless_failures", "real_divergences"]
     return pd.DataFrame(read(Path(db_path), _SWEEPS, [], lock_timeout_s), columns=columns)
 
 
-_SWEEP_SUMMARY = """SELECT category, draft, k, mode, count(*) AS runs,
-    round(sum(accepted) / nullif(sum(accepted) + sum(rejected), 0), 3) AS alpha,
-    round(avg(tau), 2) AS tau, round(sum(thrown) / nullif(sum(drafted), 0), 3) AS thrown_share,
-    round(exp(avg(ln(measured_speedup))), 2) AS measured_speedup,
-    round(exp(avg(ln(theoretical_speedup))), 2) AS predicted_speedup,
-    count(*) FILTER (lossless = false) AS lossless_failures
-    FROM run_stats WHERE sweep_id = ? AND draft <> 'none'
-    GROUP BY ALL ORDER BY category, draft, k, mode"""
+SUMMARY_KEYS = ("category", "draft", "k", "mode")
+SUMMARY_COLUMNS = (*SUMMARY_KEYS, "runs", "alpha", "tau", "thrown_share", "measured_speedup", "predicted_speedup",
+                   "real_divergences", "numeric_ties")
 
 
 def sweep_summary(db_path: str | os.PathLike, sweep_id: str, lock_timeout_s: float = 30.0) -> pd.DataFrame:
-    """Per category × draft × k × mode: pooled α and thrown share, mean τ, geometric-mean speedups."""
-    columns = ["category", "draft", "k", "mode", "runs", "alpha", "tau", "thrown_share", "measured_speedup",
-               "predicted_speedup", "lossless_failures"]
-    return pd.DataFrame(read(Path(db_path), _SWEEP_SUMMARY, [sweep_id], lock_timeout_s), columns=columns)
-
-
+    """Per category × draft × k × mode, the Overview's cells of this sweep (`metrics.cells_sql`)."""
+    cells, params = metrics.cells_sql(metrics.Filters(sweep_id=(sweep_id,)), SUMMARY_KEYS)
+    sql = f"SELECT {', '.join(SUMMARY_COLUMNS)} FROM ({cells}) ORDER BY {', '.join(SUMMARY_KEYS)}"
+    return pd.DataFrame(read(Path(db_path), sql, params, lock_timeout_s), columns=list(SUMMARY_COLUMNS))

@@ -30,42 +30,8 @@ def _create_runs_and_rounds(con: duckdb.DuckDBPyConnection) -> None:
         draft_tokens INTEGER[], target_tokens INTEGER[], PRIMARY KEY (run_id, round))""")
 
 
-def _run_stats(per_run: str) -> str:
-    """The run_stats view over `per_run`, a query giving run_id, accepted, rejected, thrown, drafted and tau."""
-    # Stage by stage so each formula reads as DESIGN §2 writes it; b is the run's baseline.
-    return f"""CREATE OR REPLACE VIEW run_stats AS
-    WITH per_run AS ({per_run}),
-    measured AS (
-        SELECT r.*, a.accepted, a.rejected, a.thrown, a.drafted, a.tau,
-               a.accepted / nullif(a.accepted + a.rejected, 0) AS alpha,
-               a.thrown / nullif(a.drafted, 0) AS thrown_share,
-               r.new_tokens / nullif(r.wall_s, 0) AS tokens_per_s,
-               b.new_tokens / nullif(b.wall_s, 0) AS baseline_tokens_per_s,
-               CASE WHEN r.draft <> 'none' THEN (b.wall_s / nullif(b.new_tokens, 0))
-                    / nullif(r.wall_s / nullif(r.new_tokens, 0), 0) END AS measured_speedup,
-               b.verify_s / nullif(b.n_rounds, 0) AS target_pass_s,
-               r.verify_s / nullif(r.n_rounds, 0) AS verify_pass_s,
-               r.draft_s / nullif(a.drafted, 0) AS draft_token_s
-        FROM runs r LEFT JOIN per_run a USING (run_id)
-        LEFT JOIN runs b ON b.run_id = r.baseline_run_id
-        WHERE r.status = 'ok'),
-    with_c AS (SELECT *, draft_token_s / nullif(target_pass_s, 0) AS c FROM measured)
-    SELECT run_id, sweep_id, target, draft, draft_kind, category, prompt_id, k, mode,
-           temperature, top_p, seed, device, dtype, new_tokens, n_rounds, accepted, rejected,
-           thrown, drafted, alpha, tau, thrown_share, tokens_per_s, baseline_tokens_per_s,
-           measured_speedup, target_pass_s, verify_pass_s, draft_token_s, c,
-           CASE WHEN alpha = 1 THEN (k + 1) / (1 + k * c)  -- the limit of the formula at α = 1
-                ELSE (1 - pow(alpha, k + 1)) / ((1 - alpha) * (1 + k * c))
-           END AS theoretical_speedup,
-           lossless
-    FROM with_c"""
-
-
 def _create_run_stats(con: duckdb.DuckDBPyConnection) -> None:
-    con.execute(_run_stats("""
-        SELECT run_id, sum(accepted)::BIGINT AS accepted, sum(rejected)::BIGINT AS rejected,
-               sum(thrown)::BIGINT AS thrown, sum(k)::BIGINT AS drafted, avg(emitted) AS tau
-        FROM rounds GROUP BY run_id"""))
+    """Superseded: the view it made is defined by `_define_metrics`, which every file reaches, so no file keeps it."""
 
 
 def _add_device_name(con: duckdb.DuckDBPyConnection) -> None:
@@ -92,17 +58,97 @@ FILL_RUN_TOTALS = """INSERT INTO run_totals SELECT run_id, sum(accepted), sum(re
 
 
 def _create_run_totals(con: duckdb.DuckDBPyConnection) -> None:
-    # Per-run sums of the rounds, written with the run, so run_stats no longer aggregates every round on
+    # Per-run sums of the rounds, written with the run, so run_stats need not aggregate every round on
     # every query (at 10M rounds that cost 0.15-0.6 s per query). A table of its own, so that the columns of
     # rounds JOIN runs stay unambiguous.
     con.execute("""CREATE TABLE run_totals (
         run_id TEXT PRIMARY KEY, accepted INTEGER, rejected INTEGER, thrown INTEGER, drafted INTEGER,
         emitted INTEGER)""")
     con.execute(FILL_RUN_TOTALS)
-    con.execute(_run_stats("""
-        SELECT t.run_id, t.accepted::BIGINT AS accepted, t.rejected::BIGINT AS rejected,
-               t.thrown::BIGINT AS thrown, t.drafted::BIGINT AS drafted, t.emitted / r.n_rounds AS tau
-        FROM run_totals t JOIN runs r USING (run_id)"""))
+
+
+def _add_divergence(con: duckdb.DuckDBPyConnection) -> None:
+    # A greedy mismatch is either a numeric tie (two logits within rounding of each other swapped between passes
+    # of different widths) or a real divergence: where it happened and how close the target's choice was.
+    for column, kind in (("divergence_at", "INTEGER"), ("divergence_gap", "DOUBLE"),
+                         ("divergence_tolerance", "DOUBLE"), ("divergence", "TEXT")):
+        con.execute(f"ALTER TABLE runs ADD COLUMN {column} {kind}")
+
+
+def _add_kernels_and_threads(con: duckdb.DuckDBPyConnection) -> None:
+    # The linears' path and the CPU thread count change a run's speed by up to 2x, so a run says which it had.
+    # Every run recorded before ran torch's stock F.linear; their thread count is unknown (NULL).
+    con.execute("ALTER TABLE runs ADD COLUMN kernels TEXT")
+    con.execute("ALTER TABLE runs ADD COLUMN threads INTEGER")
+    con.execute("UPDATE runs SET kernels = 'stock'")
+    # A bench's own engine too: its plain and speculative rows ran on these kernels (transformers' on stock).
+    con.execute("ALTER TABLE bench_results ADD COLUMN kernels TEXT")
+    con.execute("UPDATE bench_results SET kernels = 'stock'")
+
+
+# The explainer's numbers, each defined once: as SQL macros stored in the file, so run_stats, the dashboard, the
+# sweep's summary, the bench and users' own SQL all compute them the same way (README, "Schema").
+METRIC_MACROS = {
+    "alpha(accepted, rejected)": "accepted / nullif(accepted + rejected, 0)",  # thrown drafts were never judged
+    "tau(emitted, rounds)": "emitted / nullif(rounds, 0)",
+    "thrown_share(thrown, drafted)": "thrown / nullif(drafted, 0)",
+    # c: one drafted token's time over one one-token target pass
+    "draft_cost(draft_token_s, target_pass_s)": "draft_token_s / nullif(target_pass_s, 0)",
+    # Leviathan et al.: (1 - α^(k+1)) / ((1 - α)(1 + k·c)), and its limit (k+1) / (1 + k·c) at α = 1
+    "formula_speedup(alpha, k, c)": "CASE WHEN alpha = 1 THEN (k + 1) / (1 + k * c) "
+                                    "ELSE (1 - pow(alpha, k + 1)) / ((1 - alpha) * (1 + k * c)) END",
+    # speedups are ratios, so runs and cells are pooled by the geometric mean
+    "geomean(x)": "exp(avg(ln(x)))",
+}
+
+# One row per 'ok' run: its totals, the explainer's numbers, and its speedups against its baseline b.
+RUN_STATS = """CREATE OR REPLACE VIEW run_stats AS
+    WITH measured AS (
+        SELECT r.*, t.accepted::BIGINT AS accepted, t.rejected::BIGINT AS rejected, t.thrown::BIGINT AS thrown,
+               t.drafted::BIGINT AS drafted, alpha(t.accepted, t.rejected) AS alpha, tau(t.emitted, r.n_rounds) AS tau,
+               thrown_share(t.thrown, t.drafted) AS thrown_share,
+               r.new_tokens / nullif(r.wall_s, 0) AS tokens_per_s,
+               b.new_tokens / nullif(b.wall_s, 0) AS baseline_tokens_per_s,
+               CASE WHEN r.draft <> 'none' THEN (b.wall_s / nullif(b.new_tokens, 0))
+                    / nullif(r.wall_s / nullif(r.new_tokens, 0), 0) END AS measured_speedup,
+               b.verify_s / nullif(b.n_rounds, 0) AS target_pass_s,
+               r.verify_s / nullif(r.n_rounds, 0) AS verify_pass_s,
+               r.draft_s / nullif(t.drafted, 0) AS draft_token_s
+        FROM runs r LEFT JOIN run_totals t USING (run_id)
+        LEFT JOIN runs b ON b.run_id = r.baseline_run_id
+        WHERE r.status = 'ok'),
+    with_c AS (SELECT *, draft_cost(draft_token_s, target_pass_s) AS c FROM measured)
+    SELECT run_id, sweep_id, target, draft, draft_kind, category, prompt_id, k, mode,
+           temperature, top_p, seed, device, dtype, new_tokens, n_rounds, accepted, rejected,
+           thrown, drafted, alpha, tau, thrown_share, tokens_per_s, baseline_tokens_per_s,
+           measured_speedup, target_pass_s, verify_pass_s, draft_token_s, c,
+           formula_speedup(alpha, k, c) AS theoretical_speedup, lossless, divergence, kernels, threads
+    FROM with_c"""
+
+
+def _define_metrics(con: duckdb.DuckDBPyConnection) -> None:
+    for signature, body in METRIC_MACROS.items():
+        con.execute(f"CREATE OR REPLACE MACRO {signature} AS {body}")
+    con.execute(RUN_STATS)
+
+
+def _create_trainings(con: duckdb.DuckDBPyConnection) -> None:
+    # `runner train-draft`: one row per training of a draft head, its epochs (0: the untrained head) and the
+    # held-out acceptance of each epoch at each draft position, as counts so that rates pool exactly.
+    con.execute("""CREATE TABLE trainings (
+        train_id TEXT PRIMARY KEY, started_at TIMESTAMP, finished_at TIMESTAMP, status TEXT, error TEXT,
+        target TEXT, draft TEXT, out_dir TEXT, prompts_file TEXT, train_prompts INTEGER, heldout_prompts INTEGER,
+        train_tokens INTEGER, heldout_tokens INTEGER, max_new_tokens INTEGER, epochs INTEGER, draft_vocab INTEGER,
+        vocab_coverage DOUBLE, layers INTEGER[], unroll INTEGER, lr DOUBLE, seed BIGINT, saved_epoch INTEGER,
+        head_bytes BIGINT, data_cached BOOLEAN, data_s DOUBLE, train_s DOUBLE, wall_s DOUBLE, cpu_s DOUBLE,
+        threads INTEGER, load_before DOUBLE, load_after DOUBLE, device TEXT, dtype TEXT, command TEXT,
+        torch_version TEXT, transformers_version TEXT, python_version TEXT, host TEXT, git_commit TEXT)""")
+    con.execute("""CREATE TABLE training_epochs (
+        train_id TEXT, epoch INTEGER, train_loss DOUBLE, heldout_loss DOUBLE, seconds DOUBLE, lr DOUBLE,
+        PRIMARY KEY (train_id, epoch))""")
+    con.execute("""CREATE TABLE training_positions (
+        train_id TEXT, epoch INTEGER, position INTEGER, judged BIGINT, accepted BIGINT,
+        PRIMARY KEY (train_id, epoch, position))""")
 
 
 def _add_concurrent_workers(con: duckdb.DuckDBPyConnection) -> None:
@@ -118,6 +164,10 @@ MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     _add_device_name,
     _create_bench_results,
     _create_run_totals,
+    _add_divergence,
+    _add_kernels_and_threads,
+    _define_metrics,
+    _create_trainings,
     _add_concurrent_workers,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)

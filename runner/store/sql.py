@@ -1,4 +1,4 @@
-"""User SQL over runs.duckdb, sandboxed (DESIGN §6); shared by `runner sql` and the dashboard.
+"""User SQL over runs.duckdb, sandboxed (docs/design.md, "Untrusted SQL"); shared by `runner sql` and the dashboard.
 
 Two layers: a statement check (exactly one statement, and only a read) before DuckDB sees the
 text, then a read-only connection whose configuration forbids file access, extensions and any
@@ -16,7 +16,7 @@ from pathlib import Path
 import duckdb
 import pandas as pd
 
-from runner.store.connect import Locked, open_db
+from runner.store.connect import Locked, open_db, upgrade
 from runner.store.schema import StoreError
 
 _SANDBOX = {
@@ -134,6 +134,7 @@ def run_query(db_path: str | os.PathLike, sql: str, max_rows: int = 10_000,
         raise QueryError(f"no database at {db_path}")
     config = {"max_execution_time": timeout_ms, **_SANDBOX}
     try:
+        upgrade(db_path)  # the examples read the metric macros, which an older file lacks
         con, _ = open_db(db_path, read_only=True, bound_s=max(timeout_ms / 1000, 1.0), config=config)
     except Locked:
         raise QueryError(f"{db_path} is busy (a run is being recorded); try again") from None
@@ -152,21 +153,31 @@ def run_query(db_path: str | os.PathLike, sql: str, max_rows: int = 10_000,
     return QueryResult(columns, frame, len(rows) > max_rows, time.perf_counter() - started)
 
 
+# The pooled numbers read the macros that define them once (README, "Metrics"), so these give exactly what the
+# Overview and `runner sweep` show for the same cell.
 EXAMPLES: dict[str, str] = {
     "α per category × draft × k": """\
-SELECT category, draft, k, round(avg(alpha), 3) AS alpha, round(avg(tau), 2) AS tau, count(*) AS runs
+SELECT target, mode, category, draft, k, count(*) AS runs,
+       round(alpha(sum(accepted), sum(rejected)), 3) AS alpha, round(avg(tau), 2) AS tau,
+       round(geomean(measured_speedup), 2) AS measured_speedup
 FROM run_stats WHERE draft <> 'none'
-GROUP BY ALL ORDER BY category, draft, k""",
+GROUP BY ALL ORDER BY target, mode, category, draft, k""",
     "thrown-away drafts": """\
 SELECT draft, k, sum(thrown) AS thrown, sum(drafted) AS drafted,
-       round(sum(thrown) / sum(drafted), 3) AS thrown_share
+       round(thrown_share(sum(thrown), sum(drafted)), 3) AS thrown_share
 FROM run_stats WHERE draft <> 'none'
 GROUP BY ALL ORDER BY thrown_share DESC""",
     "best k per category and draft (measured speedup)": """\
-SELECT category, draft, arg_max(k, speedup) AS best_k, round(max(speedup), 2) AS speedup
-FROM (SELECT category, draft, k, avg(measured_speedup) AS speedup
+SELECT target, mode, category, draft, arg_max(k, speedup) AS best_k, round(max(speedup), 2) AS speedup
+FROM (SELECT target, mode, category, draft, k, geomean(measured_speedup) AS speedup
       FROM run_stats WHERE draft <> 'none' GROUP BY ALL)
-GROUP BY ALL ORDER BY category, speedup DESC""",
+GROUP BY ALL ORDER BY target, mode, category, speedup DESC""",
+    "the formula at your own α, k and c": """\
+SELECT k, round(formula_speedup(0.7, k, 0.05), 2) AS predicted_speedup
+FROM range(1, 9) t(k)""",
+    "how each number is defined": """\
+SELECT function_name, parameters, macro_definition
+FROM duckdb_functions() WHERE function_type = 'macro' AND NOT internal ORDER BY function_name""",
     "lossless failures": """\
 SELECT run_id, sweep_id, category, prompt_id, draft, k, dtype, device, baseline_run_id
 FROM runs WHERE lossless = false ORDER BY started_at DESC""",

@@ -22,9 +22,9 @@ from ray.exceptions import RayActorError, RayTaskError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from runner.records import RunRecord
+from runner.records import Divergence, RunRecord
 from runner.store.runs import flush_pending
-from runner.sweep.run import Cell, CellRunner, Recorder, SweepConfig, baseline_key, cells_to_run, load_pair
+from runner.sweep.run import Cell, Classify, Recorder, SweepConfig, cells_to_run, label, load_pair
 
 IN_FLIGHT = 2  # cells queued on an actor at once, so it never waits for the driver between two cells
 MAX_ATTEMPTS = 3  # a cell that was running when its actor died this often is left to --resume: it may be the cause
@@ -41,7 +41,7 @@ class CellWorker:
             torch.set_num_threads(threads)
         self.problem: ValueError | None = None
         try:
-            self.runner = CellRunner(config, sweep_id, load_pair(config))
+            self.runner = load_pair(config, sweep_id)
         except ValueError as error:  # bad input (a model, a prompt too long): `ready` hands it to the driver
             self.problem = error
 
@@ -53,6 +53,9 @@ class CellWorker:
 
     def run(self, cell: Cell) -> RunRecord:
         return self.runner.run(cell)
+
+    def classify(self, prompt: tuple[int, ...], baseline: tuple[int, ...], ours: tuple[int, ...]) -> Divergence | None:
+        return self.runner.classify(prompt, baseline, ours)
 
 
 def connect(address: str) -> bool:
@@ -184,11 +187,20 @@ class Dispatcher:
         self.attempts[index] += running  # a cell still waiting in the dead actor's queue is not to blame
         cell = self.cells[index]
         if self.attempts[index] >= MAX_ATTEMPTS:
-            self.tally.given_up.append(f"{cell.prompt.id} {cell.draft.text} k={cell.k} {cell.decoding.mode}")
+            self.tally.given_up.append(label(cell))
             yield cell, None, self.names[actor]
         else:
             self.queue.appendleft(index)
             self.tally.reruns += 1
+
+    def classify(self, prompt: tuple[int, ...], baseline: tuple[int, ...], ours: tuple[int, ...]) -> Divergence | None:
+        """A greedy mismatch judged on a live actor's target, as the local sweep judges it (the driver has no model)."""
+        for actor in list(self.ready):
+            try:
+                return ray.get(actor.classify.remote(prompt, baseline, ours))
+            except RayActorError:
+                continue
+        raise RuntimeError("no Ray actor is left to judge a lossless mismatch")
 
     def stop(self) -> None:
         for actor in self.actors:  # dead ones too: killing those is a no-op
@@ -201,11 +213,16 @@ def group(cell: Cell) -> tuple:
     return cell.prompt.id, d.mode, d.temperature, d.top_p
 
 
+def baseline_key(record: RunRecord) -> tuple:
+    """The runs that share one baseline: same prompt and decoding (the seed is the sweep's)."""
+    return record.prompt_id, record.mode, record.temperature, record.top_p
+
+
 class Writer:
     """Writes records as they arrive; a speculative run waits for its baseline, which its lossless check needs."""
 
-    def __init__(self, recorder: Recorder, cells: list[Cell]) -> None:
-        self.recorder = recorder
+    def __init__(self, recorder: Recorder, cells: list[Cell], classify: Classify) -> None:
+        self.recorder, self.classify = recorder, classify
         self.baselines_due = Counter(group(c) for c in cells if c.k is None)
         self.held: dict[tuple, list[RunRecord]] = defaultdict(list)
 
@@ -214,14 +231,14 @@ class Writer:
         if record.k is not None and self.baselines_due[key]:
             self.held[key].append(record)
             return
-        self.recorder.write(record)
+        self.recorder.write(record, self.classify)
         if record.k is None:
             self.baseline_done(key)
 
     def baseline_done(self, key: tuple) -> None:
         self.baselines_due[key] -= 1
         for record in self.held.pop(key, []):
-            self.recorder.write(record)
+            self.recorder.write(record, self.classify)
 
 
 def run_sweep_on_ray(config: SweepConfig, console: Console, address: str = "auto",
@@ -230,7 +247,6 @@ def run_sweep_on_ray(config: SweepConfig, console: Console, address: str = "auto
     recorder and what the actors did."""
     sweep_id, cells = cells_to_run(config)
     recorder = Recorder(config, sweep_id)
-    writer = Writer(recorder, cells)
     if not cells:
         return sweep_id, recorder, Tally()
     began = time.monotonic()
@@ -240,7 +256,7 @@ def run_sweep_on_ray(config: SweepConfig, console: Console, address: str = "auto
         connect_s = time.monotonic() - began
         dispatcher = Dispatcher(config, sweep_id, workers, cells, console)
         dispatcher.tally.connect_s = connect_s
-        record_all(dispatcher, writer, console, sweep_id)
+        record_all(dispatcher, Writer(recorder, cells, dispatcher.classify), console, sweep_id)
     finally:
         if dispatcher is not None:
             dispatcher.stop()
