@@ -20,6 +20,7 @@ from test_sweep import config
 from typer.testing import CliRunner
 
 from runner.cli import app
+from runner.sweep import progress
 from runner.sweep.ray_cells import ROOT, run_sweep_on_ray
 from runner.sweep.run import SweepConfig, run_sweep
 
@@ -82,6 +83,9 @@ def test_a_ray_sweep_records_the_rows_of_a_local_sweep(on_ray, local):
     with duckdb.connect(str(cfg.db), read_only=True) as con:
         hosts = con.execute("SELECT DISTINCT host, concurrent_workers BETWEEN 1 AND 2 FROM runs").fetchall()
     assert hosts == [(os.uname().nodename, True)]
+    stood = progress.read(cfg.db)  # what the dashboard's banner and `--resume last` read
+    assert (stood["sweep_id"], stood["done"], stood["total"], stood["state"]) == (sweep_id, 30, 30, progress.DONE)
+    assert stood["plan"] == cfg.plan_id()
 
 
 def kill_the_first_running_actor(killed: list[int], stop: threading.Event) -> None:

@@ -12,7 +12,7 @@ import os
 import socket
 import time
 from collections import Counter, defaultdict, deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -24,7 +24,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from runner.records import Divergence, RunRecord
 from runner.store.runs import flush_pending
-from runner.sweep.run import Cell, Classify, Recorder, SweepConfig, cells_to_run, label, load_pair
+from runner.sweep.progress import DONE, INTERRUPTED, RECORDING
+from runner.sweep.run import Cell, Classify, Recorder, SweepConfig, cells_to_run, label, load_pair, standing
 
 IN_FLIGHT = 2  # cells queued on an actor at once, so it never waits for the driver between two cells
 MAX_ATTEMPTS = 3  # a cell that was running when its actor died this often is left to --resume: it may be the cause
@@ -246,7 +247,7 @@ def run_sweep_on_ray(config: SweepConfig, console: Console, address: str = "auto
     """The local sweep's plan and records, with the cells run by Ray actors. Returns the sweep id, the
     recorder and what the actors did."""
     sweep_id, cells = cells_to_run(config)
-    recorder = Recorder(config, sweep_id)
+    recorder, stand = Recorder(config, sweep_id), standing(config, sweep_id, len(cells))
     if not cells:
         return sweep_id, recorder, Tally()
     began = time.monotonic()
@@ -256,22 +257,28 @@ def run_sweep_on_ray(config: SweepConfig, console: Console, address: str = "auto
         connect_s = time.monotonic() - began
         dispatcher = Dispatcher(config, sweep_id, workers, cells, console)
         dispatcher.tally.connect_s = connect_s
-        record_all(dispatcher, Writer(recorder, cells, dispatcher.classify), console, sweep_id)
+        record_all(dispatcher, Writer(recorder, cells, dispatcher.classify), console, sweep_id, stand)
+    except BaseException:  # Ctrl-C: what was recorded stays, and `--resume last` finishes the rest
+        stand(sum(dispatcher.tally.done.values()) if dispatcher else 0, INTERRUPTED)
+        raise
     finally:
         if dispatcher is not None:
             dispatcher.stop()
         if connected:
             ray.shutdown()
     flush_pending(config.db)
+    stand(sum(dispatcher.tally.done.values()), DONE if not dispatcher.tally.given_up else INTERRUPTED)
     report(dispatcher.tally, console)
     return sweep_id, recorder, dispatcher.tally
 
 
-def record_all(dispatcher: Dispatcher, writer: Writer, console: Console, sweep_id: str) -> None:
+def record_all(dispatcher: Dispatcher, writer: Writer, console: Console, sweep_id: str,
+               stand: Callable[[int, str], None]) -> None:
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
     with Progress(*columns, console=console, disable=not console.is_terminal) as progress:
         total = progress.add_task(f"sweep {sweep_id}", total=len(dispatcher.cells))
         per_actor: dict[str, int] = {}
+        stand(0, RECORDING)
         for cell, record, name in dispatcher.results():
             if record is None:
                 if cell.k is None:
@@ -285,6 +292,7 @@ def record_all(dispatcher: Dispatcher, writer: Writer, console: Console, sweep_i
                     per_actor[name] = progress.add_task(f"  {name}", total=len(dispatcher.cells))
                 progress.advance(per_actor[name])
             progress.advance(total)
+            stand(sum(dispatcher.tally.done.values()), RECORDING)
 
 
 def report(tally: Tally, console: Console) -> None:

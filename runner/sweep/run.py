@@ -264,6 +264,13 @@ def load_pair(config: SweepConfig, sweep_id: str) -> CellRunner:
     return runner
 
 
+def standing(config: SweepConfig, sweep_id: str, to_record: int) -> Callable[[int, str], None]:
+    """`stand(recorded, state)`: where the sweep stands, beside the file, for the dashboard and `--resume last`."""
+    plan_id, planned = config.plan_id(), sum(1 for _ in plan(config))
+    return lambda recorded, state: progress.write(config.db, sweep_id, plan_id, planned - to_record + recorded,
+                                                  planned, state)
+
+
 def run_sweep(config: SweepConfig, console: Console) -> tuple[str, Recorder]:
     """Load once, warm up, then record every cell not yet recorded; a device error stops the sweep (what was
     recorded stays). Returns the sweep id and its recorder."""
@@ -274,11 +281,7 @@ def run_sweep(config: SweepConfig, console: Console) -> tuple[str, Recorder]:
     # A recorded baseline counts only if it matches this run's prompt ids, device and dtype; else it is re-run.
     cells = [c for c in plan(config) if c in todo or c.k is None and not recorder.baseline(
         c.prompt.id, c.decoding, tuple(runner.prompt_ids(c.prompt)), device, dtype)]
-    plan_id, planned = config.plan_id(), sum(1 for _ in plan(config))
-
-    def stand(recorded: int, state: str) -> None:  # beside the file, for the dashboard and `--resume last`
-        progress.write(config.db, sweep_id, plan_id, planned - len(cells) + recorded, planned, state)
-
+    stand = standing(config, sweep_id, len(cells))
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
     recorded = 0
     with Progress(*columns, console=console, disable=not console.is_terminal) as bar:
