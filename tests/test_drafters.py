@@ -21,7 +21,7 @@ GREEDY = Decoding("greedy", 0.0, 1.0)
 
 def lookup(n: int, text: list[int], k: int) -> list[int]:
     drafter = NgramDrafter(n)
-    drafter.prefill(torch.tensor(text))
+    drafter.prefill(torch.tensor(text), None)
     draft = drafter.propose(torch.tensor(text), k)
     assert draft.q is None and draft.tokens.dtype == torch.long
     return draft.tokens.tolist()
@@ -53,7 +53,7 @@ def test_prompt_lookup_proposes_what_followed_the_latest_longest_match(n, text, 
 
 def test_prompt_lookup_reads_new_text_as_it_is_committed():
     drafter = NgramDrafter(2)
-    drafter.prefill(torch.tensor([5, 6, 7, 1]))
+    drafter.prefill(torch.tensor([5, 6, 7, 1]), None)
     assert drafter.propose(torch.tensor([5, 6, 7, 1]), 3).tokens.tolist() == []
     # two more committed tokens: the text ends with (5, 6) again, followed before by 7, 1
     assert drafter.propose(torch.tensor([5, 6, 7, 1, 5, 6]), 3).tokens.tolist() == [7, 1, 5]
@@ -67,6 +67,7 @@ def target() -> LlamaForCausalLM:
 
 
 TEXT = torch.tensor([3, 17, 42, 8, 8, 51, 23, 9, 30, 12])
+VOCAB = 64  # the tiny models' vocabulary, target's and drafts' alike
 
 
 def first_layers(model: LlamaForCausalLM, layers: int) -> LlamaForCausalLM:
@@ -95,8 +96,8 @@ def test_layer_skip_leaves_the_target_as_it_was_and_shares_its_weights(target):
     with torch.inference_mode():
         before = target(input_ids=TEXT[None]).logits.clone()
         draft = layer_skip(target, 2)
-        drafter = ModelDrafter(draft, GREEDY, None)
-        drafter.prefill(TEXT)
+        drafter = ModelDrafter(draft, GREEDY, None, VOCAB)
+        drafter.prefill(TEXT, None)
         drafter.propose(TEXT, 4)
         assert torch.equal(target(input_ids=TEXT[None]).logits, before)
     assert target.config.num_hidden_layers == 4 and len(target.model.layers) == 4
@@ -131,10 +132,10 @@ def test_layer_skip_on_smollm2_matches_the_targets_hidden_state_after_layer_l(sm
 
 def test_a_model_drafter_proposes_its_own_greedy_text_and_keeps_its_cache_at_the_kept_text(target):
     draft = layer_skip(target, 3)
-    drafter = ModelDrafter(draft, GREEDY, None)
+    drafter = ModelDrafter(draft, GREEDY, None, VOCAB)
     text = TEXT.tolist()
     with torch.inference_mode():
-        drafter.prefill(TEXT)
+        drafter.prefill(TEXT, None)
         assert drafter.cache.get_seq_length() == len(text) - 1  # the newest token is fed with the first proposal
         proposed = drafter.propose(TEXT, 4)
         assert proposed.tokens.tolist() == greedy_without_cache(draft, text, 4) and proposed.q is None
@@ -150,9 +151,9 @@ def test_a_model_drafter_proposes_its_own_greedy_text_and_keeps_its_cache_at_the
 def test_a_sampling_model_drafter_returns_the_probabilities_it_drew_from(target):
     decoding = Decoding("sample", 0.8, 0.9)
     draft = layer_skip(target, 3)
-    drafter = ModelDrafter(draft, decoding, torch.Generator().manual_seed(3))
+    drafter = ModelDrafter(draft, decoding, torch.Generator().manual_seed(3), VOCAB)
     with torch.inference_mode():
-        drafter.prefill(TEXT)
+        drafter.prefill(TEXT, None)
         proposed = drafter.propose(TEXT, 3)
         assert proposed.q.shape == (3, 64)
         for i in range(3):
@@ -168,9 +169,9 @@ def test_a_sampling_model_drafter_returns_the_probabilities_it_drew_from(target)
 
 def test_a_model_drafter_fed_a_one_token_prompt_caches_that_token():
     draft = tiny_llama(64, seed=6)
-    drafter = ModelDrafter(draft, GREEDY, None)
+    drafter = ModelDrafter(draft, GREEDY, None, VOCAB)
     with torch.inference_mode():
-        drafter.prefill(torch.tensor([9, 4]))  # a one-token prompt and the prefill's token
+        drafter.prefill(torch.tensor([9, 4]), None)  # a one-token prompt and the prefill's token
         assert drafter.cache.get_seq_length() == 1
         assert drafter.propose(torch.tensor([9, 4]), 2).tokens.tolist() == greedy_without_cache(draft, [9, 4], 2)
 

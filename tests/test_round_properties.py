@@ -44,13 +44,13 @@ class Scripted:
     """Proposes, round by round, the truth where the script says copy and its own token where it does not."""
 
     calls = 0
-    wants_hidden = False
+    wants_hidden = ()
 
     def __init__(self, truth: list[int], script: list[list[int | None]]) -> None:
         self.truth, self.script = truth, iter(script)
         self.told: list[int] = []
 
-    def prefill(self, tokens: torch.Tensor) -> None:
+    def prefill(self, tokens: torch.Tensor, hidden: torch.Tensor | None) -> None:
         self.start = tokens.numel() - 1  # where the output begins
 
     def propose(self, tokens: torch.Tensor, k: int) -> Draft:
@@ -109,12 +109,12 @@ class RandomDrafts:
     """Random drafts, with random q rows or none, as a draft model or prompt lookup would give them."""
 
     calls = 0
-    wants_hidden = False
+    wants_hidden = ()
 
     def __init__(self, rounds: list[tuple[list[int], bool]], generator: torch.Generator) -> None:
         self.rounds, self.generator = iter(rounds), generator
 
-    def prefill(self, tokens: torch.Tensor) -> None:
+    def prefill(self, tokens: torch.Tensor, hidden: torch.Tensor | None) -> None:
         pass
 
     def propose(self, tokens: torch.Tensor, k: int) -> Draft:
@@ -136,10 +136,12 @@ def test_after_every_round_the_cache_holds_the_committed_text_but_the_newest_tok
     drafter = RandomDrafts(rounds, generator)
     model, text = Target(target), Sequence(PROMPT, len(PROMPT) + 64, target.device)
     with torch.inference_mode():
-        text.append([int(model.prefill(text.tokens).argmax())])
+        first = model.prefill(text.tokens)[0].argmax().view(1)
+        text.append(first.tolist(), first)
         for _ in range(len(rounds)):
             committed = text.length
-            r = speculative_round(model, drafter, text, 5, decoding, generator, Clock(target.device), 64, frozenset())
+            clock = Clock(target.device)
+            r = speculative_round(model, drafter, text, 5, decoding, generator, clock, 64, frozenset()).read(clock)
             assert model.length == text.length - 1 == committed + r.emitted - 1
             assert r.accepted + r.rejected + r.thrown == r.k and r.emitted == r.accepted + 1
             kept = text.tokens[committed:].tolist()

@@ -86,9 +86,9 @@ def test_residual_is_the_normalised_positive_part_of_p_minus_q():
 def test_a_residual_with_nothing_left_falls_back_to_p():
     # p == q: nothing is left of p − q, and a rejection was (almost) impossible; p itself is the answer
     p = torch.tensor([0.5, 0.3, 0.2])
-    assert residual(p, p.clone(), 0).tolist() == p.tolist()
-    # a point mass on the only token p allows: nothing is left either
-    assert residual(torch.tensor([0.0, 1.0, 0.0]), None, 1).tolist() == [0.0, 1.0, 0.0]
+    assert residual(p, p.clone()).tolist() == p.tolist()
+    # a point mass (prompt lookup's q) on the only token p allows: nothing is left either
+    assert residual(torch.tensor([0.0, 1.0, 0.0]), torch.tensor([0.0, 1.0, 0.0])).tolist() == [0.0, 1.0, 0.0]
 
 
 def test_greedy_acceptance_counts_leading_matches():

@@ -73,8 +73,8 @@ def first_tokens(smollm2, pair: Pair, draft: str, prefix: list[int]) -> tuple[li
             generator = torch.Generator().manual_seed(seed)
             drafter = pair.drafter(spec, DECODING, generator)
             text = Sequence(prefix, len(prefix) + K + 1, smollm2.device)
-            drafter.prefill(text.tokens)
-            r = speculative_round(target, drafter, text, K, DECODING, generator, clock, K + 1, frozenset())
+            drafter.prefill(text.tokens, None)
+            r = speculative_round(target, drafter, text, K, DECODING, generator, clock, K + 1, frozenset()).read(clock)
             firsts.append(int(text.tokens[len(prefix)]))
             outcomes.append((r.accepted, r.k))
             crop_to(target.cache, len(prefix) - 1)
@@ -104,7 +104,7 @@ def test_the_first_emitted_token_follows_plain_samplings_law(smollm2, tiny_dir, 
 @pytest.mark.parametrize("draft", ["ngram", "layerskip:4"])  # a point-mass draft and one with q
 def test_a_correction_drawn_from_p_instead_of_the_residual_fails_the_same_test(pair, laws, smollm2, draft,
                                                                                monkeypatch):
-    monkeypatch.setattr(sampling, "residual", lambda p, q, drafted: p)  # the deliberate mistake
+    monkeypatch.setattr(sampling, "residual", lambda p, q: p)  # the deliberate mistake
     prefix, target_law = laws[draft]
     firsts, _ = first_tokens(smollm2, pair, draft, prefix)
     assert p_value(firsts, target_law) < 1e-4
