@@ -15,7 +15,7 @@ from typing import TypeVar
 import duckdb
 import pandas as pd
 
-from runner.store.connect import open_db
+from runner.store.connect import reading
 from runner.store.metrics import RUNS_ONLY, Filters
 from runner.store.schema import schema_version
 
@@ -26,11 +26,7 @@ LOCK_BOUND_S = 10.0
 
 def read(db_path: str | os.PathLike, query: Callable[..., T], *args: object) -> T:
     """Run one query function on a short-lived read-only connection, so the runner can write between reads."""
-    con, _ = open_db(db_path, read_only=True, bound_s=LOCK_BOUND_S)
-    try:
-        return query(con, *args)
-    finally:
-        con.close()
+    return reading(db_path, lambda con: query(con, *args), LOCK_BOUND_S)
 
 
 def _frame(con: duckdb.DuckDBPyConnection, sql: str, params: list) -> pd.DataFrame:

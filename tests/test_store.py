@@ -435,3 +435,26 @@ def test_reads_for_the_runner(db):
                                     "real_divergences"]
     assert sweeps[["sweep_id", "target", "drafts", "runs", "errors", "lossless_failures"]].values.tolist() == [
         ["s1", "smollm2", "ngram, none", 3, 1, 0], ["s2", "smollm2", "ngram", 1, 0, 0]]
+
+
+def test_a_read_torn_by_a_concurrent_checkpoint_is_read_again_and_other_errors_are_not(tmp_path):
+    db = tmp_path / "runs.duckdb"
+    init_db(db)
+    calls = []
+
+    def torn_once(con: duckdb.DuckDBPyConnection) -> int:
+        calls.append(1)
+        if len(calls) == 1:
+            raise duckdb.IOException("IO Error: Could not read enough bytes from file \"runs.duckdb\"")
+        return con.execute("SELECT count(*) FROM runs").fetchone()[0]
+
+    assert connect.reading(db, torn_once, bound_s=5) == 0 and len(calls) == 2
+
+    def broken(con: duckdb.DuckDBPyConnection) -> int:
+        calls.append(1)
+        raise duckdb.IOException("IO Error: No space left on device")
+
+    calls.clear()
+    with pytest.raises(duckdb.IOException, match="No space left"):
+        connect.reading(db, broken, bound_s=5)
+    assert len(calls) == 1
