@@ -172,6 +172,19 @@ def test_a_file_from_before_the_metric_macros_gets_them_and_the_new_view(tmp_pat
     assert query(old, "SELECT alpha, tau, thrown_share FROM run_stats") == [(2 / 3, 1.5, 0.25)]
 
 
+def test_runner_list_reads_a_file_of_an_older_specdash(tmp_path):
+    old = tmp_path / "old.duckdb"
+    con = duckdb.connect(str(old))
+    migrate(con, to_version=5)  # before the divergence columns that the list counts
+    con.execute("INSERT INTO runs (run_id, sweep_id, started_at, target, draft, k, status, lossless) VALUES "
+                "('b', 's1', '2025-03-01 12:00', 't', 'none', NULL, 'ok', NULL), "
+                "('x', 's1', '2025-03-01 12:01', 't', 'ngram', 2, 'ok', false)")
+    con.close()
+    sweeps = list_sweeps(old)
+    assert sweeps[["sweep_id", "runs", "lossless_failures", "real_divergences"]].values.tolist() == [["s1", 2, 1, 0]]
+    assert query(old, "SELECT max(version) FROM schema_migrations") == [(SCHEMA_VERSION,)]
+
+
 def test_a_newer_database_is_refused(db):
     init_db(db)
     con = duckdb.connect(str(db))

@@ -14,7 +14,7 @@ import pandas as pd
 
 from runner.records import CELL_KEY, RunRecord
 from runner.store import metrics, pending
-from runner.store.connect import Locked, open_for_write, read
+from runner.store.connect import Locked, open_for_write, read, upgrade
 from runner.store.schema import StoreError, migrate
 
 T = TypeVar("T")
@@ -173,7 +173,8 @@ _SWEEPS = """SELECT sweep_id, min(started_at) AS started,
 
 
 def list_sweeps(db_path: str | os.PathLike, lock_timeout_s: float = 30.0) -> pd.DataFrame:
-    """One row per sweep, newest first."""
+    """One row per sweep, newest first; a file of an older specdash is upgraded first, as the dashboard does."""
+    upgrade(db_path, lock_timeout_s)
     columns = ["sweep_id", "started", "target", "drafts", "runs", "errors", "lossless_failures", "real_divergences"]
     return pd.DataFrame(read(Path(db_path), _SWEEPS, [], lock_timeout_s), columns=columns)
 
