@@ -218,12 +218,11 @@ def _sql_reads(db: Path, seen: dict, turn: int) -> None:
 
 
 def _reader(kind: str, db: Path, stop_file: Path, out: Path, pause_s: float = 0.02) -> int:
-    from dashboard import queries
-    from runner.store import sql
+    from runner.store import connect, sql
 
     seen = {"kind": kind, "queries": 0, "not_ready": 0, "opens": 0, "retries": 0, "partial": 0, "shrank": 0, "runs": 0,
             "errors": [], "error_count": 0}
-    module = queries if kind == "dashboard" else sql
+    module = connect if kind == "dashboard" else sql  # the dashboard's `queries.read` opens through connect
     real_open = module.open_db
 
     def open_db(db_path, *, read_only, bound_s=30.0, config=None):

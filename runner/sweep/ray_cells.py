@@ -259,7 +259,8 @@ def run_sweep_on_ray(config: SweepConfig, console: Console, address: str = "auto
         dispatcher.tally.connect_s = connect_s
         record_all(dispatcher, Writer(recorder, cells, dispatcher.classify), console, sweep_id, stand)
     except BaseException:  # Ctrl-C: what was recorded stays, and `--resume last` finishes the rest
-        stand(sum(dispatcher.tally.done.values()) if dispatcher else 0, INTERRUPTED)
+        if dispatcher is not None and dispatcher.tally.done:
+            stand(sum(dispatcher.tally.done.values()), INTERRUPTED)
         raise
     finally:
         if dispatcher is not None:
@@ -278,7 +279,6 @@ def record_all(dispatcher: Dispatcher, writer: Writer, console: Console, sweep_i
     with Progress(*columns, console=console, disable=not console.is_terminal) as progress:
         total = progress.add_task(f"sweep {sweep_id}", total=len(dispatcher.cells))
         per_actor: dict[str, int] = {}
-        stand(0, RECORDING)
         for cell, record, name in dispatcher.results():
             if record is None:
                 if cell.k is None:
