@@ -31,7 +31,7 @@ run: setup
 
 # The shipped draft head for the default target, trained on its own answers to runner/train/prompts.jsonl.
 head: setup
-	$(PY) -m runner train-draft --target smollm2-135m --out heads/smollm2-135m --db $(DB)
+	$(PY) -m runner train-draft --target smollm2-135m --out heads/smollm2-135m --threads 1 --db $(DB)
 
 bench: setup
 	$(PY) bench/bench.py --db $(DB)
