@@ -62,7 +62,7 @@ class Divergence:
 
 
 # The columns of `runs` that make a cell of a sweep: a resumed sweep records only the cells it has no 'ok' run for.
-CELL_KEY = ("prompt_id", "draft", "k", "mode", "temperature", "top_p", "seed")
+CELL_KEY = ("prompt_id", "draft", "k", "mode", "temperature", "top_p", "seed", "k_policy")
 
 
 @dataclass(frozen=True)
@@ -99,6 +99,7 @@ class RunRecord:
     divergence_gap: float | None = None
     divergence_tolerance: float | None = None
     divergence: str | None = None
+    k_policy: str | None = None  # how each round's k was chosen from k (runner/engine/policies.py); None for baselines
 
     def cell_key(self) -> tuple:
         return tuple(getattr(self, name) for name in CELL_KEY)

@@ -111,14 +111,21 @@ RUN_STATS = """CREATE OR REPLACE VIEW run_stats AS
            temperature, top_p, seed, device, dtype, new_tokens, n_rounds, accepted, rejected,
            thrown, drafted, alpha, tau, thrown_share, tokens_per_s, baseline_tokens_per_s,
            measured_speedup, target_pass_s, verify_pass_s, draft_token_s, c,
-           formula_speedup(alpha, k, c) AS theoretical_speedup, lossless, divergence
+           formula_speedup(alpha, k, c) AS theoretical_speedup, lossless, divergence{more}
     FROM with_c"""
 
 
 def _define_metrics(con: duckdb.DuckDBPyConnection) -> None:
     for signature, body in METRIC_MACROS.items():
         con.execute(f"CREATE OR REPLACE MACRO {signature} AS {body}")
-    con.execute(RUN_STATS)
+    con.execute(RUN_STATS.format(more=""))
+
+
+def _add_k_policy(con: duckdb.DuckDBPyConnection) -> None:
+    # How each round's k was chosen (runner/engine/policies.py); every run before policies drafted a fixed k.
+    con.execute("ALTER TABLE runs ADD COLUMN k_policy TEXT")
+    con.execute("UPDATE runs SET k_policy = 'fixed' WHERE draft <> 'none'")
+    con.execute(RUN_STATS.format(more=", k_policy"))
 
 
 MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
@@ -129,6 +136,7 @@ MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     _create_run_totals,
     _add_divergence,
     _define_metrics,
+    _add_k_policy,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

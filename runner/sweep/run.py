@@ -18,6 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from runner.engine import lossless, models
 from runner.engine.pair import PLAIN, DraftSpec, Pair, parse_draft
+from runner.engine.policies import FIXED, PolicySpec, parse_policy
 from runner.engine.sampling import Decoding
 from runner.records import CELL_KEY, Divergence, Generation, RunRecord
 from runner.store.connect import check_db
@@ -42,11 +43,14 @@ class SweepConfig:
     dtype: str | None  # None: bf16 on cuda, fp32 on cpu
     sweep_id: str | None = None  # set to resume: cells already recorded are skipped
     trust_remote_code: bool = False  # run the model code a checkpoint ships (transformers' trust_remote_code)
+    policies: tuple[str, ...] = (FIXED.text,)  # draft-length policies (--k-policy), each with every draft and k
 
     def plan_id(self) -> str:
         """What the sweep records, as a short hash: a sweep is resumable by a later one with the same plan."""
+        # Policies join the hash only when not the default, so a plan recorded before policies keeps its hash.
+        policies = () if self.policies == (FIXED.text,) else (self.policies,)
         return progress.fingerprint(self.target, self.drafts, self.ks, self.decodings, self.prompts,
-                                    self.max_new_tokens, self.seed, self.device, self.dtype)
+                                    self.max_new_tokens, self.seed, self.device, self.dtype, *policies)
 
 
 @dataclass(frozen=True)
@@ -57,12 +61,18 @@ class Cell:
     decoding: Decoding
     draft: DraftSpec
     k: int | None  # None for the baseline
+    policy: PolicySpec = FIXED  # how each round's k is chosen from k; recorded as None for the baseline
+
+    @property
+    def k_policy(self) -> str | None:
+        """The value of `runs.k_policy`."""
+        return None if self.k is None else self.policy.text
 
     def key(self, seed: int) -> tuple:
         """The cell's values of `CELL_KEY`, in its order."""
         d = self.decoding
         values = {"prompt_id": self.prompt.id, "draft": self.draft.text, "k": self.k, "mode": d.mode,
-                  "temperature": d.temperature, "top_p": d.top_p, "seed": seed}
+                  "temperature": d.temperature, "top_p": d.top_p, "seed": seed, "k_policy": self.k_policy}
         return tuple(values[name] for name in CELL_KEY)
 
 
@@ -78,14 +88,24 @@ def interleaved(prompts: tuple[Prompt, ...]) -> list[Prompt]:
 
 
 def plan(config: SweepConfig) -> Iterator[Cell]:
-    """Baseline first, so each speculative run can be checked against it as soon as it finishes."""
+    """Baseline first, so each speculative run can be checked against it as soon as it finishes. A policy a draft
+    cannot follow (`skipped`) is left out for that draft."""
     drafts = [parse_draft(d) for d in config.drafts]
+    policies = [parse_policy(p) for p in config.policies]
     for prompt in interleaved(config.prompts):
         for decoding in config.decodings:
             yield Cell(prompt, decoding, PLAIN, None)
             for draft in drafts:
-                for k in config.ks:
-                    yield Cell(prompt, decoding, draft, k)
+                for policy in policies:
+                    if policy.applies_to(draft.kind):
+                        yield from (Cell(prompt, decoding, draft, k, policy) for k in config.ks)
+
+
+def skipped(config: SweepConfig) -> list[str]:
+    """Why some draft × policy pairs are not in the plan, one line each."""
+    policies = [parse_policy(p) for p in config.policies]
+    return [policy.refusal(draft.text) for draft in map(parse_draft, config.drafts) for policy in policies
+            if not policy.applies_to(draft.kind)]
 
 
 def provenance(device: torch.device) -> dict[str, str]:
@@ -128,6 +148,7 @@ def make_record(cell: Cell, generation: Generation | None, error: str | None, *,
         draft=cell.draft.text, draft_kind=cell.draft.kind, category=cell.prompt.category, prompt_id=cell.prompt.id,
         prompt_text=cell.prompt.text, k=cell.k, mode=d.mode, temperature=d.temperature, top_p=d.top_p, seed=seed,
         max_new_tokens=max_new_tokens, device=str(target.device), dtype=lossless.dtype_name(target.dtype),
+        k_policy=cell.k_policy,
         status="error" if error else "ok", error=error, generation=generation,
         output_text=None if generation is None else target.tokenizer.decode(list(generation.output_tokens)),
         baseline_run_id=None if baseline is None else baseline[0], lossless=divergence is None if checked else None,
@@ -174,7 +195,7 @@ class Recorder:
     def _run(self, cell: Cell) -> tuple[Generation | None, str | None]:
         try:
             return self.pair.run(cell.draft, self.prompt_ids(cell), cell.k, cell.decoding, self.config.max_new_tokens,
-                                 self.config.seed), None
+                                 self.config.seed, cell.policy), None
         except Exception as exc:  # noqa: BLE001 - a failing cell is recorded; the sweep goes on unless the device failed
             first_line = str(exc).splitlines()[0] if str(exc) else ""
             error = f"{type(exc).__name__}: {first_line}"
@@ -185,7 +206,8 @@ class Recorder:
 
     @staticmethod
     def label(cell: Cell) -> str:
-        return f"{cell.prompt.id} {cell.draft.text} k={cell.k} {cell.decoding.mode}"
+        policy = "" if cell.policy == FIXED else f" {cell.policy.text}"
+        return f"{cell.prompt.id} {cell.draft.text} k={cell.k}{policy} {cell.decoding.mode}"
 
     def record(self, cell: Cell) -> None:
         cfg, d = self.config, cell.decoding
@@ -220,8 +242,10 @@ def run_sweep(config: SweepConfig, console: Console) -> tuple[str, Recorder]:
     # A recorded baseline counts only if it matches this run's prompt ids, device and dtype; else it is re-run.
     cells = [c for c in plan(config) if c.key(config.seed) not in done or c.k is None and not recorder.baseline(c)]
     warm = models.encode_chat(target, config.prompts[0].text)
+    # A heuristic policy can reach its cap: that verify width is warmed up too.
+    caps = {p.cap for p in map(parse_policy, config.policies) if p.cap}
     for d in config.decodings:
-        pair.warm_up([PLAIN, *drafts], warm, config.ks, d, config.max_new_tokens)
+        pair.warm_up([PLAIN, *drafts], warm, tuple(sorted({*config.ks, *caps})), d, config.max_new_tokens)
     plan_id, planned = config.plan_id(), sum(1 for _ in plan(config))
 
     def stand(recorded: int, state: str) -> None:  # beside the file, for the dashboard and `--resume last`
