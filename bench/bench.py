@@ -7,7 +7,9 @@ For every prompt, the two engines alternate (which goes first flips each time) a
 (c) overhead: the share of a speculative run's wall time spent outside the forward passes of the target
     and the draft, and the share that recording its rounds (write_run) adds;
 (d) our measured speedup over our plain decoding next to the formula's, at the run's own α and c.
-And the verify curve: one target pass over k+1 tokens at a ~200-token context, k = 0..8.
+And the verify curve: one target pass over k+1 tokens at a ~200-token context, k = 0..8, on stock F.linear and on
+our skinny kernels, at 1 thread and at the bench's; and the roofline: the weight bytes a one-token pass reads over
+its time, against the bandwidth of a STREAM-style copy measured in the same run.
 
 Every value is the median over repeats with its min–max; each printed row is also a row of
 `bench_results` in the database. Run from the repository root: `python bench/bench.py --help`.
@@ -31,11 +33,13 @@ sys.path.insert(0, str(ROOT))  # `python bench/bench.py` puts bench/, not the re
 
 import torch  # noqa: E402
 
-from bench.engines import PLAIN_CELL, BenchConfig, Cell, Engines, dtype_name, measure, verify_curve  # noqa: E402
-from bench.report import cpu_name, markdown_report, mismatch_lines, table  # noqa: E402
-from bench.rows import Row, db_rows, overhead_rows, pass_rows, speedup_rows, throughput_rows, verify_rows  # noqa: E402
-from runner.engine import models  # noqa: E402
-from runner.engine.pair import parse_draft  # noqa: E402
+from bench.engines import PLAIN_CELL, BenchConfig, Cell, Engines, dtype_name, measure  # noqa: E402
+from bench.passes import copy_bandwidth, verify_curves, weight_bytes  # noqa: E402
+from bench.report import markdown_report, mismatch_lines, table  # noqa: E402
+from bench.rows import Row, db_rows, overhead_rows, pass_rows, roofline_rows, speedup_rows, throughput_rows, verify_rows  # noqa: E402
+from runner.engine import kernels, models  # noqa: E402
+from runner.engine.kernels import SKINNY, all_cores, cpu_name  # noqa: E402
+from runner.engine.pair import parse_draft, parse_kernels  # noqa: E402
 from runner.store.bench_rows import write_bench  # noqa: E402
 from runner.store.connect import init_db  # noqa: E402
 from runner.store.schema import StoreError  # noqa: E402
@@ -57,9 +61,11 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None]) -> Outcome:
     load_before = os.getloadavg()[0]
     started = datetime.now(UTC)
     init_db(config.db)  # a bad --db fails before the model loads
-    if config.threads is not None:
-        torch.set_num_threads(config.threads)
+    torch.set_num_threads(config.threads)
     target = models.load(config.target, config.device, config.dtype)
+    if target.device.type == "cpu":
+        progress("kernels: timing the candidates on this machine now")
+        remeasure_kernels(target, sorted({1, config.threads}))
     engines = Engines(config, target)
     cells = [PLAIN_CELL] + [Cell(parse_draft(d), k) for d in config.drafts for k in config.ks]
     prompts = {p: models.encode_chat(target, p.text) for p in config.prompts}
@@ -72,17 +78,19 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None]) -> Outcome:
         samples = measure(engines, cells, prompts, config.repeats, config.max_new_tokens, progress)
     finally:
         engines.record_dir.cleanup()
-    progress("verify curve")
-    curve = verify_curve(target, config.verify_context, config.verify_repeats)
+    progress("verify curves and the copy bandwidth")
+    curves = verify_curves(target, config.verify_context, config.verify_repeats, sorted({1, config.threads}))
+    copy_gbs = copy_bandwidth(target.device, config.verify_repeats)
     reference = {(s.engine, s.prompt.id): s.tokens for s in samples if s.cell == PLAIN_CELL and s.repeat == 0}
     spec_cells = cells[1:]
     rows = (throughput_rows(samples, cells, reference) + pass_rows(samples, cells) + overhead_rows(samples, spec_cells)
-            + speedup_rows(samples, spec_cells) + verify_rows(curve))
+            + speedup_rows(samples, spec_cells) + verify_rows(curves, config.threads)
+            + roofline_rows(curves, config.threads, weight_bytes(target.model), copy_gbs))
     bench_id = started.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:4]
     prov = engines.provenance
     context = {"bench_id": bench_id, "started_at": started, "device": str(target.device),
                "device_name": prov.get("device_name") or cpu_name(), "dtype": dtype_name(target),
-               "threads": torch.get_num_threads() if target.device.type == "cpu" else None, "target": config.target,
+               "threads": config.threads, "kernels": engines.pair.kernels, "target": config.target,
                "prompts": len(config.prompts), "max_new_tokens": config.max_new_tokens,
                "load_before": load_before, "load_after": os.getloadavg()[0], "command": config.command,
                **{k: prov.get(k) for k in ("torch_version", "transformers_version", "host", "git_commit")}}
@@ -90,6 +98,18 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None]) -> Outcome:
     write_bench(config.db, records)
     return Outcome(bench_id, rows, records, table(records), mismatch_lines(samples, reference))
 
+
+
+def remeasure_kernels(target: models.Loaded, thread_counts: list[int]) -> None:
+    """The skinny kernels' choices measured in this run, at each thread count, rather than read from a cache that a
+    busier machine may have written."""
+    switch, before = kernels.attach(target.model), torch.get_num_threads()
+    try:
+        for threads in thread_counts:
+            torch.set_num_threads(threads)
+            switch.table(remeasure=True)
+    finally:
+        torch.set_num_threads(before)
 
 
 class UsageError(ValueError):
@@ -110,7 +130,11 @@ def parse_args(argv: list[str]) -> tuple[BenchConfig, Path | None]:
     parser.add_argument("--verify-repeats", type=int, default=15)
     parser.add_argument("--verify-context", type=int, default=200)
     parser.add_argument("--threads", type=int, default=None,
-                        help="torch CPU threads (default: torch's, one per core); 1 on a crowded machine")
+                        help="torch CPU threads (default: OMP_NUM_THREADS, else every core); the verify curve is "
+                             "also timed at 1")
+    parser.add_argument("--kernels", default=SKINNY,
+                        help="our engine's linears on CPU: skinny or stock (default: %(default)s); transformers' "
+                             "generate and the stock verify curve always run stock")
     parser.add_argument("--db", type=Path, default=Path("runs.duckdb"))
     parser.add_argument("--report", type=Path, default=None, help="also write the results as Markdown here")
     parser.add_argument("--quick", action="store_true",
@@ -119,8 +143,9 @@ def parse_args(argv: list[str]) -> tuple[BenchConfig, Path | None]:
     try:
         ks = tuple(int(k) for k in args.ks.split(","))
         drafts = tuple(parse_draft(d) for d in args.drafts.split(","))
+        parse_kernels(args.kernels)
     except ValueError as error:
-        raise UsageError(f"--ks or --drafts: {error}") from None
+        raise UsageError(f"--ks, --drafts or --kernels: {error}") from None
     per_category, repeats, n, verify = args.prompts_per_category, args.repeats, args.max_new_tokens, args.verify_repeats
     if args.quick:
         ks, per_category, repeats, n, verify = (2,), 1, 1, 8, 3
@@ -136,7 +161,8 @@ def parse_args(argv: list[str]) -> tuple[BenchConfig, Path | None]:
     return BenchConfig(
         target=args.target, drafts=tuple(d.text for d in drafts), ks=ks, prompts=prompts, max_new_tokens=n,
         repeats=repeats, verify_repeats=verify, verify_context=args.verify_context, warmup_tokens=warm, db=args.db,
-        device=args.device, dtype=args.dtype, threads=args.threads, command=command,
+        device=args.device, dtype=args.dtype, threads=all_cores() if args.threads is None else args.threads,
+        kernels=args.kernels, command=command,
     ), args.report
 
 

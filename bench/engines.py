@@ -1,5 +1,5 @@
 """The two engines `make bench` times side by side: ours (the runner's decode loop) and transformers'
-`generate`, on one loaded target, with the time inside each model's forward; and the verify curve."""
+`generate`, on one loaded target, with the time inside each model's forward."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
@@ -15,18 +16,18 @@ from torch import nn
 
 from runner.engine import models
 from runner.engine.decode import Clock
-from runner.engine.drafters import crop_to, new_cache
 from runner.engine.pair import PLAIN, DraftSpec, Pair, parse_draft
 from runner.engine.sampling import Decoding
 from runner.records import Generation, RunRecord
 from runner.store.connect import init_db
 from runner.store.runs import write_run
-from runner.sweep.prompts import Prompt, load_prompts
+from runner.sweep.prompts import Prompt
 from runner.sweep.run import Cell as SweepCell
 from runner.sweep.run import make_record, provenance
 
 GREEDY = Decoding("greedy", 0.0, 1.0)
-VERIFY_KS = range(9)  # the verify curve: one target pass over k+1 tokens, k = 0..8
+
+
 @dataclass(frozen=True)
 class BenchConfig:
     """What one bench measures; the command line only parses into this."""
@@ -43,7 +44,8 @@ class BenchConfig:
     db: Path
     device: str | None  # None: cuda when present
     dtype: str | None  # None: bf16 on cuda, fp32 on cpu
-    threads: int | None  # CPU threads for torch; None: torch's default (one per core)
+    threads: int  # CPU threads for torch (the verify curve is also timed at 1)
+    kernels: str  # our engine's linears on CPU: 'skinny' or 'stock'; transformers' generate always runs stock
     command: str  # as typed, for the record
 
 
@@ -121,7 +123,7 @@ class Engines:
         self.config, self.target = config, target
         self.clock = Clock(target.device)
         specs = [parse_draft(d) for d in config.drafts]
-        self.pair = Pair(target, specs)
+        self.pair = Pair(target, specs, config.kernels)
         self.timer = ForwardTimer(target.device)
         self.timer.wrap("target", target.model)
         for spec, draft in self.pair.draft_models.items():
@@ -169,10 +171,10 @@ class Engines:
     def _record(self, cell: Cell, prompt: Prompt, generation: Generation, repeat: int) -> tuple[RunRecord, float]:
         """The sweep's per-run recording, timed: build the RunRecord (decode the text) and write it with its rounds.
         Each repeat is its own sweep, so the run_stats of a repeat's runs compare them with that repeat's plain run."""
-        start = time.perf_counter()
+        start, started = time.perf_counter(), datetime.now(UTC).isoformat()
         baseline = None if cell.k is None else self.plain[(prompt.id, repeat)]
-        record = make_record(SweepCell(prompt, GREEDY, cell.draft, cell.k), generation, None, target=self.target,
-                             target_spec=self.config.target, sweep_id=f"repeat-{repeat}", seed=0,
+        record = make_record(SweepCell(prompt, GREEDY, cell.draft, cell.k), generation, None, started=started,
+                             pair=self.pair, target_spec=self.config.target, sweep_id=f"repeat-{repeat}", seed=0,
                              max_new_tokens=self.config.max_new_tokens, baseline=baseline, provenance=self.provenance)
         write_run(self.record_db, record)
         if cell.k is None:
@@ -191,28 +193,6 @@ def measure(engines: Engines, cells: list[Cell], prompts: dict[Prompt, list[int]
                 order = ("ours", "theirs") if (repeat + i + j) % 2 == 0 else ("theirs", "ours")
                 samples += [engines.run(engine, cell, prompt, ids, n, repeat) for engine in order]
     return samples
-
-
-def verify_curve(target: models.Loaded, context: int, repeats: int) -> dict[int, list[float]]:
-    """Milliseconds of ONE target pass over k+1 tokens after `context` cached tokens, per repeat, for each k."""
-    suite = [t for p in load_prompts() for t in models.encode_chat(target, p.text)]
-    ids = torch.tensor((suite * (1 + (context + len(VERIFY_KS)) // len(suite)))[: context + len(VERIFY_KS)],
-                       device=target.device)
-    clock, cache = Clock(target.device), new_cache(target.model)
-    times: dict[int, list[float]] = {k: [] for k in VERIFY_KS}
-    with torch.inference_mode():
-        target.model(input_ids=ids[None, :context], cache=cache, use_cache=True, logits_to_keep=1)
-        for repeat in range(repeats + 1):  # the first round warms every shape up and is not kept
-            for k in VERIFY_KS if repeat % 2 else reversed(VERIFY_KS):
-                start = clock()
-                target.model(input_ids=ids[None, context: context + k + 1], cache=cache, use_cache=True,
-                             logits_to_keep=k + 1)
-                if repeat:
-                    times[k].append((clock() - start) * 1000)
-                crop_to(cache, context)
-    return times
-
-
 
 
 def dtype_name(target: models.Loaded) -> str:

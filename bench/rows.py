@@ -8,9 +8,11 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from bench.engines import PLAIN_CELL, VERIFY_KS, Cell, Sample
+from bench.engines import PLAIN_CELL, Cell, Sample
+from bench.passes import VERIFY_KS, Curves
+from runner.engine.kernels import SKINNY
 from runner.store import metrics
-from runner.store.bench_rows import GOALS, UNITS
+from runner.store.bench_rows import UNITS, goal_for
 from runner.store.runs import in_scratch
 
 
@@ -27,6 +29,8 @@ class Row:
     mismatches: int | None = None  # outputs that differ from the engine's own plain greedy output
     alpha: float | None = None
     c: float | None = None
+    threads: int | None = None  # the row's own CPU thread count, where it is not the bench's
+    judged: bool = True  # False: shown for comparison, not held to the metric's goal
     ratios: list[float] | None = field(init=False)
 
     def __post_init__(self) -> None:
@@ -34,11 +38,11 @@ class Row:
         object.__setattr__(self, "ratios", ratios)
 
     def goal(self) -> tuple[str | None, bool | None]:
-        if self.metric not in GOALS:
+        goal = goal_for(self.metric, self.draft, self.k, self.category) if self.judged else None
+        if goal is None:
             return None, None
-        value, op, bound = GOALS[self.metric]
-        median = statistics.median(self.ratios if value == "ratio" else self.ours)
-        return f"{value} {op} {bound:g}", median >= bound if op == ">=" else median <= bound
+        median = statistics.median(self.ratios if goal.value == "ratio" else self.ours)
+        return goal.text, median >= goal.bound if goal.op == ">=" else median <= goal.bound
 
 
 
@@ -131,8 +135,22 @@ def speedup_rows(samples: list[Sample], cells: list[Cell]) -> list[Row]:
     return rows
 
 
-def verify_rows(times: dict[int, list[float]]) -> list[Row]:
-    return [Row("verify_ms", "none", k, "all", times[k], times[0]) for k in VERIFY_KS]
+def _metric(name: str, path: str) -> str:
+    return name if path == SKINNY else f"{name}_stock"
+
+
+def verify_rows(curves: Curves, threads: int) -> list[Row]:
+    """Each path's curve at each thread count, over its own one-token pass; judged at the bench's threads."""
+    rows = [Row(_metric("verify_ms", path), "none", k, f"threads={n}", times[k], times[0], threads=n,
+                judged=n == threads) for (path, n), times in curves.items() for k in VERIFY_KS]
+    return sorted(rows, key=lambda r: list(UNITS).index(r.metric))
+
+
+def roofline_rows(curves: Curves, threads: int, weight_bytes: int, copy_gbs: list[float]) -> list[Row]:
+    """Weight bytes over the one-token pass time of each path at the bench's threads, against the copy's GB/s."""
+    rows = [Row(_metric("roofline", path), "none", 0, "all", [weight_bytes / (ms / 1000) / 1e9 for ms in times[0]],
+                copy_gbs) for (path, n), times in curves.items() if n == threads]
+    return sorted(rows, key=lambda r: list(UNITS).index(r.metric))
 
 
 def _stats(values: list[float] | None) -> tuple[float | None, float | None, float | None]:
@@ -146,6 +164,7 @@ def db_rows(rows: list[Row], context: dict) -> list[dict]:
         goal, met = row.goal()
         # bench_results keys rows by k (NOT NULL): plain decoding's rows are stored at k = 0, as its verify pass is.
         values = {"draft": row.draft, "k": 0 if row.k is None else row.k, "category": row.category,
+                  **({} if row.threads is None else {"threads": row.threads}),
                   "metric": row.metric, "unit": UNITS[row.metric], "repeats": len(row.ours),
                   "mismatches": row.mismatches, "alpha": row.alpha, "c": row.c, "goal": goal, "goal_met": met}
         for name, series in (("ours", row.ours), ("theirs", row.theirs), ("ratio", row.ratios)):

@@ -1,7 +1,7 @@
 """Where a verify pass spends its time: torch.profiler's top operators for passes over 1 and k+1 tokens,
 and the LM head's matrix product by the number of rows it multiplies.
 
-`python bench/verify_profile.py [--target SPEC] [--context 200] [--threads 1] [--widths 1,3]`
+`python bench/verify_profile.py [--target SPEC] [--context 200] [--threads 1] [--widths 1,3] [--kernels stock]`
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repositor
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from runner.engine import models  # noqa: E402
+from runner.engine import kernels, models  # noqa: E402
 from runner.engine.drafters import crop_to, new_cache  # noqa: E402
 
 
@@ -38,12 +38,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--widths", default="1,3", help="tokens per profiled pass, comma-separated")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--kernels", default=kernels.SKINNY, choices=[kernels.SKINNY, kernels.STOCK],
+                        help="the linears of the passes (default: %(default)s)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     target = models.load(args.target)
     model, vocab = target.model, target.model.config.vocab_size
     generator = torch.Generator().manual_seed(0)
-    with torch.inference_mode():
+    switches = [kernels.attach(model)] if args.kernels == kernels.SKINNY and target.device.type == "cpu" else []
+    with torch.inference_mode(), kernels.using(switches):
         cache = new_cache(model)
         model(input_ids=torch.randint(vocab, (1, args.context), generator=generator), cache=cache, use_cache=True,
               logits_to_keep=1)

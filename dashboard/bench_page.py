@@ -7,7 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import charts, common, queries
-from runner.store.bench_rows import ABOUT, GOALS
+from runner.store.bench_rows import ABOUT, GOALS, Goal
 
 
 def _value(row: pd.Series, name: str) -> str:
@@ -36,23 +36,35 @@ def table(rows: pd.DataFrame) -> pd.DataFrame:
     return shown.drop(columns=[c for c in ("α", "c") if shown[c].isna().all()])
 
 
+VERIFY_METRICS = {"verify_ms": "skinny", "verify_ms_stock": "stock"}  # each kernel path's curve
+
+
 def verify_frame(rows: pd.DataFrame, bench: pd.Series) -> pd.DataFrame:
-    """The verify curve in the shape of the Overview's chart: time of a pass over k+1 tokens / at k = 0."""
-    curve = rows[rows["metric"] == "verify_ms"]
+    """The verify curves in the shape of the Overview's chart: time of a pass over k+1 tokens / at k = 0, one per
+    kernel path and thread count."""
+    curve = rows[rows["metric"].isin(list(VERIFY_METRICS))]
     return pd.DataFrame({"target": bench["target"], "device": f"{bench['device']} ({bench['device_name']})",
+                         "kernels": curve["metric"].map(VERIFY_METRICS), "threads": curve["threads"],
                          "k": curve["k"], "rounds": bench["repeats"],
                          "verify_s": curve["ours"] / 1000, "relative": curve["ratio"]})
 
 
+def _goal_text(goal: Goal) -> str:
+    where = [f"{goal.draft}" if goal.draft else "", f"k in {list(goal.ks)}" if goal.ks else "",
+             goal.category or ""]
+    return f"{goal.metric} {goal.text}" + "".join(f" ({w})" for w in where if w)
+
+
 def _header(bench: pd.Series) -> None:
     st.caption(f"bench {bench.name} · {bench['started_at']:%Y-%m-%d %H:%M} UTC · {bench['target']} on "
-               f"{bench['device']} ({bench['device_name']}, {bench['dtype']}, {bench['threads']} threads) · "
+               f"{bench['device']} ({bench['device_name']}, {bench['dtype']}, {bench['threads']} threads, "
+               f"our engine on {bench['kernels']} kernels) · "
                f"{bench['prompts']} prompts × {bench['repeats']} repeats × {bench['max_new_tokens']} tokens · "
                f"load average {bench['load_before']:.1f} before, {bench['load_after']:.1f} after · torch "
                f"{bench['torch_version']}, transformers {bench['transformers_version']}")
     st.code(bench["command"], language="bash")
     st.metric("goals met", f"{bench['goals_met']} of {bench['goals']}",
-              help="on the medians: " + "; ".join(f"{m} {v} {op} {bound:g}" for m, (v, op, bound) in GOALS.items()))
+              help="on the medians: " + "; ".join(_goal_text(goal) for goal in GOALS))
 
 
 def render() -> None:
@@ -70,8 +82,9 @@ def render() -> None:
     rows = common.load(queries.bench_rows, bench_id)
     st.subheader("Verify pass time against k")
     st.altair_chart(charts.verify_growth(verify_frame(rows, bench)))
-    st.caption("One target pass over k+1 tokens at a fixed context, over the same pass at k = 0. The explainer "
-               "assumes it is flat (the dashed line), and so does the formula's prediction in (d).")
+    st.caption("One target pass over k+1 tokens at a fixed context, over the same path's pass at k = 0, on stock "
+               "F.linear and on the skinny kernels, per thread count. The explainer assumes it is flat (the dashed "
+               "line), and so does the formula's prediction in (d).")
     for metric, about in ABOUT.items():
         picked = rows[rows["metric"] == metric]
         if not picked.empty:

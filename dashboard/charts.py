@@ -73,9 +73,20 @@ def speedup_by_k(frame: pd.DataFrame) -> alt.FacetChart:
         title="speedup against k per category (◆ the formula's best k at the pooled α and c)")
 
 
+def _setup(row: dict) -> str:
+    """'target on device · kernels · N threads'; kernels and threads are NULL for runs recorded before them."""
+    parts = [f"{row['target']} on {row['device']}"]
+    if not pd.isna(row.get("kernels")):
+        parts.append(str(row["kernels"]))
+    if not pd.isna(row.get("threads")):
+        parts.append(f"{int(row['threads'])} threads")
+    return " · ".join(parts)
+
+
 def verify_growth(frame: pd.DataFrame) -> alt.LayerChart:
-    """Mean verify-pass time by drafts per pass, relative to a one-token pass; the explainer assumes 1."""
-    base = alt.Chart(frame).transform_calculate(setup=alt.datum.target + " on " + alt.datum.device)
+    """Mean verify-pass time by drafts per pass, relative to a one-token pass; the explainer assumes 1. One line
+    per target, device, kernels and threads."""
+    base = alt.Chart(frame.assign(setup=[_setup(row) for row in frame.to_dict("records")]))
     y = alt.Y("relative:Q", title="verify pass time / one-token pass", scale=alt.Scale(zero=True))
     measured = base.mark_line(point=True).encode(
         _K.title("drafts verified in the pass (k of the round)"), y,

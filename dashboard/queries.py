@@ -47,7 +47,8 @@ def run_count(con: duckdb.DuckDBPyConnection) -> int:
 def filter_options(con: duckdb.DuckDBPyConnection) -> dict[str, list]:
     """The values each filter can take, from the speculative runs that have statistics."""
     names = [field.name for field in fields(Filters)]
-    lists = ", ".join(f"list(DISTINCT {name} ORDER BY {name})" for name in names)
+    # NULL is no option: runs recorded before a column existed have none.
+    lists = ", ".join(f"list(DISTINCT {name} ORDER BY {name}) FILTER ({name} IS NOT NULL)" for name in names)
     row = con.execute(f"SELECT {lists} FROM run_stats WHERE draft <> 'none'").fetchone()
     return {name: values or [] for name, values in zip(names, row, strict=True)}
 
@@ -71,17 +72,20 @@ def verify_growth(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFr
     spec_where, spec_params = filters.where(alias="s.")
     base_where, base_params = filters.where(alias="s.", skip=("draft", "k"))
     # The rounds are summed per (run, k) before the join: at 10M rounds that is 4x faster than joining each round.
+    # Kernels and threads change the pass time itself, so each setting gets its own curve and its own reference.
     return _frame(con, f"""
         WITH per_run_k AS (SELECT run_id, k, count(*) AS n, sum(verify_s) AS s FROM rounds GROUP BY ALL),
         picked AS (
-            SELECT s.target, s.device, p.k, p.n, p.s, s.draft = 'none' AS baseline
+            SELECT s.target, s.device, s.kernels, s.threads, p.k, p.n, p.s, s.draft = 'none' AS baseline
             FROM per_run_k p JOIN runs s USING (run_id)
             WHERE s.status = 'ok' AND ((s.draft <> 'none' AND {spec_where}) OR (s.draft = 'none' AND {base_where}))),
-        one_token AS (SELECT target, device, sum(s) / sum(n) AS one_token_s FROM picked WHERE baseline GROUP BY ALL)
-        SELECT target, device, k, sum(n)::BIGINT AS rounds, sum(s) / sum(n) AS verify_s,
-            sum(s) / sum(n) / any_value(one_token_s) AS relative
-        FROM picked LEFT JOIN one_token USING (target, device)
-        GROUP BY ALL ORDER BY target, device, k""", spec_params + base_params)
+        one_token AS (SELECT target, device, kernels, threads, sum(s) / sum(n) AS one_token_s FROM picked
+                      WHERE baseline GROUP BY ALL)
+        SELECT p.target, p.device, p.kernels, p.threads, p.k, sum(p.n)::BIGINT AS rounds,
+            sum(p.s) / sum(p.n) AS verify_s, sum(p.s) / sum(p.n) / any_value(o.one_token_s) AS relative
+        FROM picked p LEFT JOIN one_token o ON o.target = p.target AND o.device = p.device
+            AND o.kernels IS NOT DISTINCT FROM p.kernels AND o.threads IS NOT DISTINCT FROM p.threads
+        GROUP BY ALL ORDER BY p.target, p.device, p.kernels, p.threads, p.k""", spec_params + base_params)
 
 
 def lossless_rates(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
@@ -108,9 +112,9 @@ def run_detail(con: duckdb.DuckDBPyConnection, run_id: str) -> pd.DataFrame:
     return _frame(con, """
         SELECT r.run_id, r.sweep_id, r.started_at, r.target, r.draft, r.draft_kind, r.category, r.prompt_id,
             r.prompt_text, r.k, r.mode, r.temperature, r.top_p, r.seed, r.max_new_tokens, r.device, r.dtype,
-            r.new_tokens, r.n_rounds, r.wall_s, r.draft_s, r.verify_s, r.output_tokens, r.output_text,
-            r.stop_reason, r.baseline_run_id, r.lossless, r.status, r.error, r.divergence, r.divergence_at,
-            r.divergence_gap, r.divergence_tolerance,
+            r.kernels, r.threads, r.new_tokens, r.n_rounds, r.wall_s, r.draft_s, r.verify_s, r.output_tokens,
+            r.output_text, r.stop_reason, r.baseline_run_id, r.lossless, r.status, r.error, r.divergence,
+            r.divergence_at, r.divergence_gap, r.divergence_tolerance,
             s.accepted, s.rejected, s.thrown, s.drafted, s.alpha, s.tau, s.c, s.measured_speedup,
             s.theoretical_speedup, b.wall_s AS baseline_wall_s, b.output_tokens AS baseline_tokens
         FROM runs r LEFT JOIN run_stats s USING (run_id) LEFT JOIN runs b ON b.run_id = r.baseline_run_id
@@ -140,7 +144,9 @@ def benches(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
     return _frame(con, """
         SELECT bench_id, any_value(started_at) AS started_at, any_value(target) AS target,
             any_value(device) AS device, any_value(device_name) AS device_name, any_value(dtype) AS dtype,
-            any_value(threads) AS threads, any_value(max_new_tokens) AS max_new_tokens,
+            -- the bench's own thread count: its verify curves are also timed at 1 thread
+            any_value(threads) FILTER (category NOT LIKE 'threads=%') AS threads, any_value(kernels) AS kernels,
+            any_value(max_new_tokens) AS max_new_tokens,
             any_value(prompts) AS prompts, any_value(repeats) AS repeats, any_value(load_before) AS load_before,
             any_value(load_after) AS load_after, any_value(command) AS command,
             any_value(torch_version) AS torch_version, any_value(transformers_version) AS transformers_version,
@@ -152,6 +158,6 @@ def benches(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
 def bench_rows(con: duckdb.DuckDBPyConnection, bench_id: str) -> pd.DataFrame:
     """The rows of one bench in the order it printed them."""
     return _frame(con, """
-        SELECT metric, unit, draft, k, category, ours, ours_min, ours_max, theirs, theirs_min, theirs_max,
+        SELECT metric, unit, draft, k, category, threads, ours, ours_min, ours_max, theirs, theirs_min, theirs_max,
             ratio, ratio_min, ratio_max, alpha, c, goal, goal_met, mismatches
         FROM bench_results WHERE bench_id = ? ORDER BY rowid""", [bench_id])

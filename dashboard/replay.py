@@ -84,11 +84,19 @@ def _cost_panel(run: pd.Series) -> None:
                      "(n/a when sampling); a mismatch is a numeric tie (rounding) or a real divergence (a bug)")
 
 
+def _setup(run: pd.Series) -> str:
+    """The linears' path and the CPU threads; runs recorded before they were recorded say so."""
+    threads = "threads not recorded" if pd.isna(run["threads"]) else f"{int(run['threads'])} threads"
+    kernels = "kernels not recorded" if pd.isna(run["kernels"]) else f"{run['kernels']} kernels"
+    return f"{kernels}, {threads}"
+
+
 def _header(run: pd.Series) -> None:
     k = "" if pd.isna(run["k"]) else f" k={int(run['k'])}"
     st.subheader(f"{run['category']}/{run['prompt_id']} · {run['draft']}{k} · {run['mode']}")
     st.caption(f"run {run['run_id']} · sweep {run['sweep_id']} · target {run['target']} on {run['device']} "
-               f"({run['dtype']}) · temperature {run['temperature']:g}, top-p {run['top_p']:g}, seed {run['seed']}"
+               f"({run['dtype']}, {_setup(run)}) · temperature {run['temperature']:g}, top-p {run['top_p']:g}, "
+               f"seed {run['seed']}"
                f" · {run['new_tokens']} of {run['max_new_tokens']} new tokens, stopped at {run['stop_reason']}")
     if divergence := _divergence(run):
         st.caption(f"lossless ✗: {divergence}")

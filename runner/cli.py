@@ -9,11 +9,13 @@ from pathlib import Path
 from typing import Annotated
 
 import pandas as pd
+import torch
 import typer
 from rich.console import Console
 
 from runner.engine import lossless, models
-from runner.engine.pair import PLAIN, Pair, parse_draft
+from runner.engine.kernels import SKINNY, all_cores
+from runner.engine.pair import PLAIN, Pair, parse_draft, parse_kernels
 from runner.engine.policies import FIXED, parse_policy
 from runner.engine.sampling import Decoding
 from runner.records import Generation, RunRecord
@@ -65,7 +67,17 @@ Mode = Annotated[str, typer.Option(help="greedy or sample")]
 Device = Annotated[str | None, typer.Option(help="cpu or cuda (default: cuda when present)")]
 Dtype = Annotated[str | None, typer.Option(help="float32, bfloat16 or float16 (default: bf16 on cuda, fp32 on cpu)")]
 TrustRemoteCode = Annotated[bool, typer.Option(help="run the model code a checkpoint ships (read it first)")]
+Kernels = Annotated[str, typer.Option(help="the linears on CPU: skinny (the fastest product measured per weight "
+                                      "shape and row count) or stock (torch's F.linear); CUDA always runs stock")]
+Threads = Annotated[int | None, typer.Option(help="torch CPU threads (default: OMP_NUM_THREADS, else every core)")]
 POLICY_HELP = "fixed, heuristic[:<cap>] or confidence:<t> (README, \"Draft-length policies\")"
+
+
+def check_threads(threads: int | None) -> int:
+    """The thread count to run with: every core unless given."""
+    if threads is not None and threads < 1:
+        raise UsageError(f"threads must be >= 1, got {threads}")
+    return all_cores() if threads is None else threads
 
 
 @app.command()
@@ -83,9 +95,13 @@ def generate(
     device: Device = None,
     dtype: Dtype = None,
     trust_remote_code: TrustRemoteCode = False,
+    kernels: Kernels = SKINNY,
+    threads: Threads = None,
 ) -> None:
     """Decode one prompt speculatively and plainly; print the text, every round and the summary."""
     try:
+        parse_kernels(kernels)
+        torch.set_num_threads(check_threads(threads))
         spec = parse_draft(draft)
         if spec.kind == "baseline":
             raise UsageError("generate compares a draft against plain decoding: give a draft, not none")
@@ -99,7 +115,7 @@ def generate(
         if not prompt.strip():
             raise UsageError("the prompt is empty")
         loaded = models.load(target, device, dtype, trust_remote_code)
-        pair = Pair(loaded, [spec])
+        pair = Pair(loaded, [spec], kernels)
         ids = models.encode_chat(loaded, prompt)
         if len(ids) + max_new_tokens > loaded.max_context:
             raise UsageError(
@@ -112,17 +128,17 @@ def generate(
     except ValueError as exc:  # ModelError, UsageError and the engine's checks are all ValueErrors
         fail(str(exc))
     cell = Cell(Prompt("prompt", "", prompt), decoding, spec, k, policy)
-    record, summary = _summary(loaded, target, cell, seed, max_new_tokens, baseline, run)
+    record, summary = _summary(pair, target, cell, seed, max_new_tokens, baseline, run)
     text = loaded.tokenizer.decode(list(run.output_tokens), skip_special_tokens=True)
     print_generation(stdout, text, run, baseline, summary, loaded.tokenizer)
     if record.mismatch is not None:
         print_divergences(stderr, [("this run", record.mismatch)], record.dtype)
 
 
-def _summary(loaded: models.Loaded, target: str, cell: Cell, seed: int, max_new_tokens: int, baseline: Generation,
+def _summary(pair: Pair, target: str, cell: Cell, seed: int, max_new_tokens: int, baseline: Generation,
              run: Generation) -> tuple[RunRecord, pd.Series]:
     """The run as a sweep would record it, and its row of run_stats against its baseline."""
-    common = {"target": loaded, "target_spec": target, "sweep_id": "generate", "seed": seed,
+    common = {"pair": pair, "target_spec": target, "sweep_id": "generate", "seed": seed,
               "max_new_tokens": max_new_tokens, "provenance": {}, "started": datetime.now(UTC).isoformat()}
     base = make_record(Cell(cell.prompt, cell.decoding, PLAIN, None), baseline, None, baseline=None, **common)
     spec_run = make_record(cell, run, None, baseline=(base.run_id, baseline.output_tokens), **common)
@@ -165,9 +181,12 @@ def sweep(
     device: Device = None,
     dtype: Dtype = None,
     trust_remote_code: TrustRemoteCode = False,
+    kernels: Kernels = SKINNY,
+    threads: Threads = None,
 ) -> None:
     """Record baseline and speculative runs for every prompt × draft × k into the database."""
     try:
+        parse_kernels(kernels)
         ks = _ints(k, "k")
         for value in ks:
             check_k(value)
@@ -185,7 +204,8 @@ def sweep(
             target=target, drafts=tuple(draft), ks=tuple(ks),
             decodings=tuple(dict.fromkeys(decoding_for(m, temperature, top_p) for m in mode)),
             prompts=tuple(chosen), max_new_tokens=max_new_tokens, seed=seed, db=db, device=device, dtype=dtype,
-            sweep_id=resume, trust_remote_code=trust_remote_code, policies=tuple(p.text for p in policies),
+            sweep_id=resume, trust_remote_code=trust_remote_code, kernels=kernels, threads=check_threads(threads),
+            policies=tuple(p.text for p in policies),
         )
         for line in skipped(config):
             stderr.print(f"skipped: {line}", markup=False, highlight=False, soft_wrap=True)

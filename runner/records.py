@@ -92,6 +92,8 @@ class RunRecord:
     output_text: str | None
     baseline_run_id: str | None
     lossless: bool | None  # greedy only: output equals the baseline's token for token
+    kernels: str | None = None  # the linears' path: 'skinny' (measured per shape) or 'stock'; None: not recorded
+    threads: int | None = None  # torch's CPU threads during the run
     provenance: dict[str, str] = field(default_factory=dict)  # torch/transformers/python versions, host, git commit
     # where a greedy output first differs from its baseline's (runner/engine/lossless.py): index, the target's
     # top-2 logit gap there, the tolerance in logits, and 'tie' | 'real'; all None when lossless or not judged

@@ -71,7 +71,7 @@ def _record(run_id: str, prompt_id: str, draft: str, k: int | None, rounds: list
     kind = "baseline" if draft == "none" else draft.split(":")[0]
     return RunRecord(run_id, SWEEP, f"2026-01-01T12:{minute:02d}:00", target, draft, kind, category, prompt_id,
                      f"write some {category}", k, "greedy", 0.0, 1.0, 0, 12, "cpu", "float32", "ok", None, gen,
-                     " ".join(map(str, output)), baseline, lossless)
+                     " ".join(map(str, output)), baseline, lossless, kernels="skinny", threads=2)
 
 
 def speculative_record(run_id: str, prompt_id: str, draft: str, k: int, schedule: list[int | None], wall_s: float,
@@ -107,7 +107,8 @@ def bench_row(bench_id: str, started: str, metric: str, draft: str, k: int, ours
     row = dict.fromkeys(BENCH_COLUMNS)
     for name, value in {"ours": ours, "theirs": theirs, "ratio": ratio}.items():
         row |= {name: value, f"{name}_min": value and value * 0.9, f"{name}_max": value and value * 1.1}
-    unit = {"plain_tokens_per_s": "tokens/s", "spec_tokens_per_s": "tokens/s", "verify_ms": "ms"}[metric]
+    unit = {"plain_tokens_per_s": "tokens/s", "spec_tokens_per_s": "tokens/s", "verify_ms": "ms",
+            "verify_ms_stock": "ms"}[metric]
     return row | {"bench_id": bench_id, "started_at": datetime.fromisoformat(started), "device": "cpu",
                   "device_name": "a test CPU", "dtype": "float32", "threads": 1, "target": TARGET,
                   "draft": draft, "k": k, "category": "all", "metric": metric, "unit": unit, "repeats": 3,
@@ -117,7 +118,8 @@ def bench_row(bench_id: str, started: str, metric: str, draft: str, k: int, ours
 
 
 def add_benches(db: Path) -> Path:
-    """Two benches: b-old (one goal, met) and the newer b-new (goals 1 of 2 met; verify curve 1, 1.6, 2)."""
+    """Two benches: b-old (one goal, met) and the newer b-new (goals 1 of 2 met; verify curves 1, 1.6, 2 on the
+    skinny kernels and 1, 2, 3 on stock)."""
     write_bench(db, [bench_row("b-old", "2026-01-01", "plain_tokens_per_s", "none", 0, 10, 10, 1.0,
                                      "ratio >= 1", True)])
     write_bench(db, [
@@ -125,5 +127,7 @@ def add_benches(db: Path) -> Path:
         bench_row("b-new", "2026-02-01", "spec_tokens_per_s", "ngram", 2, 21, 20, 1.1, "ratio >= 1.15", False),
         *(bench_row("b-new", "2026-02-01", "verify_ms", "none", k, ms, 70, ms / 70)
           for k, ms in ((0, 70), (1, 112), (2, 140))),
+        *(bench_row("b-new", "2026-02-01", "verify_ms_stock", "none", k, ms, 100, ms / 100)
+          for k, ms in ((0, 100), (1, 200), (2, 300))),
     ])
     return db

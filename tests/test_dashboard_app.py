@@ -122,6 +122,7 @@ def test_compare_leaderboard_and_head_to_head(monkeypatch, db):
 def test_replay_colours_every_token_by_its_fate(monkeypatch, db):
     at = app(monkeypatch, db, "replay.py", run="p1-ls-k4")
     assert not at.exception
+    assert "target tiny-target on cpu (float32, skinny kernels, 2 threads)" in at.caption[0].value
     # 13 drafts at 0.02 s; three passes over 4 drafts at 0.05·1.4 s and one over 1 draft at 0.05·1.1 s
     assert metrics(at) == {"rounds": "4", "drafts accepted / rejected / thrown": "8 / 2 / 3", "α": "0.800",
                            "τ": "3.00", "draft time": "260.0 ms", "verify time": "265.0 ms",
@@ -144,6 +145,7 @@ def test_replay_colours_every_token_by_its_fate(monkeypatch, db):
 def test_replay_of_a_failed_run_and_of_a_draftless_round(monkeypatch, db):
     at = app(monkeypatch, db, "replay.py", run="c1-ls-k8")
     assert at.error[0].value == "This run failed: out of memory"
+    assert "(float32, kernels not recorded, threads not recorded)" in at.caption[0].value
     at = app(monkeypatch, db, "replay.py", run="p1-ng-k2")
     text = at.get("html")[1].proto.body
     assert fates_in(text)[:3] == [("plain", "[300]"), ("accepted", "[301]"), ("correction", "[302]")]
@@ -266,8 +268,13 @@ def test_benchmark_page_shows_each_bench_its_goals_and_its_verify_curve(monkeypa
     assert not at.exception and at.selectbox(key="bench").value == "b-new"  # the newest first
     assert metrics(at)["goals met"] == "1 of 2"
     _, curve = chart_data(at.get("vega_lite_chart")[0])
-    assert curve[["k", "relative"]].values.tolist() == [[0, 1.0], [1, 1.6], [2, 2.0]]
-    plain, spec, verify = (t.value for t in at.dataframe)
+    assert curve[["kernels", "k", "relative"]].values.tolist() == [
+        ["skinny", 0, 1.0], ["skinny", 1, 1.6], ["skinny", 2, 2.0], ["stock", 0, 1.0], ["stock", 1, 2.0],
+        ["stock", 2, 3.0]]
+    assert set(curve["setup"]) == {"tiny-target on cpu (a test CPU) · skinny · 1 threads",
+                                   "tiny-target on cpu (a test CPU) · stock · 1 threads"}
+    plain, spec, verify, verify_stock = (t.value for t in at.dataframe)
+    assert verify_stock["ours / theirs"].tolist() == ["1.00 (0.90–1.10)", "2.00 (1.80–2.20)", "3.00 (2.70–3.30)"]
     assert plain.iloc[0][["ours / theirs", "goal"]].tolist() == ["1.20 (1.08–1.32)", "✓ ratio >= 1"]
     assert spec.iloc[0][["ours", "ours / theirs", "goal"]].tolist() == [
         "21.00 (18.90–23.10)", "1.10 (0.99–1.21)", "✗ ratio >= 1.15"]

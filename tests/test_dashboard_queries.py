@@ -77,7 +77,16 @@ def test_filter_options_come_from_runs_with_statistics(db):
     # The failed k=8 run has no statistics, so k=8 is no option.
     assert queries.read(db, queries.filter_options) == {
         "target": ["tiny-target"], "draft": ["layerskip:2", "ngram"], "category": ["code", "poem"], "k": [2, 4],
-        "mode": ["greedy"], "device": ["cpu"], "sweep_id": ["s1"]}
+        "mode": ["greedy"], "device": ["cpu"], "sweep_id": ["s1"], "kernels": ["skinny"], "threads": [2]}
+
+
+def test_kernels_and_threads_filter_runs_and_split_the_verify_curve(db):
+    assert len(queries.read(db, queries.runs, Filters(kernels=("skinny",), threads=(2,)))) == 9
+    assert queries.read(db, queries.runs, Filters(threads=(1,))).empty
+    assert queries.read(db, metrics.cells, Filters(kernels=("stock",))).empty
+    growth = queries.read(db, queries.verify_growth, Filters(threads=(2,)))
+    assert set(zip(growth["kernels"], growth["threads"], strict=True)) == {("skinny", 2)}
+    assert growth["relative"].tolist() == pytest.approx([1.0, 1.1, 1.2, 1.3, 1.4])
 
 
 def test_totals_pool_every_selected_run(db):

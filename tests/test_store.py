@@ -38,7 +38,7 @@ def record(run_id: str, rounds: tuple[Round, ...], wall_s: float, k: int | None 
         draft=draft, draft_kind="baseline" if draft == "none" else "ngram", category="code", prompt_id="p1",
         prompt_text="def f():", k=k, mode="greedy", temperature=0.0, top_p=1.0, seed=seed, max_new_tokens=10,
         device="cpu", dtype="float32", status="ok", error=None, generation=gen, output_text="x",
-        baseline_run_id=baseline_run_id, lossless=None if draft == "none" else True,
+        baseline_run_id=baseline_run_id, lossless=None if draft == "none" else True, kernels="skinny", threads=2,
         k_policy=None if draft == "none" else "fixed",
         provenance={"torch_version": "2.13.0", "host": "h1", "git_commit": "abc"})
 
@@ -89,7 +89,7 @@ def test_runs_and_rounds_have_the_documented_columns(db):
         ("baseline_run_id", text), ("lossless", "BOOLEAN"), ("status", text), ("error", text),
         ("torch_version", text), ("transformers_version", text), ("python_version", text), ("host", text),
         ("git_commit", text), ("device_name", text), ("divergence_at", i), ("divergence_gap", f),
-        ("divergence_tolerance", f), ("divergence", text), ("k_policy", text)]
+        ("divergence_tolerance", f), ("divergence", text), ("kernels", text), ("threads", i), ("k_policy", text)]
     assert columns(db, "rounds") == [
         ("run_id", text), ("round", i), ("k", i), ("accepted", i), ("rejected", i), ("thrown", i),
         ("bonus", "BOOLEAN"), ("emitted", i), ("draft_s", f), ("verify_s", f), ("draft_tokens", ints),
@@ -99,11 +99,11 @@ def test_runs_and_rounds_have_the_documented_columns(db):
         "temperature", "top_p", "seed", "device", "dtype", "new_tokens", "n_rounds", "accepted", "rejected",
         "thrown", "drafted", "alpha", "tau", "thrown_share", "tokens_per_s", "baseline_tokens_per_s",
         "measured_speedup", "target_pass_s", "verify_pass_s", "draft_token_s", "c", "theoretical_speedup",
-        "lossless", "divergence", "k_policy"]
+        "lossless", "divergence", "kernels", "threads", "k_policy"]
     assert query(db, "SELECT version, name FROM schema_migrations ORDER BY version") == [
         (1, "create_runs_and_rounds"), (2, "create_run_stats"), (3, "add_device_name"), (4, "create_bench_results"),
-        (5, "create_run_totals"), (6, "add_divergence"), (7, "define_metrics"),
-        (8, "add_k_policy")]
+        (5, "create_run_totals"), (6, "add_divergence"), (7, "add_kernels_and_threads"), (8, "define_metrics"),
+        (9, "add_k_policy")]
 
 
 def schema_dump(db: Path) -> list:
@@ -131,16 +131,20 @@ def test_migrating_from_every_older_version_ends_identical(tmp_path, start):
                     "('spec', 1, 2, 0, 1, 1, false, 1)")
         if start >= 5:  # from version 5 on, a writer records each run's totals with its rounds
             con.execute(FILL_RUN_TOTALS)
+        if start >= 7:  # from version 7 on, a writer records the kernels it ran on
+            con.execute("UPDATE runs SET kernels = 'stock'")
     migrate(con)
     migrate(con)  # a second run finds nothing to do
     con.close()
     assert schema_dump(old) == schema_dump(fresh)
     if start >= 1:
-        assert query(old, "SELECT run_id, accepted, rejected, thrown, drafted, alpha, tau FROM run_stats "
-                          "ORDER BY run_id") == [("base", 0, 0, 0, 0, None, 1.0), ("spec", 2, 1, 1, 4, 2 / 3, 2.0)]
+        # Runs recorded before kernels were recorded ran stock F.linear, on a thread count nobody wrote down.
+        assert query(old, "SELECT run_id, accepted, rejected, thrown, drafted, alpha, tau, kernels, threads "
+                          "FROM run_stats ORDER BY run_id") == [("base", 0, 0, 0, 0, None, 1.0, "stock", None),
+                                                               ("spec", 2, 1, 1, 4, 2 / 3, 2.0, "stock", None)]
 
 
-# run_stats as specdash wrote it into every file before the metric macros (schema version 5, 6).
+# run_stats as specdash wrote it into every file before the metric macros (schema versions 5 to 7).
 LEGACY_RUN_STATS = """CREATE VIEW run_stats AS
     WITH per_run AS (SELECT t.run_id, t.accepted::BIGINT AS accepted, t.rejected::BIGINT AS rejected,
                t.thrown::BIGINT AS thrown, t.drafted::BIGINT AS drafted, t.emitted / r.n_rounds AS tau
@@ -156,7 +160,7 @@ def test_a_file_from_before_the_metric_macros_gets_them_and_the_new_view(tmp_pat
     fresh, old = tmp_path / "fresh.duckdb", tmp_path / "old.duckdb"
     init_db(fresh)
     con = duckdb.connect(str(old))
-    migrate(con, to_version=6)
+    migrate(con, to_version=7)
     con.execute(LEGACY_RUN_STATS)
     con.execute("INSERT INTO runs (run_id, sweep_id, draft, k, status, new_tokens, n_rounds, wall_s) "
                 "VALUES ('spec', 's1', 'ngram', 2, 'ok', 4, 2, 0.1)")
@@ -249,9 +253,10 @@ def test_run_stats_match_hand_computed_values(db):
 def test_a_run_and_its_rounds_are_stored_as_given(db):
     write_run(db, SPEC)
     assert query(db, "SELECT started_at, prompt_tokens, output_tokens, target_passes, draft_calls, prefill_s, "
-                     "stop_reason, torch_version, transformers_version, host, git_commit FROM runs") == [
+                     "stop_reason, torch_version, transformers_version, host, git_commit, kernels, threads "
+                     "FROM runs") == [
         (datetime(2025, 3, 1, 12), [1, 2, 3], list(range(10, 20)), 4, 3, 0.1, "max_new_tokens", "2.13.0", None,
-         "h1", "abc")]
+         "h1", "abc", "skinny", 2)]
     assert query(db, "SELECT round, k, accepted, rejected, thrown, bonus, emitted, draft_s, verify_s, draft_tokens, "
                      "target_tokens FROM rounds ORDER BY round") == [
         (0, 4, 4, 0, 0, True, 5, 0.004, 0.06, [10, 11, 12, 13], [10, 11, 12, 13, 14]),

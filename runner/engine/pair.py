@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
-from runner.engine import models
+from runner.engine import kernels, models
 from runner.engine.decode import generate
 from runner.engine.drafters import NGRAM_MATCHES, Drafter, ModelDrafter, NgramDrafter, NoDraft, layer_skip
 from runner.engine.policies import FIXED, PolicySpec
@@ -52,12 +52,24 @@ def parse_draft(text: str) -> DraftSpec:
                      f'{", ".join(NGRAM_MATCHES)}), layerskip:<L> or model:<spec>')
 
 
-class Pair:
-    """Loads the target and each draft once; makes a fresh drafter for every generation."""
+def parse_kernels(text: str) -> str:
+    """A `--kernels` value; ValueError otherwise."""
+    if text not in (kernels.STOCK, kernels.SKINNY):
+        raise ValueError(f'unknown kernels "{text}"; use {kernels.SKINNY} or {kernels.STOCK}')
+    return text
 
-    def __init__(self, target: models.Loaded, drafts: list[DraftSpec]) -> None:
+
+class Pair:
+    """Loads the target and each draft once; makes a fresh drafter for every generation.
+
+    With `kernels` 'skinny' on a CPU, every generation runs the target's and the model drafts' linears on
+    the measured kernels (a layer-skip draft shares the target's); `self.kernels` says what actually runs.
+    """
+
+    def __init__(self, target: models.Loaded, drafts: list[DraftSpec], kernels_name: str = kernels.SKINNY) -> None:
         self.target = target
         self.draft_models: dict[str, PreTrainedModel] = {}
+        separate = []  # draft models with weights of their own
         for spec in drafts:
             if spec.kind == "layerskip":
                 self.draft_models[spec.text] = layer_skip(target.model, int(spec.arg))
@@ -67,6 +79,13 @@ class Pair:
                 models.check_same_tokenizer(target, loaded)
                 _check_embeds(loaded, target)
                 self.draft_models[spec.text] = loaded.model
+                separate.append(loaded.model)
+        chosen = parse_kernels(kernels_name)
+        # CUDA keeps cuBLAS: the skinny kernels answer a CPU BLAS's weakness.
+        self.kernels = chosen if target.device.type == "cpu" else kernels.STOCK
+        self.switches = [kernels.attach(m) for m in (target.model, *separate)] if self.kernels == kernels.SKINNY else []
+        for switch in self.switches:
+            switch.table()  # measured (or read from the cache) now, not inside a timed generation
 
     def drafter(self, spec: DraftSpec, decoding: Decoding, generator: torch.Generator,
                 policy: PolicySpec = FIXED) -> Drafter:
@@ -89,7 +108,8 @@ class Pair:
             raise ValueError(f"{spec.text}: k must be {'None' if spec.baseline else 'given'}, got {k}")
         generator = torch.Generator(device=self.target.device).manual_seed(seed)
         drafter = self.drafter(spec, decoding, generator, policy)
-        return generate(self.target, drafter, prompt, k, decoding, max_new_tokens, generator, policy)
+        with kernels.using(self.switches):
+            return generate(self.target, drafter, prompt, k, decoding, max_new_tokens, generator, policy)
 
     def warm_up(self, specs: list[DraftSpec], prompt: list[int], ks: tuple[int, ...], decoding: Decoding,
                 max_new_tokens: int) -> None:

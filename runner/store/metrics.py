@@ -30,6 +30,8 @@ class Filters:
     mode: tuple[str, ...] = ()
     device: tuple[str, ...] = ()
     sweep_id: tuple[str, ...] = ()
+    kernels: tuple[str, ...] = ()
+    threads: tuple[int, ...] = ()
 
     def where(self, alias: str = "", skip: tuple[str, ...] = ()) -> tuple[str, list]:
         """A SQL condition (always valid, 'true' when nothing is picked) and its parameters."""

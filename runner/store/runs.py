@@ -25,7 +25,7 @@ _RUN_COLUMNS = (
     "target_passes", "draft_calls", "wall_s", "prefill_s", "draft_s", "verify_s", "prompt_tokens", "output_tokens",
     "output_text", "stop_reason", "baseline_run_id", "lossless", "status", "error", "torch_version",
     "transformers_version", "python_version", "host", "git_commit", "device_name", "divergence_at",
-    "divergence_gap", "divergence_tolerance", "divergence", "k_policy",
+    "divergence_gap", "divergence_tolerance", "divergence", "kernels", "threads", "k_policy",
 )
 _INSERT_RUN = f"INSERT INTO runs ({', '.join(_RUN_COLUMNS)}) VALUES ({', '.join('?' * len(_RUN_COLUMNS))})"
 # One statement for all rounds: unnest zips the column lists (~10x faster than executemany).
@@ -48,7 +48,7 @@ def _run_row(record: RunRecord) -> list:
             *(prov.get(key) for key in ("torch_version", "transformers_version", "python_version", "host",
                                         "git_commit", "device_name")),
             record.divergence_at, record.divergence_gap, record.divergence_tolerance, record.divergence,
-            record.k_policy]
+            record.kernels, record.threads, record.k_policy]
 
 
 def _totals_row(record: RunRecord) -> list:

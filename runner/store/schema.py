@@ -75,6 +75,17 @@ def _add_divergence(con: duckdb.DuckDBPyConnection) -> None:
         con.execute(f"ALTER TABLE runs ADD COLUMN {column} {kind}")
 
 
+def _add_kernels_and_threads(con: duckdb.DuckDBPyConnection) -> None:
+    # The linears' path and the CPU thread count change a run's speed by up to 2x, so a run says which it had.
+    # Every run recorded before ran torch's stock F.linear; their thread count is unknown (NULL).
+    con.execute("ALTER TABLE runs ADD COLUMN kernels TEXT")
+    con.execute("ALTER TABLE runs ADD COLUMN threads INTEGER")
+    con.execute("UPDATE runs SET kernels = 'stock'")
+    # A bench's own engine too: its plain and speculative rows ran on these kernels (transformers' on stock).
+    con.execute("ALTER TABLE bench_results ADD COLUMN kernels TEXT")
+    con.execute("UPDATE bench_results SET kernels = 'stock'")
+
+
 # The explainer's numbers, each defined once: as SQL macros stored in the file, so run_stats, the dashboard, the
 # sweep's summary, the bench and users' own SQL all compute them the same way (README, "Schema").
 METRIC_MACROS = {
@@ -111,7 +122,7 @@ RUN_STATS = """CREATE OR REPLACE VIEW run_stats AS
            temperature, top_p, seed, device, dtype, new_tokens, n_rounds, accepted, rejected,
            thrown, drafted, alpha, tau, thrown_share, tokens_per_s, baseline_tokens_per_s,
            measured_speedup, target_pass_s, verify_pass_s, draft_token_s, c,
-           formula_speedup(alpha, k, c) AS theoretical_speedup, lossless, divergence{more}
+           formula_speedup(alpha, k, c) AS theoretical_speedup, lossless, divergence, kernels, threads{more}
     FROM with_c"""
 
 
@@ -135,6 +146,7 @@ MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     _create_bench_results,
     _create_run_totals,
     _add_divergence,
+    _add_kernels_and_threads,
     _define_metrics,
     _add_k_policy,
 ]

@@ -43,6 +43,8 @@ class SweepConfig:
     dtype: str | None  # None: bf16 on cuda, fp32 on cpu
     sweep_id: str | None = None  # set to resume: cells already recorded are skipped
     trust_remote_code: bool = False  # run the model code a checkpoint ships (transformers' trust_remote_code)
+    kernels: str = "skinny"  # the linears' path on CPU: 'skinny' (measured per shape) or 'stock' (F.linear)
+    threads: int | None = None  # torch CPU threads; None leaves torch's setting as it is
     policies: tuple[str, ...] = (FIXED.text,)  # draft-length policies (--k-policy), each with every draft and k
 
     def plan_id(self) -> str:
@@ -133,13 +135,13 @@ def device_error(exc: BaseException) -> bool:
         isinstance(exc, RuntimeError) and "CUDA error" in str(exc))
 
 
-def make_record(cell: Cell, generation: Generation | None, error: str | None, *, started: str,
-                target: models.Loaded, target_spec: str, sweep_id: str, seed: int, max_new_tokens: int,
+def make_record(cell: Cell, generation: Generation | None, error: str | None, *, started: str, pair: Pair,
+                target_spec: str, sweep_id: str, seed: int, max_new_tokens: int,
                 baseline: tuple[str, tuple[int, ...]] | None, provenance: dict[str, str]) -> RunRecord:
     """One row of `runs`: a cell's generation (or its error), checked against its baseline's (run_id, output).
     Greedy only: the output must equal plain greedy decoding's token for token, and where it does not, the first
     difference is classified as a numeric tie or a real divergence (`lossless.classify`)."""
-    d = cell.decoding
+    d, target = cell.decoding, pair.target
     checked = generation is not None and d.greedy and baseline is not None
     divergence = lossless.classify(target, generation.prompt_tokens, baseline[1], generation.output_tokens) \
         if checked else None
@@ -154,7 +156,7 @@ def make_record(cell: Cell, generation: Generation | None, error: str | None, *,
         baseline_run_id=None if baseline is None else baseline[0], lossless=divergence is None if checked else None,
         provenance=provenance, divergence_at=divergence and divergence.at,
         divergence_gap=divergence and divergence.gap, divergence_tolerance=divergence and divergence.tolerance,
-        divergence=divergence and divergence.kind,
+        divergence=divergence and divergence.kind, kernels=pair.kernels, threads=torch.get_num_threads(),
     )
 
 
@@ -214,7 +216,7 @@ class Recorder:
         baseline = None if cell.k is None else self.baseline(cell)
         started = datetime.now(UTC).isoformat()
         generation, error = self._run(cell)
-        record = make_record(cell, generation, error, started=started, target=self.pair.target,
+        record = make_record(cell, generation, error, started=started, pair=self.pair,
                              target_spec=cfg.target, sweep_id=self.sweep_id, seed=cfg.seed,
                              max_new_tokens=cfg.max_new_tokens, baseline=baseline, provenance=self.provenance)
         if record.mismatch is not None:
@@ -231,9 +233,11 @@ def run_sweep(config: SweepConfig, console: Console) -> tuple[str, Recorder]:
     sweep_id = config.sweep_id or new_sweep_id()
     check_db(config.db)  # fail on a bad --db before loading any model, creating nothing
     done = recorded_runs(config.db, sweep_id) if config.sweep_id else set()
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
     target = models.load(config.target, config.device, config.dtype, config.trust_remote_code)
     drafts = [parse_draft(d) for d in config.drafts]
-    pair = Pair(target, drafts)
+    pair = Pair(target, drafts, config.kernels)
     recorder = Recorder(config, sweep_id, pair)
     for cell in plan(config):
         if len(recorder.prompt_ids(cell)) + config.max_new_tokens > target.max_context:

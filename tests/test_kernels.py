@@ -1,0 +1,160 @@
+"""The skinny CPU kernels: every candidate agrees with F.linear, the choice follows the timings and never
+loses to stock, the switch is per model and recorded per run, and greedy decoding stays lossless."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import tiny_llama
+from transformers import DynamicCache
+
+from runner.engine import kernels
+from runner.engine.drafters import crop_to
+from runner.engine.pair import Pair, parse_draft, parse_kernels
+
+UNIT = torch.finfo(torch.float32).eps / 2
+
+
+def summation_bound(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """How far two fp32 sums of the same K products may differ, whatever their order: 2·K·u·Σ|x_i·w_i| (+ |b|)."""
+    return 2 * w.shape[1] * UNIT * (x.abs() @ w.abs().T + (0 if b is None else b.abs()))
+
+
+@pytest.mark.parametrize("shape", [(96, 64), (64, 160), (300, 64)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_every_candidate_agrees_with_stock_within_the_summation_bound(shape, with_bias):
+    generator = torch.Generator().manual_seed(0)
+    w = torch.randn(shape, generator=generator)
+    b = torch.randn(shape[0], generator=generator) if with_bias else None
+    for rows in range(1, kernels.MAX_ROWS + 1):
+        x = torch.randn(rows, shape[1], generator=generator)
+        stock = F.linear(x, w, b)
+        assert kernels.candidates(rows)[0] == kernels.STOCK and len(kernels.candidates(rows)) >= 2
+        for name in kernels.candidates(rows):
+            out = kernels.CANDIDATES[name](x, w, b)
+            assert out.shape == stock.shape and out.is_contiguous(), name
+            assert ((out - stock).abs() <= summation_bound(x, w, b)).all(), (name, rows)
+
+
+def test_choose_takes_the_fastest_only_when_it_beats_stock_by_the_margin():
+    assert kernels.MARGIN == 0.05
+    assert kernels.choose({"stock": 10.0, "transposed": 4.0, "onednn": 5.0}) == "transposed"
+    assert kernels.choose({"stock": 10.0, "transposed": 9.6}) == "stock"  # 4% faster: within the noise
+    assert kernels.choose({"stock": 10.0, "transposed": 9.4}) == "transposed"  # 6% faster
+    assert kernels.choose({"stock": 3.0, "transposed": 4.0, "two_columns": 3.5}) == "stock"
+    assert kernels.choose({"stock": 3.0, "transposed": 3.0}) == "stock"
+
+
+def test_the_table_is_the_median_choice_per_shape_and_row_count():
+    rows = range(1, kernels.MAX_ROWS + 1)
+    # One slow outlier must not decide: medians of [1, 1, 9] and [2, 2, 2].
+    timings = {(8, 4): {r: {"stock": [2.0, 2.0, 2.0], "transposed": [1.0, 9.0, 1.0] if r <= 3 else [2.5] * 3}
+                        for r in rows},
+               (4, 8): {r: {"stock": [1.0], "transposed": [2.0], **({"two_columns": [0.5]} if r == 1 else {})}
+                        for r in rows}}
+    table = kernels.table_from(timings)
+    assert table[(8, 4)] == ("transposed",) * 3 + ("stock",) * (kernels.MAX_ROWS - 3)
+    assert table[(4, 8)] == ("two_columns",) + ("stock",) * (kernels.MAX_ROWS - 1)
+    # Never slower than stock: every choice's median is at most stock's.
+    for shape, choices in table.items():
+        for r, name in zip(rows, choices, strict=True):
+            medians = {n: sorted(t)[len(t) // 2] for n, t in timings[shape][r].items()}
+            assert medians[name] <= medians["stock"]
+
+
+def test_a_candidate_the_library_refuses_is_left_out_and_stock_is_chosen(monkeypatch):
+    """oneDNN has no float16 inner product on most CPUs: a candidate that raises is dropped for that shape."""
+    def refuses(x, w, b):
+        if w.shape[0] == 8:
+            raise RuntimeError("could not create a primitive descriptor")
+        return kernels._transposed(x, w, b)
+
+    monkeypatch.setattr(kernels, "CANDIDATES", {"stock": F.linear, "refuses": refuses})
+    timings = kernels.measure([torch.nn.Linear(4, 8), torch.nn.Linear(8, 4)], repeats=1)
+    assert all(set(by_name) == {"stock"} for by_name in timings[(8, 4)].values())
+    assert all(set(by_name) == {"stock", "refuses"} for by_name in timings[(4, 8)].values())
+    assert kernels.table_from(timings)[(8, 4)] == ("stock",) * kernels.MAX_ROWS
+
+
+def forced(switch: kernels.Kernels, name_for_rows) -> None:
+    """Set the switch's table at this thread count to `name_for_rows(rows)` for every shape, unmeasured."""
+    shapes = {tuple(m.weight.shape) for m in switch.linears}
+    switch.tables[torch.get_num_threads()] = {
+        s: tuple(name_for_rows(r) for r in range(1, kernels.MAX_ROWS + 1)) for s in shapes}
+
+
+def test_the_patched_linears_are_stock_outside_use_and_the_table_inside():
+    model = tiny_llama(100, seed=3)
+    switch = kernels.attach(model)
+    assert kernels.attach(model) is switch  # patched once
+    assert len(switch.linears) == 2 * 7 + 1  # q, k, v, o, gate, up, down per layer, and the head
+    forced(switch, lambda r: "transposed")
+    head = model.lm_head
+    generator = torch.Generator().manual_seed(1)
+    with torch.inference_mode():
+        for rows in (1, 3, kernels.MAX_ROWS, kernels.MAX_ROWS + 1):
+            x = torch.randn(1, rows, 64, generator=generator)
+            assert torch.equal(head(x), F.linear(x, head.weight))
+            with kernels.using([switch]):
+                expected = (kernels.CANDIDATES["transposed"](x[0], head.weight, None)[None]
+                            if rows <= kernels.MAX_ROWS else F.linear(x, head.weight))
+                assert torch.equal(head(x), expected), rows
+            assert switch.active is None
+
+
+def test_the_table_is_measured_once_then_read_from_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDASH_CACHE", str(tmp_path))
+    switch = kernels.attach(tiny_llama(100, seed=4, layers=1))
+    table = switch.table()
+    [saved] = (tmp_path / "kernels").glob("*.json")
+    data = json.loads(saved.read_text())
+    assert data["key"]["threads"] == torch.get_num_threads() and data["key"]["max_rows"] == kernels.MAX_ROWS
+    assert data["key"]["shapes"] == [[32, 64], [64, 64], [64, 128], [100, 64], [128, 64]] and data["key"]["cpu"]
+    assert kernels.table_from(kernels._timings_from_json(data["timings"])) == table
+    assert all(len(timings) == kernels.REPEATS for by_rows in data["timings"].values()
+               for names in by_rows.values() for timings in names.values())
+
+    def no_measuring(*args):
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(kernels, "measure", no_measuring)
+    assert kernels.attach(tiny_llama(100, seed=5, layers=1)).table() == table  # same shapes: read back
+
+
+def test_kernels_are_validated_and_cuda_keeps_stock(tiny):
+    assert parse_kernels("stock") == "stock" and parse_kernels("skinny") == "skinny"
+    with pytest.raises(ValueError, match='unknown kernels "fast"'):
+        parse_kernels("fast")
+    assert Pair(tiny, [], "stock").switches == [] and Pair(tiny, [], "stock").kernels == "stock"
+    pair = Pair(tiny, [parse_draft("layerskip:2")], "skinny")
+    assert pair.kernels == "skinny" and pair.switches == [kernels.attach(tiny.model)]  # the draft shares them
+
+
+def test_a_verify_pass_on_every_candidate_agrees_with_stock_on_the_real_model(smollm2, one_thread):
+    """Each candidate forced on every linear of SmolLM2: a pass over 1..9 tokens at a 40-token context keeps
+    the logits within 1e-3 of stock's (they are ~10 in size) and the same argmax at every position."""
+    model, switch = smollm2.model, kernels.attach(smollm2.model)
+    ids = torch.tensor(smollm2.tokenizer("The quick brown fox jumps over the lazy dog. " * 6)["input_ids"][:49])
+    saved = dict(switch.tables)
+    try:
+        with torch.inference_mode():
+            cache = DynamicCache(config=model.config)
+            model(input_ids=ids[None, :40], cache=cache, use_cache=True)
+            for width in range(1, 10):
+                def logits(width: int = width) -> torch.Tensor:
+                    out = model(input_ids=ids[None, 40:40 + width], cache=cache, use_cache=True,
+                                logits_to_keep=width).logits[0]
+                    crop_to(cache, 40)
+                    return out
+                stock = logits()
+                for name in kernels.candidates(width):
+                    forced(switch, lambda r, name=name: name if name in kernels.candidates(r) else kernels.STOCK)
+                    with kernels.using([switch]):
+                        ours = logits()
+                    assert (ours - stock).abs().max() < 1e-3, (name, width)
+                    assert torch.equal(ours.argmax(-1), stock.argmax(-1)), (name, width)
+    finally:
+        switch.tables = saved
