@@ -27,7 +27,7 @@ def _columns(relation: str) -> list[str]:
     return [name for name, *_ in con.execute(f"DESCRIBE {relation}").fetchall()]
 
 
-@pytest.mark.parametrize("relation", ["runs", "rounds", "run_totals", "run_stats"])
+@pytest.mark.parametrize("relation", ["runs", "rounds", "run_totals", "run_stats", "position_stats"])
 def test_the_readme_documents_every_column(relation):
     section = _section(f"### `{relation}`")
     documented = set(re.findall(r"\b[a-z_]+\b", section))

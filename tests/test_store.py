@@ -103,7 +103,7 @@ def test_runs_and_rounds_have_the_documented_columns(db):
     assert query(db, "SELECT version, name FROM schema_migrations ORDER BY version") == [
         (1, "create_runs_and_rounds"), (2, "create_run_stats"), (3, "add_device_name"), (4, "create_bench_results"),
         (5, "create_run_totals"), (6, "add_divergence"), (7, "add_kernels_and_threads"), (8, "define_metrics"),
-        (9, "add_k_policy")]
+        (9, "add_k_policy"), (10, "create_position_stats")]
 
 
 def schema_dump(db: Path) -> list:

@@ -178,7 +178,7 @@ def list_sweeps(db_path: str | os.PathLike, lock_timeout_s: float = 30.0) -> pd.
     return pd.DataFrame(read(Path(db_path), _SWEEPS, [], lock_timeout_s), columns=columns)
 
 
-SUMMARY_KEYS = ("category", "draft", "k", "mode")
+SUMMARY_KEYS = ("category", "draft", "k", "mode", "k_policy")
 SUMMARY_COLUMNS = (*SUMMARY_KEYS, "runs", "alpha", "tau", "thrown_share", "measured_speedup", "predicted_speedup",
                    "real_divergences", "numeric_ties")
 

@@ -139,6 +139,26 @@ def _add_k_policy(con: duckdb.DuckDBPyConnection) -> None:
     con.execute(RUN_STATS.format(more=", k_policy"))
 
 
+# Per draft position i = 1..k: how many rounds drafted a token there (`proposed`), how often a round reached it
+# (drafts 1..i-1 accepted, so d_i was judged) and how often d_i was then accepted. A round with k drafts and a
+# accepted proposed 1..k, reached 1..min(a+1, k) and accepted 1..a. Rounds are counted per (run, k, accepted) before
+# positions are spread out: a few rows per run, not one per round.
+POSITION_STATS = """CREATE OR REPLACE VIEW position_stats AS
+    WITH outcomes AS (SELECT run_id, k AS round_k, accepted AS a, count(*) AS n FROM rounds WHERE k > 0 GROUP BY ALL),
+    spread AS (
+        SELECT r.target, r.draft, r.category, r.mode, r.k, r.k_policy, r.device, r.kernels, r.threads, r.sweep_id,
+               p.position, sum(o.n)::BIGINT AS proposed,
+               coalesce(sum(o.n) FILTER (p.position <= o.a + 1), 0)::BIGINT AS reached,
+               coalesce(sum(o.n) FILTER (p.position <= o.a), 0)::BIGINT AS accepted
+        FROM outcomes o JOIN runs r USING (run_id) CROSS JOIN LATERAL range(1, o.round_k + 1) p(position)
+        WHERE r.status = 'ok' GROUP BY ALL)
+    SELECT *, reached - accepted AS rejected, alpha(accepted, reached - accepted) AS rate FROM spread"""
+
+
+def _create_position_stats(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute(POSITION_STATS)
+
+
 MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     _create_runs_and_rounds,
     _create_run_stats,
@@ -149,6 +169,7 @@ MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     _add_kernels_and_threads,
     _define_metrics,
     _add_k_policy,
+    _create_position_stats,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
