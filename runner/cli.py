@@ -122,7 +122,7 @@ def generate(
                 f"prompt ({len(ids)} tokens) + max-new-tokens ({max_new_tokens}) exceeds the model's "
                 f"context of {loaded.max_context} tokens"
             )
-        pair.warm_up([PLAIN, spec], ids, (k,), decoding, max_new_tokens)
+        pair.warm_up([PLAIN, spec], ids, tuple(sorted({k, policy.cap or k})), decoding, max_new_tokens)  # and the cap
         baseline = pair.run(PLAIN, ids, None, decoding, max_new_tokens, seed)
         run = pair.run(spec, ids, k, decoding, max_new_tokens, seed, policy)
     except ValueError as exc:  # ModelError, UsageError and the engine's checks are all ValueErrors
