@@ -3,7 +3,7 @@ PY := .venv/bin/python
 DB ?= runs.duckdb
 PORT ?= 8501
 
-.PHONY: setup browser test lint run bench dashboard
+.PHONY: setup browser test lint run bench dashboard head
 
 setup: .venv/.installed
 
@@ -25,9 +25,13 @@ test: setup browser
 
 # The dashboard on $(DB) at once; meanwhile a quick sweep (a few minutes on 2 CPU cores) records into the same
 # file, resuming one that an earlier Ctrl-C interrupted. Ctrl-C stops both.
-QUICK_SWEEP := --draft ngram --draft layerskip:24 --k 2,4 --prompts-per-category 2 --max-new-tokens 48
+QUICK_SWEEP := --draft ngram --draft layerskip:24 --draft eagle:heads/smollm2-135m --k 2,4 --prompts-per-category 2 --max-new-tokens 48
 run: setup
 	@$(PY) -m runner serve --db $(DB) --port $(PORT) --sweep "$(QUICK_SWEEP)"
+
+# The shipped draft head for the default target, trained on its own answers to runner/train/prompts.jsonl.
+head: setup
+	$(PY) -m runner train-draft --target smollm2-135m --out heads/smollm2-135m --threads 1 --db $(DB)
 
 bench: setup
 	$(PY) bench/bench.py --db $(DB)

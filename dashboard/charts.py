@@ -97,6 +97,35 @@ def verify_growth(frame: pd.DataFrame) -> alt.LayerChart:
         width=420, height=240, title="verify pass time against k (dashed: the explainer's flat assumption)")
 
 
+_EPOCH = alt.X("epoch:Q", title="epoch (0: untrained)", axis=alt.Axis(tickMinStep=1, format="d"))
+_ACCEPTANCE = alt.Y("acceptance:Q", title="acceptance", scale=alt.Scale(domain=[0, 1]))
+
+
+def training_loss(frame: pd.DataFrame) -> alt.Chart:
+    """Loss per epoch, one line per `source` ('training', 'held-out')."""
+    return alt.Chart(frame).mark_line(point=True).encode(
+        _EPOCH, alt.Y("loss:Q", title="loss (cross-entropy, steps weighted 0.8^j)", scale=alt.Scale(zero=False)),
+        color=alt.Color("source:N", title=None, scale=_SCHEME),
+        tooltip=["source:N", "epoch:Q", alt.Tooltip("loss:Q", format=".3f")],
+    ).properties(width=340, height=240, title="loss per epoch")
+
+
+def training_acceptance(frame: pd.DataFrame) -> alt.Chart:
+    """Held-out acceptance per epoch, one line per draft position."""
+    return alt.Chart(frame).mark_line(point=True).encode(
+        _EPOCH, _ACCEPTANCE, color=alt.Color("position:O", title="draft position", scale=_SCHEME),
+        tooltip=["epoch:Q", "position:Q", "judged:Q", "accepted:Q", alt.Tooltip("acceptance:Q", format=".3f")],
+    ).properties(width=340, height=240, title="held-out acceptance per epoch (given the earlier drafts were right)")
+
+
+def position_acceptance(frame: pd.DataFrame) -> alt.Chart:
+    """Acceptance by draft position per `series` (a category's runs, or the training's held-out score, dashed)."""
+    return alt.Chart(frame).mark_line(point=True).encode(
+        alt.X("position:Q", title="draft position", axis=alt.Axis(tickMinStep=1, format="d")), _ACCEPTANCE,
+        color=alt.Color("series:N", title=None, scale=_SCHEME),
+        strokeDash=alt.StrokeDash("source:N", title=None),
+        tooltip=["series:N", "position:Q", "judged:Q", "accepted:Q", alt.Tooltip("acceptance:Q", format=".3f")],
+    ).properties(width=420, height=240, title="acceptance by draft position: recorded runs and held-out prompts")
 def position_rates(frame: pd.DataFrame) -> alt.FacetChart:
     """Per category: the acceptance rate of each draft position among the rounds that reached it."""
     position = alt.X("position:Q", title="draft position i", axis=alt.Axis(tickMinStep=1, format="d"))

@@ -22,7 +22,7 @@ T = TypeVar("T")
 DB_ENV = "SPECDASH_DB"
 DEFAULT_DB = "runs.duckdb"
 # The URL parameter (and widget key, bind="query-params") of each filter whose field name is too long.
-_URL_KEYS = {"sweep_id": "sweep"}
+_URL_KEYS = {"sweep_id": "sweep", "concurrent_workers": "workers"}
 
 
 def db_path() -> Path:

@@ -10,7 +10,7 @@ import streamlit as st
 from dashboard import charts, common, frames, k_advice, queries
 from runner.store import metrics
 
-FILTERS = ("target", "category", "mode", "device", "kernels", "threads", "sweep_id")
+FILTERS = ("target", "category", "mode", "device", "host", "concurrent_workers", "kernels", "threads", "sweep_id")
 
 
 def _leaderboard_config(table: pd.DataFrame) -> dict:

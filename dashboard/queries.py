@@ -15,8 +15,8 @@ from typing import TypeVar
 import duckdb
 import pandas as pd
 
-from runner.store.connect import open_db
-from runner.store.metrics import Filters
+from runner.store.connect import reading
+from runner.store.metrics import RUNS_ONLY, Filters
 from runner.store.schema import schema_version
 
 T = TypeVar("T")
@@ -26,11 +26,7 @@ LOCK_BOUND_S = 10.0
 
 def read(db_path: str | os.PathLike, query: Callable[..., T], *args: object) -> T:
     """Run one query function on a short-lived read-only connection, so the runner can write between reads."""
-    con, _ = open_db(db_path, read_only=True, bound_s=LOCK_BOUND_S)
-    try:
-        return query(con, *args)
-    finally:
-        con.close()
+    return reading(db_path, lambda con: query(con, *args), LOCK_BOUND_S)
 
 
 def _frame(con: duckdb.DuckDBPyConnection, sql: str, params: list) -> pd.DataFrame:
@@ -49,7 +45,9 @@ def filter_options(con: duckdb.DuckDBPyConnection) -> dict[str, list]:
     names = [field.name for field in fields(Filters)]
     # NULL is no option: runs recorded before a column existed have none.
     lists = ", ".join(f"list(DISTINCT {name} ORDER BY {name}) FILTER ({name} IS NOT NULL)" for name in names)
-    row = con.execute(f"SELECT {lists} FROM run_stats WHERE draft <> 'none'").fetchone()
+    runs_only = f"SELECT run_id, {', '.join(RUNS_ONLY)} FROM runs"
+    row = con.execute(f"SELECT {lists} FROM run_stats JOIN ({runs_only}) USING (run_id) "
+                      "WHERE draft <> 'none'").fetchone()
     return {name: values or [] for name, values in zip(names, row, strict=True)}
 
 
@@ -114,7 +112,7 @@ def run_detail(con: duckdb.DuckDBPyConnection, run_id: str) -> pd.DataFrame:
             r.prompt_text, r.k, r.mode, r.temperature, r.top_p, r.seed, r.max_new_tokens, r.device, r.dtype,
             r.kernels, r.threads, r.new_tokens, r.n_rounds, r.wall_s, r.draft_s, r.verify_s, r.output_tokens,
             r.output_text, r.stop_reason, r.baseline_run_id, r.lossless, r.status, r.error, r.divergence,
-            r.divergence_at, r.divergence_gap, r.divergence_tolerance,
+            r.divergence_at, r.divergence_gap, r.divergence_tolerance, r.host, r.concurrent_workers,
             s.accepted, s.rejected, s.thrown, s.drafted, s.alpha, s.tau, s.c, s.measured_speedup,
             s.theoretical_speedup, b.wall_s AS baseline_wall_s, b.output_tokens AS baseline_tokens
         FROM runs r LEFT JOIN run_stats s USING (run_id) LEFT JOIN runs b ON b.run_id = r.baseline_run_id
@@ -161,3 +159,44 @@ def bench_rows(con: duckdb.DuckDBPyConnection, bench_id: str) -> pd.DataFrame:
         SELECT metric, unit, draft, k, category, threads, ours, ours_min, ours_max, theirs, theirs_min, theirs_max,
             ratio, ratio_min, ratio_max, alpha, c, goal, goal_met, mismatches
         FROM bench_results WHERE bench_id = ? ORDER BY rowid""", [bench_id])
+
+
+def _has_trainings(con: duckdb.DuckDBPyConnection) -> bool:
+    return con.execute("SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() "
+                       "AND table_name = 'trainings'").fetchone()[0] > 0
+
+
+def trainings(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
+    """One row per recorded training of a draft head, newest first: its setup, its saved epoch's held-out
+    acceptance of the first draft, and how many recorded runs used the head it made."""
+    if not _has_trainings(con):
+        return pd.DataFrame(columns=["train_id"])
+    return _frame(con, """
+        SELECT t.*, p.accepted / nullif(p.judged, 0) AS heldout_first_acceptance,
+            (SELECT count(*) FROM runs r WHERE r.draft = t.draft AND r.target = t.target AND r.status = 'ok')
+                AS runs
+        FROM trainings t
+        LEFT JOIN training_positions p ON p.train_id = t.train_id AND p.epoch = t.saved_epoch AND p.position = 1
+        ORDER BY t.started_at DESC, t.train_id""", [])
+
+
+def training_epochs(con: duckdb.DuckDBPyConnection, train_id: str) -> pd.DataFrame:
+    """Per epoch of one training (0: the untrained head): losses, seconds, and held-out acceptance by position."""
+    return _frame(con, """
+        SELECT e.epoch, e.train_loss, e.heldout_loss, e.seconds, p.position, p.judged, p.accepted,
+            p.accepted / nullif(p.judged, 0) AS acceptance
+        FROM training_epochs e JOIN training_positions p USING (train_id, epoch)
+        WHERE train_id = ? ORDER BY e.epoch, p.position""", [train_id])
+
+
+def draft_positions(con: duckdb.DuckDBPyConnection, target: str, draft: str) -> pd.DataFrame:
+    """Per mode × category × draft position j of one draft's runs: rounds that proposed a j-th draft after
+    accepting the j-1 before it (judged), and those that accepted it too, as the training's held-out score counts."""
+    return _frame(con, """
+        SELECT r.mode, r.category, p.position, count(*) FILTER (d.accepted >= p.position - 1) AS judged,
+            count(*) FILTER (d.accepted >= p.position) AS accepted,
+            count(*) FILTER (d.accepted >= p.position) / nullif(count(*) FILTER (d.accepted >= p.position - 1), 0)
+                AS acceptance
+        FROM rounds d JOIN runs r USING (run_id) JOIN range(1, 65) p(position) ON d.k >= p.position
+        WHERE r.target = ? AND r.draft = ? AND r.status = 'ok'
+        GROUP BY ALL ORDER BY r.mode, r.category, p.position""", [target, draft])

@@ -91,13 +91,21 @@ def _setup(run: pd.Series) -> str:
     return f"{kernels}, {threads}"
 
 
+def _alongside(workers: float) -> str:
+    """The concurrency mark: other workers of the sweep shared the machine (and its memory bandwidth)."""
+    if pd.isna(workers) or workers <= 1:
+        return ""
+    return f" alongside {int(workers) - 1} other worker(s) of the sweep"
+
+
 def _header(run: pd.Series) -> None:
     k = "" if pd.isna(run["k"]) else f" k={int(run['k'])}"
     st.subheader(f"{run['category']}/{run['prompt_id']} · {run['draft']}{k} · {run['mode']}")
     st.caption(f"run {run['run_id']} · sweep {run['sweep_id']} · target {run['target']} on {run['device']} "
                f"({run['dtype']}, {_setup(run)}) · temperature {run['temperature']:g}, top-p {run['top_p']:g}, "
                f"seed {run['seed']}"
-               f" · {run['new_tokens']} of {run['max_new_tokens']} new tokens, stopped at {run['stop_reason']}")
+               f" · {run['new_tokens']} of {run['max_new_tokens']} new tokens, stopped at {run['stop_reason']}"
+               f" · recorded on {run['host']}{_alongside(run['concurrent_workers'])}")
     if divergence := _divergence(run):
         st.caption(f"lossless ✗: {divergence}")
     with st.expander("prompt"):

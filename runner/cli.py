@@ -13,20 +13,23 @@ import torch
 import typer
 from rich.console import Console
 
-from runner.engine import lossless, models
+from runner.engine import models
 from runner.engine.kernels import SKINNY, all_cores
-from runner.engine.pair import PLAIN, Pair, parse_draft, parse_kernels
+from runner.engine.pair import PLAIN, Pair, check_drafts, parse_draft, parse_kernels
 from runner.engine.policies import FIXED, parse_policy
 from runner.engine.sampling import Decoding
 from runner.records import Generation, RunRecord
 from runner.report import frame_table, print_divergences, print_generation, sweep_table
 from runner.serve import ServeError, serve
+from runner.store.merge import merge as merge_databases
 from runner.store.runs import in_scratch, list_sweeps, sweep_summary
 from runner.store.schema import StoreError
 from runner.store.sql import QueryError, run_query
 from runner.sweep import progress
 from runner.sweep.prompts import Prompt, load_prompts, select_prompts
 from runner.sweep.run import Cell, SweepConfig, make_record, run_sweep, skipped
+from runner.train.fit import TrainConfig
+from runner.train.run import default_prompts, epoch_table, train_draft
 
 K_MAX = 64  # more drafts than this per round only burns draft calls
 app = typer.Typer(
@@ -84,7 +87,7 @@ def check_threads(threads: int | None) -> int:
 def generate(
     prompt: Annotated[str, typer.Option(help="the user message")],
     target: Target = models.DEFAULT_MODEL,
-    draft: Annotated[str, typer.Option(help="ngram[:n[:match]], layerskip:<L> or model:<spec>")] = "ngram",
+    draft: Annotated[str, typer.Option(help="ngram[:n[:match]], layerskip:<L>, model:<spec>, eagle:<head>")] = "ngram",
     k: Annotated[int, typer.Option(help="drafts per round (where a policy starts)")] = 4,
     k_policy: Annotated[str, typer.Option(help=POLICY_HELP)] = FIXED.text,
     mode: Mode = "greedy",
@@ -114,6 +117,7 @@ def generate(
             raise UsageError(f"max-new-tokens must be >= 1, got {max_new_tokens}")
         if not prompt.strip():
             raise UsageError("the prompt is empty")
+        check_drafts(target, [spec], trust_remote_code)
         loaded = models.load(target, device, dtype, trust_remote_code)
         pair = Pair(loaded, [spec], kernels)
         ids = models.encode_chat(loaded, prompt)
@@ -183,10 +187,17 @@ def sweep(
     trust_remote_code: TrustRemoteCode = False,
     kernels: Kernels = SKINNY,
     threads: Threads = None,
+    ray: Annotated[str | None, typer.Option(
+        help="run the cells on Ray actors: auto (the cluster this machine is in), local (a new one here) or the "
+             "cluster's address")] = None,
+    workers: Annotated[int | None, typer.Option(help="with --ray: actors (default: one per GPU, else one per node)")]
+    = None,
 ) -> None:
     """Record baseline and speculative runs for every prompt × draft × k into the database."""
     try:
         parse_kernels(kernels)
+        if workers is not None and (ray is None or workers < 1):
+            raise UsageError("--workers needs --ray and must be >= 1")
         ks = _ints(k, "k")
         for value in ks:
             check_k(value)
@@ -213,17 +224,36 @@ def sweep(
             config = dataclasses.replace(config, sweep_id=progress.resumable(db, config.plan_id()))
         elif resume and resume not in set(list_sweeps(db)["sweep_id"]):
             raise UsageError(f'no sweep "{resume}" in {db}')
-        sweep_id, recorder = run_sweep(config, stderr)
-    except (ValueError, StoreError) as exc:
+        if ray:
+            from runner.sweep.ray_cells import run_sweep_on_ray  # only here: a local sweep never imports Ray
+
+            sweep_id, recorder, _ = run_sweep_on_ray(config, stderr, ray, workers)
+        else:
+            sweep_id, recorder = run_sweep(config, stderr)
+    except (ValueError, StoreError, ConnectionError) as exc:  # ConnectionError: no Ray cluster at --ray
         fail(str(exc))
     stdout.print(sweep_table(sweep_summary(db, sweep_id), sweep_id))
     for problem in recorder.errors:
         stderr.print(f"[red]error run:[/] {problem}", highlight=False)
-    print_divergences(stderr, recorder.divergences, lossless.dtype_name(recorder.pair.target.dtype))
+    print_divergences(stderr, recorder.divergences, recorder.dtype)
     if recorder.device_error:
         stderr.print(f"[bold red]sweep stopped by a device error[/] ({recorder.device_error}): the runs recorded "
                      f"before it are kept; record the rest with --resume {sweep_id}", highlight=False, soft_wrap=True)
         raise typer.Exit(1)
+
+
+@app.command()
+def merge(
+    sources: Annotated[list[Path], typer.Argument(help="databases recorded elsewhere")],
+    into: Annotated[Path, typer.Option(help="the database to merge into; created if absent")],
+) -> None:
+    """Bring the runs and benchmarks of other databases into one; those it already has are skipped."""
+    try:
+        added = merge_databases(sources, into)
+    except StoreError as exc:
+        fail(str(exc))
+    for source in added:
+        stdout.print(source.line(), highlight=False, soft_wrap=True)
 
 
 @app.command("sql")
@@ -250,6 +280,42 @@ def list_command(db: Annotated[Path, typer.Option(help="the DuckDB file")] = Pat
     except StoreError as exc:
         fail(str(exc))
     stdout.print(frame_table(sweeps), highlight=False)
+
+
+@app.command("train-draft")
+def train_draft_command(
+    out: Annotated[Path, typer.Option(help="the head's directory (config.json + model.safetensors), written last")],
+    target: Target = models.DEFAULT_MODEL,
+    prompts: Annotated[Path | None, typer.Option(help="JSONL of {id, category, prompt}; default: the shipped "
+                                                      "training prompts")] = None,
+    max_tokens: Annotated[int, typer.Option(help="answer tokens of training data the target writes")] = 60_000,
+    epochs: int = 6,
+    draft_vocab: Annotated[int, typer.Option(help="the head's vocabulary: the most frequent answer tokens")] = 8192,
+    unroll: Annotated[int, typer.Option(help="draft positions trained on the head's own outputs")] = 3,
+    lr: Annotated[float, typer.Option(help="AdamW's peak learning rate")] = 2e-3,
+    max_new_tokens: Annotated[int, typer.Option(help="the longest answer per training prompt")] = 192,
+    seed: int = 0,
+    db: Annotated[Path, typer.Option(help="the DuckDB file the training and its epochs go to")] = Path("runs.duckdb"),
+    device: Device = None,
+    threads: Annotated[int | None, typer.Option(help="torch threads (default: one per core); 1 is faster on a "
+                                                     "machine other jobs keep busy")] = None,
+) -> None:
+    """Train an EAGLE-style draft head for a target on its own answers; record every epoch."""
+    config = TrainConfig(
+        target=target, out=out, prompts=prompts or default_prompts(), max_tokens=max_tokens, epochs=epochs,
+        draft_vocab=draft_vocab, seed=seed, db=db, unroll=unroll, lr=lr, max_new_tokens=max_new_tokens,
+        device=device, threads=threads, command=" ".join(["python -m runner", *sys.argv[1:]]),
+    )
+    try:
+        trained = train_draft(config, stderr)
+    except (ValueError, StoreError) as exc:
+        fail(str(exc))
+    except KeyboardInterrupt:
+        stderr.print(f"interrupted: {out} was not written")
+        raise typer.Exit(130) from None
+    stdout.print(epoch_table(trained), highlight=False)
+    stdout.print(f"saved epoch {trained.saved_epoch} to {out}; compare it: python -m runner sweep --draft eagle:{out}",
+                 highlight=False, soft_wrap=True)
 
 
 @app.command("serve")

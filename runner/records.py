@@ -74,7 +74,7 @@ class RunRecord:
     started_at: str  # ISO-8601, UTC
     target: str  # the target's model spec, as given
     draft: str  # drafter spec; 'none' for a plain-decoding baseline
-    draft_kind: str  # 'baseline' | 'model' | 'ngram' | 'layerskip'
+    draft_kind: str  # 'baseline' | 'model' | 'ngram' | 'layerskip' | 'eagle'
     category: str
     prompt_id: str
     prompt_text: str
@@ -101,6 +101,8 @@ class RunRecord:
     divergence_gap: float | None = None
     divergence_tolerance: float | None = None
     divergence: str | None = None
+    # The sweep's workers on this run's host while it ran, itself included: 1 alone; more share the memory bandwidth.
+    concurrent_workers: int = 1
     k_policy: str | None = None  # how each round's k was chosen from k (runner/engine/policies.py); None for baselines
 
     def cell_key(self) -> tuple:

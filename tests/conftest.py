@@ -2,27 +2,46 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
 from pathlib import Path
 
 import pytest
 import torch
-from reliability_helpers import one_torch_thread
 from tokenizers import Tokenizer, pre_tokenizers
 from tokenizers import models as tok_models
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from runner.engine import models
 
+# One torch thread in the test process: on a busy 2-core machine two threads wait on each other at every
+# matmul (a SmolLM2 pass measured ~0.1 s on one thread, over 1 s on two), and the sweeps the tests start in
+# subprocesses run on one thread too (reliability_helpers.child_env). OMP_NUM_THREADS is the commands' default
+# (`--threads`), so an in-process `runner sweep` keeps to one thread as well.
+os.environ["OMP_NUM_THREADS"] = "1"
+torch.set_num_threads(1)
+
 
 def tiny_llama(vocab_size: int, seed: int, layers: int = 2) -> LlamaForCausalLM:
-    """A randomly initialised Llama small enough to decode in milliseconds."""
+    """A seeded random Llama small enough to decode in milliseconds, whose greedy text depends on the prompt.
+
+    The LM head is its own matrix: tied to the embeddings, a random model scores the token it was just fed
+    highest and repeats the prompt's last token forever, which hides cache, position and rollback bugs.
+    """
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False,
     )
     return LlamaForCausalLM(config).eval()
+
+
+def greedy_without_cache(model: torch.nn.Module, prompt: list[int], n: int) -> list[int]:
+    """The argmax after the whole text, one full forward pass per token: no cache, nothing shared with decode."""
+    ids = list(prompt)
+    with torch.inference_mode():
+        for _ in range(n):
+            ids.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt):]
 
 
 @pytest.fixture(scope="session")
@@ -56,10 +75,3 @@ def foreign_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     PreTrainedTokenizerFast(tokenizer_object=core, unk_token="[UNK]", eos_token="w0").save_pretrained(path)
     tiny_llama(101, seed=2).save_pretrained(path)
     return path
-
-
-@pytest.fixture
-def one_thread() -> Iterator[None]:
-    """The test's in-process sweeps on one torch thread (a busy 2-core machine)."""
-    with one_torch_thread():
-        yield

@@ -3,21 +3,26 @@
 Run as a script it is one of two processes the concurrency tests start:
 
     python tests/reliability_helpers.py sweep OUT.json -- <runner sweep arguments>
-        the real `python -m runner sweep`, counting the store's lock retries and spills into OUT.json;
+        the real `python -m runner sweep`, counting the store's lock retries and spills into OUT.json; each
+        wait of the store on a locked file is also one line of OUT.json.waits as it happens, and with
+        PAUSE_AFTER=n and GO=path in the environment it stops after its n-th write (creating OUT.json.paused)
+        until `path` exists, so a test can act at an exact point of the sweep;
     python tests/reliability_helpers.py reader dashboard|sql DB STOP OUT.json
         a reader that queries DB in a loop, as the dashboard or `runner sql` does, until the file STOP
-        appears, then writes what it saw (queries, lock retries, errors, partial runs) into OUT.json.
+        appears; after every pass it publishes what it saw (queries, lock retries, errors, partial runs) in OUT.json.
+
+Waiting is on events (a file appears, a count is reached, a process ends), never on elapsed time; HANG_S only
+turns a hung child into a failure instead of a hung test run.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import duckdb
@@ -56,19 +61,6 @@ def sweep_args(target: Path, db: Path, prompts: Path, drafts: list[str], ks: lis
             "--max-new-tokens", "4", "--db", str(db)]
 
 
-@contextlib.contextmanager
-def one_torch_thread() -> Iterator[None]:
-    """In-process sweeps on one torch thread, like the sweeps started by start_script (OMP_NUM_THREADS=1)."""
-    import torch  # here, not at the top: the reader roles of this module never need it
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def child_env() -> dict[str, str]:
     """One torch thread per process: with two, the tiny model's passes are ~5x slower on a busy 2-core box."""
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
@@ -82,6 +74,25 @@ def query(db: Path, sql: str, params: list | None = None) -> list[tuple]:
 
 def sweep_ids(db: Path) -> list[str]:
     return [s for (s,) in query(db, "SELECT DISTINCT sweep_id FROM runs ORDER BY ALL")]
+
+
+HANG_S = 1800  # a guard against a hung child process, far beyond any honest run: not a speed limit
+
+
+def wait_until(condition: Callable[[], bool], *alive: subprocess.Popen, what: str, poll_s: float = 0.05) -> None:
+    """Poll until `condition` holds; fail if a process in `alive` exits first, or after HANG_S."""
+    hung = time.monotonic() + HANG_S
+    while not condition():
+        for proc in alive:
+            if proc.poll() is not None:
+                raise AssertionError(f"{what}: a child process exited first (code {proc.returncode})")
+        if time.monotonic() > hung:
+            raise AssertionError(f"{what}: still waiting after {HANG_S} s, the child process hangs")
+        time.sleep(poll_s)
+
+
+def line_count(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0
 
 
 def start_script(role: str, *args: str, log: Path) -> subprocess.Popen:
@@ -122,8 +133,29 @@ def _counting_sweep(out: Path, argv: list[str]) -> int:
         counts["spills"] += 1
         real_spill(db_path, record)
 
+    waits = out.with_name(out.name + ".waits")
+    pause_after, go = int(os.environ.get("PAUSE_AFTER", "0")), os.environ.get("GO")
+
+    class StoreClock:  # the store's clock, with every wait on a locked file published as it happens
+        monotonic = staticmethod(time.monotonic)
+
+        @staticmethod
+        def sleep(seconds: float) -> None:
+            with waits.open("a") as file:
+                file.write(f"{seconds}\n")
+            time.sleep(seconds)
+
+    def write_then_maybe_pause(db_path, record, lock_timeout_s=30.0):
+        retries = write_run(db_path, record, lock_timeout_s)
+        if counts["writes"] == pause_after:
+            out.with_name(out.name + ".paused").touch()
+            while not Path(go).exists():
+                time.sleep(0.01)
+        return retries
+
     # Where each is looked up: the store's reads and writes open through connect; the sweep writes its runs.
-    connect.open_db, run.write_run, pending.spill = open_db, write_run, spill
+    connect.open_db, run.write_run, pending.spill = open_db, write_then_maybe_pause, spill
+    connect.time = StoreClock
     sys.argv = ["runner", "sweep", *argv]
     try:
         cli.main()
@@ -186,12 +218,11 @@ def _sql_reads(db: Path, seen: dict, turn: int) -> None:
 
 
 def _reader(kind: str, db: Path, stop_file: Path, out: Path, pause_s: float = 0.02) -> int:
-    from dashboard import queries
-    from runner.store import sql
+    from runner.store import connect, sql
 
     seen = {"kind": kind, "queries": 0, "not_ready": 0, "opens": 0, "retries": 0, "partial": 0, "shrank": 0, "runs": 0,
             "errors": [], "error_count": 0}
-    module = queries if kind == "dashboard" else sql
+    module = connect if kind == "dashboard" else sql  # the dashboard's `queries.read` opens through connect
     real_open = module.open_db
 
     def open_db(db_path, *, read_only, bound_s=30.0, config=None):
@@ -215,9 +246,17 @@ def _reader(kind: str, db: Path, stop_file: Path, out: Path, pause_s: float = 0.
             if len(seen["errors"]) < 5:
                 seen["errors"].append(f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
         turn += 1
+        publish(out, seen)
         time.sleep(pause_s)
-    out.write_text(json.dumps(seen))
+    publish(out, seen)
     return 0
+
+
+def publish(out: Path, seen: dict) -> None:
+    """Replace OUT.json whole, so the test never reads half a file."""
+    partial = out.with_name(out.name + ".tmp")
+    partial.write_text(json.dumps(seen))
+    os.replace(partial, out)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -57,13 +58,37 @@ def test_generate_refuses_bad_input(tiny_dir, foreign_dir, args, expected):
     assert_one_line_error(code, stderr, expected)
 
 
-def test_generate_prints_text_rounds_and_summary(tiny_dir):
-    code, stdout, stderr = invoke(["generate", "--target", str(tiny_dir), "--prompt", "hi", "--draft", "layerskip:2",
-                                   "--k", "3", "--max-new-tokens", "12"])
+def cells(stdout: str, first: str) -> list[list[str]]:
+    """The cells of the printed table rows whose first cell passes `first` (rich draws │ between cells)."""
+    rows = [[c.strip() for c in line.strip("│ ").split("│")] for line in stdout.splitlines() if line.startswith("│")]
+    return [row for row in rows if re.fullmatch(first, row[0])]
+
+
+def test_generate_prints_a_summary_that_adds_up_the_printed_rounds(tiny_dir):
+    code, stdout, stderr = invoke(["generate", "--target", str(tiny_dir), "--prompt", "hi", "--draft", "layerskip:3",
+                                   "--k", "3", "--max-new-tokens", "24"])
     assert code == 0, stderr
-    for label in ("rounds", "drafts accepted / rejected / thrown", "α (accepted / judged)", "measured speedup",
-                  "formula's prediction", "✓ identical to plain greedy"):
-        assert label in stdout
+    rounds = [[int(c) for c in row[:6]] for row in cells(stdout, r"\d+")]  # round, k, acc, rej, thrown, emitted
+    summary = dict(row[:2] for row in cells(stdout, r"[^\d].*"))
+    assert [r[0] for r in rounds] == list(range(len(rounds)))
+    assert all(k == a + r + t for _, k, a, r, t, _ in rounds)
+    accepted, rejected, thrown = (sum(r[i] for r in rounds) for i in (2, 3, 4))
+    emitted = sum(r[5] for r in rounds)
+    assert accepted > 0 and rejected > 0  # the layer-skip draft is sometimes right, sometimes not
+    assert summary["rounds"] == str(len(rounds))
+    assert summary["drafts accepted / rejected / thrown"] == f"{accepted} / {rejected} / {thrown}"
+    assert summary["α (accepted / judged)"] == f"{accepted / (accepted + rejected):.3f}"
+    assert summary["τ (tokens per round)"] == f"{emitted / len(rounds):.2f}"
+    assert summary["tokens: speculative / baseline"] == f"{1 + emitted} / 24"  # 1: the prefill's token
+    assert summary["tokens: speculative / baseline"] == "24 / 24"
+    assert summary["lossless"] == "✓ identical to plain greedy"
+    # The speedups from the printed figures, within their rounding.
+    spec_s, base_s = (float(t.removesuffix(" s")) for t in summary["time: speculative / baseline"].split(" / "))
+    low, high = (base_s - 0.005) / (spec_s + 0.005), (base_s + 0.005) / max(spec_s - 0.005, 1e-9)
+    assert low - 0.005 <= float(summary["measured speedup"].removesuffix("×")) <= high + 0.005
+    alpha, c = accepted / (accepted + rejected), float(summary["c (draft token / target pass)"])
+    predicted = (1 - alpha ** 4) / ((1 - alpha) * (1 + 3 * c))  # Leviathan et al. at k = 3
+    assert float(summary["formula's prediction"].removesuffix("×")) == pytest.approx(predicted, abs=0.01)
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ import math
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import duckdb
@@ -23,6 +24,7 @@ from tokenizers import Tokenizer, pre_tokenizers
 from tokenizers import models as tok_models
 from transformers import PreTrainedTokenizerFast
 
+from runner.store import connect
 from runner.store.runs import write_run
 from runner.store.sql import EXAMPLES
 
@@ -261,15 +263,33 @@ def test_the_dashboard_lets_the_runner_write_and_shows_new_runs(monkeypatch, tmp
 
 def test_a_page_waits_for_the_runners_write_lock(monkeypatch, tmp_path):
     db = build(tmp_path / "runs.duckdb")
-    holder = subprocess.Popen([sys.executable, "-c", "import duckdb, sys, time; con = duckdb.connect(sys.argv[1]); "
-                               "print('locked', flush=True); time.sleep(1.5)", str(db)], stdout=subprocess.PIPE,
-                              text=True)
+    holder = subprocess.Popen([sys.executable, "-c", "import duckdb, sys; con = duckdb.connect(sys.argv[1]); "
+                               "print('locked', flush=True); sys.stdin.readline(); con.close()", str(db)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    waits: list[float] = []
+
+    class Clock:  # the store's clock, except that the page's third wait lets the writer go
+        monotonic = staticmethod(time.monotonic)
+
+        @staticmethod
+        def sleep(seconds: float) -> None:
+            waits.append(seconds)
+            if len(waits) == 3:
+                holder.stdin.write("done\n")
+                holder.stdin.flush()
+                holder.wait()
+            time.sleep(seconds)
+
     try:
         assert holder.stdout.readline().strip() == "locked"
+        monkeypatch.setattr(connect, "time", Clock)
         at = app(monkeypatch, db)  # opens read-only while another process holds the file read-write
         assert not at.exception and metrics(at)["speculative runs"] == "9"
+        assert len(waits) == 3 and holder.returncode == 0  # it waited three times, then read
     finally:
-        holder.wait(timeout=10)
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
 
 
 def test_sql_says_when_it_cuts_the_result(monkeypatch, db):

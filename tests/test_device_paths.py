@@ -25,7 +25,6 @@ from runner.engine.sampling import Decoding
 GREEDY, SAMPLE = Decoding("greedy", 0.0, 1.0), Decoding("sample", 0.8, 0.9)
 # Tensor-to-host conversions: each one waits for the device on CUDA (as would a bare synchronize).
 TO_HOST = {"tolist", "item", "__int__", "__bool__", "__float__", "__index__", "numpy", "cpu"}
-pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

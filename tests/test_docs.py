@@ -27,7 +27,8 @@ def _columns(relation: str) -> list[str]:
     return [name for name, *_ in con.execute(f"DESCRIBE {relation}").fetchall()]
 
 
-@pytest.mark.parametrize("relation", ["runs", "rounds", "run_totals", "run_stats", "position_stats"])
+@pytest.mark.parametrize("relation", ["runs", "rounds", "run_totals", "run_stats", "trainings", "training_epochs",
+                                      "training_positions", "position_stats"])
 def test_the_readme_documents_every_column(relation):
     section = _section(f"### `{relation}`")
     documented = set(re.findall(r"\b[a-z_]+\b", section))
@@ -37,7 +38,7 @@ def test_the_readme_documents_every_column(relation):
 
 def test_the_readme_shows_every_command():
     commands = sorted(c.name or c.callback.__name__ for c in app.registered_commands)
-    assert commands == ["generate", "list", "serve", "sql", "sweep"]
+    assert commands == ["generate", "list", "merge", "serve", "sql", "sweep", "train-draft"]
     for command in commands:
         assert f"python -m runner {command}" in README
 

@@ -133,7 +133,7 @@ def test_kernels_are_validated_and_cuda_keeps_stock(tiny):
     assert pair.kernels == "skinny" and pair.switches == [kernels.attach(tiny.model)]  # the draft shares them
 
 
-def test_a_verify_pass_on_every_candidate_agrees_with_stock_on_the_real_model(smollm2, one_thread):
+def test_a_verify_pass_on_every_candidate_agrees_with_stock_on_the_real_model(smollm2):
     """Each candidate forced on every linear of SmolLM2: a pass over 1..9 tokens at a 40-token context keeps
     the logits within 1e-3 of stock's (they are ~10 in size) and the same argmax at every position."""
     model, switch = smollm2.model, kernels.attach(smollm2.model)

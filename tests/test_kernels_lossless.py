@@ -31,8 +31,7 @@ def transformers_greedy(target: models.Loaded, ids: list[int]) -> tuple[int, ...
 
 
 @pytest.mark.parametrize("text", UNSEEN)
-def test_plain_greedy_on_our_kernels_equals_transformers_generate_and_speculative_equals_plain(smollm2, text,
-                                                                                              one_thread):
+def test_plain_greedy_on_our_kernels_equals_transformers_generate_and_speculative_equals_plain(smollm2, text):
     pair = Pair(smollm2, [parse_draft("ngram"), parse_draft("layerskip:24")], kernels.SKINNY)
     assert pair.kernels == kernels.SKINNY and pair.switches
     ids = models.encode_chat(pair.target, text)

@@ -11,7 +11,6 @@ import textwrap
 import threading
 from pathlib import Path
 
-import pytest
 from families import BY_NAME, save, tokenizer
 from huggingface_hub.errors import LocalEntryNotFoundError
 from huggingface_hub.utils import httpx
@@ -24,7 +23,6 @@ from runner import cli
 from runner.engine import loading
 
 ROOT = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def generate(target: str, *extra: str) -> tuple[int, str]:

@@ -23,7 +23,6 @@ from runner.engine.sampling import Decoding, accept_greedy
 from runner.records import Divergence
 
 GREEDY = Decoding("greedy", 0.0, 1.0)
-pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -23,13 +23,13 @@ class Oracle:
     scripted number of correct ones is wrong (None: all k correct). Logs the k it was asked for."""
 
     calls = 0
-    wants_hidden = False
+    wants_hidden = ()
 
     def __init__(self, truth: tuple[int, ...], prompt_length: int, correct: list[int | None]) -> None:
         self.truth, self.start, self.correct = truth, prompt_length, iter(correct)
         self.asked: list[int] = []
 
-    def prefill(self, tokens: torch.Tensor) -> None:
+    def prefill(self, tokens: torch.Tensor, hidden: torch.Tensor | None) -> None:
         pass
 
     def propose(self, tokens: torch.Tensor, k: int) -> Draft:

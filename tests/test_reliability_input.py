@@ -14,7 +14,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from reliability_helpers import one_torch_thread, write_prompts
+from reliability_helpers import write_prompts
 from rich.console import Console
 from typer.testing import CliRunner
 
@@ -91,8 +91,7 @@ def recorded(inputs: Path, tiny_dir: Path, tmp_path_factory: pytest.TempPathFact
     config = SweepConfig(target=str(tiny_dir), drafts=("ngram",), ks=(1,), decodings=(Decoding("greedy", 0.0, 1.0),),
                          prompts=tuple(load_prompts(inputs / "good.jsonl")), max_new_tokens=4, seed=0, db=db,
                          device=None, dtype=None)
-    with one_torch_thread():
-        run_sweep(config, Console(quiet=True))
+    run_sweep(config, Console(quiet=True))
     return db
 
 
@@ -107,7 +106,7 @@ def sweep(db: Path, tiny_dir: Path, foreign_dir: Path, inputs: Path, extra: list
 
 @pytest.mark.parametrize(("extra", "expected"), [case[1:] for case in SWEEP_CASES], ids=[c[0] for c in SWEEP_CASES])
 def test_a_refused_sweep_leaves_a_recorded_database_byte_identical(recorded, tiny_dir, foreign_dir, inputs, tmp_path,
-                                                                   one_thread, extra, expected):
+                                                                   extra, expected):
     db = tmp_path / "runs.duckdb"
     shutil.copy(recorded, db)
     before = state(tmp_path)
@@ -117,7 +116,7 @@ def test_a_refused_sweep_leaves_a_recorded_database_byte_identical(recorded, tin
 
 
 @pytest.mark.parametrize("name", LATE_CASES)
-def test_a_refused_sweep_creates_no_database(tiny_dir, foreign_dir, inputs, tmp_path, one_thread, name):
+def test_a_refused_sweep_creates_no_database(tiny_dir, foreign_dir, inputs, tmp_path, name):
     (extra, expected), = [case[1:] for case in SWEEP_CASES if case[0] == name]
     db = tmp_path / "runs.duckdb"
     code, stderr = sweep(db, tiny_dir, foreign_dir, inputs, extra)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import time
 from pathlib import Path
 
 import duckdb
@@ -46,7 +45,6 @@ def test_select_returns_exact_values(db):
     rows = result.frame.astype(object).where(result.frame.notna(), None).values.tolist()
     assert rows == [["base", "none", None, None, 1.0, 4], ["spec", "ngram", 3, 0.75, 2.0, 2]]
     assert result.truncated is False
-    assert 0 <= result.elapsed_s < 2
 
 
 def test_queries_run_under_the_sandbox_settings(db):
@@ -155,20 +153,17 @@ def test_python_variables_cannot_be_scanned(db, monkeypatch):
 
 
 def test_a_runaway_query_hits_the_time_limit(db):
-    started = time.monotonic()
+    # DuckDB's interrupt, not the query's end: counting 10^10 rows takes minutes
     with pytest.raises(QueryError, match=r"^time limit of 0\.3 s reached$"):
         run_query(db, "SELECT count(*) FROM range(10000000000) a", timeout_ms=300)
-    assert time.monotonic() - started < 5
     assert run_query(db, "SELECT 1 AS one").frame["one"].tolist() == [1]
 
 
 @pytest.mark.parametrize("bomb", ["SELECT string_agg(repeat('x', 1000), '') FROM range(1000000)",
                                   "SELECT list(i) FROM range(200000000) t(i)"])
 def test_a_memory_bomb_hits_the_memory_limit(db, bomb):
-    started = time.monotonic()
     with pytest.raises(QueryError, match=r"^memory limit reached \(512MB\)$"):
         run_query(db, bomb)
-    assert time.monotonic() - started < 10  # under 1 s on an idle machine
     assert run_query(db, "SELECT 1 AS one").frame["one"].tolist() == [1]
 
 

@@ -16,6 +16,7 @@ import duckdb
 import pytest
 
 from runner.records import Generation, Round, RunRecord
+from runner.store import connect
 from runner.store.connect import init_db
 from runner.store.pending import record_from_dict, record_to_dict, spill
 from runner.store.runs import baseline_for, flush_pending, list_sweeps, recorded_runs, write_run
@@ -89,7 +90,8 @@ def test_runs_and_rounds_have_the_documented_columns(db):
         ("baseline_run_id", text), ("lossless", "BOOLEAN"), ("status", text), ("error", text),
         ("torch_version", text), ("transformers_version", text), ("python_version", text), ("host", text),
         ("git_commit", text), ("device_name", text), ("divergence_at", i), ("divergence_gap", f),
-        ("divergence_tolerance", f), ("divergence", text), ("kernels", text), ("threads", i), ("k_policy", text)]
+        ("divergence_tolerance", f), ("divergence", text), ("kernels", text), ("threads", i), ("concurrent_workers", i),
+        ("k_policy", text)]
     assert columns(db, "rounds") == [
         ("run_id", text), ("round", i), ("k", i), ("accepted", i), ("rejected", i), ("thrown", i),
         ("bonus", "BOOLEAN"), ("emitted", i), ("draft_s", f), ("verify_s", f), ("draft_tokens", ints),
@@ -103,7 +105,7 @@ def test_runs_and_rounds_have_the_documented_columns(db):
     assert query(db, "SELECT version, name FROM schema_migrations ORDER BY version") == [
         (1, "create_runs_and_rounds"), (2, "create_run_stats"), (3, "add_device_name"), (4, "create_bench_results"),
         (5, "create_run_totals"), (6, "add_divergence"), (7, "add_kernels_and_threads"), (8, "define_metrics"),
-        (9, "add_k_policy"), (10, "create_position_stats")]
+        (9, "create_trainings"), (10, "add_concurrent_workers"), (11, "add_k_policy"), (12, "create_position_stats")]
 
 
 def schema_dump(db: Path) -> list:
@@ -170,6 +172,19 @@ def test_a_file_from_before_the_metric_macros_gets_them_and_the_new_view(tmp_pat
     assert schema_dump(old) == schema_dump(fresh)
     # α = 2 / (2 + 1), τ = 3 emitted over 2 rounds, thrown share 1 of 4 drafted
     assert query(old, "SELECT alpha, tau, thrown_share FROM run_stats") == [(2 / 3, 1.5, 0.25)]
+
+
+def test_runner_list_reads_a_file_of_an_older_specdash(tmp_path):
+    old = tmp_path / "old.duckdb"
+    con = duckdb.connect(str(old))
+    migrate(con, to_version=5)  # before the divergence columns that the list counts
+    con.execute("INSERT INTO runs (run_id, sweep_id, started_at, target, draft, k, status, lossless) VALUES "
+                "('b', 's1', '2025-03-01 12:00', 't', 'none', NULL, 'ok', NULL), "
+                "('x', 's1', '2025-03-01 12:01', 't', 'ngram', 2, 'ok', false)")
+    con.close()
+    sweeps = list_sweeps(old)
+    assert sweeps[["sweep_id", "runs", "lossless_failures", "real_divergences"]].values.tolist() == [["s1", 2, 1, 0]]
+    assert query(old, "SELECT max(version) FROM schema_migrations") == [(SCHEMA_VERSION,)]
 
 
 def test_a_newer_database_is_refused(db):
@@ -335,35 +350,54 @@ def test_sigkill_during_writes_never_leaves_a_partial_run(db):
 
 
 HOLDER = """
-import sys, time, duckdb
+import sys, duckdb
 con = duckdb.connect(sys.argv[1], read_only=True)
 print("held", flush=True)
-time.sleep(float(sys.argv[2]))
+sys.stdin.readline()  # until the test says so
 con.close()
 """
 
 
-def hold_read_only(db: Path, seconds: float) -> subprocess.Popen:
-    child = subprocess.Popen([sys.executable, "-c", HOLDER, str(db), str(seconds)], stdout=subprocess.PIPE, text=True)
+def hold_read_only(db: Path) -> subprocess.Popen:
+    """Another process with the file open read-only until a line arrives on its stdin."""
+    child = subprocess.Popen([sys.executable, "-c", HOLDER, str(db)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
     assert child.stdout.readline() == "held\n"
     return child
 
 
-def test_a_locked_write_retries_until_the_reader_lets_go(db):
+def release(holder: subprocess.Popen) -> None:
+    holder.stdin.write("release\n")
+    holder.stdin.flush()
+    assert holder.wait() == 0
+
+
+def test_a_locked_write_retries_until_the_reader_lets_go(db, monkeypatch):
     write_run(db, BASELINE)
-    holder = hold_read_only(db, 1.0)
-    started = time.monotonic()
-    retries = write_run(db, SPEC, lock_timeout_s=10)
-    assert retries > 0
-    assert 0.5 < time.monotonic() - started < 5
-    holder.wait()
+    holder = hold_read_only(db)
+    waits: list[float] = []
+
+    class Clock:  # the store's clock, except that the third wait lets the reader go first
+        monotonic = staticmethod(time.monotonic)
+
+        @staticmethod
+        def sleep(seconds: float) -> None:
+            waits.append(seconds)
+            if len(waits) == 3:
+                release(holder)
+            time.sleep(seconds)
+
+    monkeypatch.setattr(connect, "time", Clock)
+    retries = write_run(db, SPEC, lock_timeout_s=600)
+    assert retries == len(waits) == 3  # three refusals while held, in the first try after the release
+    assert holder.returncode == 0
     assert query(db, "SELECT run_id FROM runs ORDER BY run_id") == [("base",), ("spec",)]
     assert not (db.parent / "runs.duckdb.pending").exists()
 
 
 def test_a_write_locked_past_its_bound_spills_and_is_flushed_exactly_once(db):
     write_run(db, many_rounds("first", 5))
-    holder = hold_read_only(db, 1.5)
+    holder = hold_read_only(db)
     assert write_run(db, BASELINE, lock_timeout_s=0.2) > 0
     assert (db.parent / "runs.duckdb.pending" / "base.json").is_file()
     # Readers share the file with the holder, and see the spilled run as recorded.
@@ -371,7 +405,7 @@ def test_a_write_locked_past_its_bound_spills_and_is_flushed_exactly_once(db):
                                              ("p1", "none", None, "greedy", 0.0, 1.0, 0, None)}
     assert baseline_for(db, "s1", "p1", "greedy", 0.0, 1.0, 0, [1, 2, 3], "cpu", "float32") == (
         "base", tuple(range(10, 20)))
-    holder.wait()
+    release(holder)
     assert flush_pending(db) == 1
     assert flush_pending(db) == 0
     assert query(db, "SELECT run_id, n_rounds FROM runs ORDER BY run_id") == [("base", 10), ("first", 5)]
@@ -416,3 +450,26 @@ def test_reads_for_the_runner(db):
                                     "real_divergences"]
     assert sweeps[["sweep_id", "target", "drafts", "runs", "errors", "lossless_failures"]].values.tolist() == [
         ["s1", "smollm2", "ngram, none", 3, 1, 0], ["s2", "smollm2", "ngram", 1, 0, 0]]
+
+
+def test_a_read_torn_by_a_concurrent_checkpoint_is_read_again_and_other_errors_are_not(tmp_path):
+    db = tmp_path / "runs.duckdb"
+    init_db(db)
+    calls = []
+
+    def torn_once(con: duckdb.DuckDBPyConnection) -> int:
+        calls.append(1)
+        if len(calls) == 1:
+            raise duckdb.IOException("IO Error: Could not read enough bytes from file \"runs.duckdb\"")
+        return con.execute("SELECT count(*) FROM runs").fetchone()[0]
+
+    assert connect.reading(db, torn_once, bound_s=5) == 0 and len(calls) == 2
+
+    def broken(con: duckdb.DuckDBPyConnection) -> int:
+        calls.append(1)
+        raise duckdb.IOException("IO Error: No space left on device")
+
+    calls.clear()
+    with pytest.raises(duckdb.IOException, match="No space left"):
+        connect.reading(db, broken, bound_s=5)
+    assert len(calls) == 1

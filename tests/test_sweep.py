@@ -91,8 +91,13 @@ def test_alpha_from_the_rows_equals_the_summary(swept):
     assert len(summary) == len(by_rows) == 2 * 2 * 2 * 2
     for row in summary.itertuples():
         assert row.alpha == pytest.approx(by_rows[(row.category, row.draft, row.k, row.mode)], abs=5e-4, nan_ok=True)
-    # α is undefined only where prompt lookup found nothing to draft: in the sampled text of a random model
-    assert sorted((d, m) for (_, d, _, m), a in by_rows.items() if a != a) == [("ngram", "sample")] * 4
+    # α is undefined exactly where nothing was drafted: prompt lookup finding no match in a random model's text
+    drafted = dict(((c, d, k, m), n) for c, d, k, m, n in rows(cfg.db, """
+        SELECT category, draft, runs.k, mode, sum(rounds.k) FROM rounds JOIN runs USING (run_id)
+        WHERE draft <> 'none' GROUP BY ALL"""))
+    undefined = {(r.category, r.draft, r.k, r.mode) for r in summary.itertuples() if r.alpha != r.alpha}
+    assert undefined == {cell for cell, n in drafted.items() if n == 0}
+    assert all(n > 0 for (_, d, _, _), n in drafted.items() if d == "layerskip:2")
 
 
 def test_provenance_is_filled(swept):

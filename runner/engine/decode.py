@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
+from transformers.utils import ModelOutput
 
 from runner.engine.drafters import Drafter, crop_to, new_cache
 from runner.engine.models import Loaded
@@ -73,23 +74,29 @@ class Target:
         self.vocab = loaded.vocab_size  # logits past the tokenizer's ids (a padded head) are cut
         self.cache = new_cache(loaded.model)
 
-    def prefill(self, tokens: Tensor) -> Tensor:
-        """One pass over the whole prompt: the logits (V,) of the first new token."""
-        out = self.model(input_ids=tokens[None], cache=self.cache, use_cache=True, logits_to_keep=1)
+    def prefill(self, tokens: Tensor, layers: tuple[int, ...] = ()) -> tuple[Tensor, Tensor | None]:
+        """One pass over the whole prompt: the logits (V,) of the first new token, and `features_of` its positions."""
+        out = self.model(input_ids=tokens[None], cache=self.cache, use_cache=True, logits_to_keep=1,
+                         output_hidden_states=bool(layers))
         crop_to(self.cache, tokens.numel())  # trims sliding-window layers back to their window
-        return out.logits[0, -1, : self.vocab]
+        return out.logits[0, -1, : self.vocab], features_of(out, layers)
 
-    def verify(self, fed: Tensor, want_hidden: bool) -> tuple[Tensor, Tensor | None]:
-        """One pass over `fed` (T,): the logits at every fed position (T, V), and the last hidden states."""
+    def verify(self, fed: Tensor, layers: tuple[int, ...] = ()) -> tuple[Tensor, Tensor | None]:
+        """One pass over `fed` (T,): the logits at every fed position (T, V), and `features_of` those positions."""
         out = self.model(
             input_ids=fed[None], cache=self.cache, use_cache=True,
-            logits_to_keep=fed.numel(), output_hidden_states=want_hidden,
+            logits_to_keep=fed.numel(), output_hidden_states=bool(layers),
         )
-        return out.logits[0, :, : self.vocab], out.hidden_states[-1][0] if want_hidden else None
+        return out.logits[0, :, : self.vocab], features_of(out, layers)
 
     @property
     def length(self) -> int:
         return self.cache.get_seq_length()
+
+
+def features_of(out: ModelOutput, layers: tuple[int, ...]) -> Tensor | None:
+    """(T, len(layers)·H): the hidden states a drafter asked for, side by side; None when it asked for none."""
+    return torch.cat([out.hidden_states[i][0] for i in layers], dim=-1) if layers else None
 
 
 class Sequence:
@@ -217,9 +224,10 @@ def generate(
         text = Sequence(prompt, len(prompt) + max_new_tokens, target.device)
         # The prefill: one target pass over the prompt makes the first new token, as in plain decoding. The
         # drafter reads the prompt too; the new token is fed with round 0's drafts, like every later one.
-        first, on_device = _first_token(model.prefill(text.tokens), decoding, generator)
+        logits, features = model.prefill(text.tokens, drafter.wants_hidden)
+        first, on_device = _first_token(logits, decoding, generator)
         text.append([first], on_device)
-        drafter.prefill(text.tokens)
+        drafter.prefill(text.tokens, features)
         prefilled = clock()
         rounds: list[Timed] = []
         schedule = policy.schedule(k or 0)

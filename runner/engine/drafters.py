@@ -34,16 +34,19 @@ class Drafter(Protocol):
     """Proposes tokens and learns, after each verify pass, how many the target kept."""
 
     calls: int  # forward passes (or lookups) so far: the denominator of the draft cost c
-    wants_hidden: bool  # ask for the target's last hidden states at the committed positions
+    # Indices into the target's hidden_states (0: embeddings, i: input of layer i, -1: the final normed output)
+    # whose rows the drafter gets at the committed positions, side by side; () asks for nothing and costs nothing.
+    wants_hidden: tuple[int, ...]
 
-    def prefill(self, tokens: Tensor) -> None:
-        """Start a new sequence: the prompt and the prefill's first new token (1-D ids)."""
+    def prefill(self, tokens: Tensor, hidden: Tensor | None) -> None:
+        """Start a new sequence: the prompt and the prefill's first new token (1-D ids); when asked for, `hidden`
+        is (P, L·H) for the P prompt positions, L = len(wants_hidden)."""
 
     def propose(self, tokens: Tensor, k: int) -> Draft:
         """Up to k tokens to follow `tokens`, all committed text so far (1-D ids)."""
 
     def accepted(self, n: int, hidden: Tensor | None) -> None:
-        """The target kept the first n drafts (then added its own token); `hidden` is (n+1, H) when asked for."""
+        """The target kept the first n drafts (then added its own token); `hidden` is (n+1, L·H) when asked for."""
 
 
 def new_cache(model: PreTrainedModel) -> DynamicCache:
@@ -67,9 +70,9 @@ class NoDraft:
     """Plain decoding: nothing is proposed, so every round is one target pass making one token."""
 
     calls = 0
-    wants_hidden = False
+    wants_hidden = ()
 
-    def prefill(self, tokens: Tensor) -> None:
+    def prefill(self, tokens: Tensor, hidden: Tensor | None) -> None:
         pass
 
     def propose(self, tokens: Tensor, k: int) -> Draft:
@@ -88,7 +91,7 @@ class ModelDrafter:
     sampling exact).
     """
 
-    wants_hidden = False
+    wants_hidden = ()
 
     def __init__(self, model: PreTrainedModel, decoding: Decoding, generator: torch.Generator, vocab: int,
                  stop_below: float | None = None) -> None:
@@ -110,7 +113,7 @@ class ModelDrafter:
         q = probabilities(logits, self.decoding)
         return torch.nn.functional.pad(q, (0, self.vocab - q.numel()))  # (V,) in the target's vocabulary
 
-    def prefill(self, tokens: Tensor) -> None:
+    def prefill(self, tokens: Tensor, hidden: Tensor | None) -> None:
         self.cache = new_cache(self.model)
         # All but the newest token: the first proposal feeds it, like every later correction or bonus.
         if tokens.numel() > 1:
@@ -161,7 +164,7 @@ class NgramDrafter:
     An index per n-gram size keeps each lookup O(1) in the length of the text.
     """
 
-    wants_hidden = False
+    wants_hidden = ()
     CANDIDATES = 16  # occurrences `longest` compares: bounded, so a lookup costs the same however long the text
     LOOKBACK = 64  # tokens of agreement `longest` counts before calling two occurrences equal
 
@@ -206,7 +209,7 @@ class NgramDrafter:
             return found
         return max(reversed(found), key=lambda start: self._agreement(start, m))  # max keeps the first: the latest
 
-    def prefill(self, tokens: Tensor) -> None:
+    def prefill(self, tokens: Tensor, hidden: Tensor | None) -> None:
         self.seen, self.follows = [], [{} for _ in range(self.n)]
         self._extend(host(tokens))
 

@@ -15,7 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 from transformers.utils import logging as hf_logging
 
 from runner.engine import loading
@@ -149,6 +156,15 @@ def _local_only() -> bool:
 def load_tokenizer(spec: str) -> PreTrainedTokenizerBase:
     """The tokenizer of a model spec, without its weights (the dashboard's replay needs only this)."""
     return AutoTokenizer.from_pretrained(_source(spec), local_files_only=_local_only())
+
+
+def load_config(spec: str, trust_remote_code: bool = False) -> PretrainedConfig:
+    """The config of a model spec without its weights: what a draft head is checked against before any loading."""
+    offline = _local_only()
+    try:
+        return AutoConfig.from_pretrained(_source(spec), local_files_only=offline, trust_remote_code=trust_remote_code)
+    except OSError as exc:
+        raise ModelError(f"cannot load model: {loading.hub_problem(exc, spec, offline)}") from None
 
 
 def load(spec: str, device: str | None = None, dtype: str | None = None, trust_remote_code: bool = False) -> Loaded:

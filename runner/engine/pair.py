@@ -5,11 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers import PreTrainedModel
+from torch import nn
 
-from runner.engine import kernels, models
+from runner.engine import head_files, kernels, models
 from runner.engine.decode import generate
 from runner.engine.drafters import NGRAM_MATCHES, Drafter, ModelDrafter, NgramDrafter, NoDraft, layer_skip
+from runner.engine.eagle_drafter import EagleDrafter
 from runner.engine.policies import FIXED, PolicySpec
 from runner.engine.sampling import Decoding
 from runner.records import Generation
@@ -24,8 +25,8 @@ class DraftSpec:
     """A parsed `--draft` value."""
 
     text: str  # as the user wrote it, e.g. 'layerskip:24'
-    kind: str  # 'baseline' | 'ngram' | 'layerskip' | 'model'
-    arg: str | None  # n for ngram, L for layerskip, the model spec for model
+    kind: str  # 'baseline' | 'ngram' | 'layerskip' | 'model' | 'eagle'
+    arg: str | None  # n for ngram, L for layerskip, the model spec for model, the head's directory or repo id for eagle
     match: str | None = None  # ngram: which earlier occurrence it copies from (`NGRAM_MATCHES`)
 
     @property
@@ -37,7 +38,7 @@ PLAIN = DraftSpec("none", "baseline", None)  # the baseline: plain decoding, no 
 
 
 def parse_draft(text: str) -> DraftSpec:
-    """`none`, `ngram[:<n>[:<match>]]`, `layerskip:<L>` or `model:<spec>`; ValueError otherwise."""
+    """`none`, `ngram[:<n>[:<match>]]`, `layerskip:<L>`, `model:<spec>` or `eagle:<head>`; ValueError otherwise."""
     kind, _, arg = text.partition(":")
     if text == PLAIN.text:
         return PLAIN
@@ -46,10 +47,19 @@ def parse_draft(text: str) -> DraftSpec:
         return DraftSpec(text, "ngram", n or str(DEFAULT_NGRAM), match or DEFAULT_MATCH)
     if kind == "layerskip" and arg.isdigit() and int(arg) >= 1:
         return DraftSpec(text, "layerskip", arg)
-    if kind == "model" and arg:
-        return DraftSpec(text, "model", arg)
+    if kind in ("model", "eagle") and arg:
+        return DraftSpec(text, kind, arg)
     raise ValueError(f'unknown draft "{text}"; use ngram, ngram:<n>, ngram:<n>:<match> (match: '
-                     f'{", ".join(NGRAM_MATCHES)}), layerskip:<L> or model:<spec>')
+                     f'{", ".join(NGRAM_MATCHES)}), layerskip:<L>, model:<spec> or eagle:<head>')
+
+
+def check_drafts(target: str, drafts: list[DraftSpec], trust_remote_code: bool = False) -> None:
+    """Refuse an unusable draft head (missing or corrupt files, a head for another target) before any model loads."""
+    heads = [spec for spec in drafts if spec.kind == "eagle"]
+    if heads:
+        config = models.load_config(target, trust_remote_code)
+        for spec in heads:
+            head_files.check(spec.arg, config)
 
 
 def parse_kernels(text: str) -> str:
@@ -68,7 +78,7 @@ class Pair:
 
     def __init__(self, target: models.Loaded, drafts: list[DraftSpec], kernels_name: str = kernels.SKINNY) -> None:
         self.target = target
-        self.draft_models: dict[str, PreTrainedModel] = {}
+        self.draft_models: dict[str, nn.Module] = {}  # a PreTrainedModel, or an EagleHead for eagle drafts
         separate = []  # draft models with weights of their own
         for spec in drafts:
             if spec.kind == "layerskip":
@@ -80,6 +90,11 @@ class Pair:
                 _check_embeds(loaded, target)
                 self.draft_models[spec.text] = loaded.model
                 separate.append(loaded.model)
+            elif spec.kind == "eagle":
+                checked = head_files.check(spec.arg, target.model.config)
+                self.draft_models[spec.text] = head_files.load(
+                    checked, target.model.get_input_embeddings(), target.device, target.dtype)
+                separate.append(self.draft_models[spec.text])
         chosen = parse_kernels(kernels_name)
         # CUDA keeps cuBLAS: the skinny kernels answer a CPU BLAS's weakness.
         self.kernels = chosen if target.device.type == "cpu" else kernels.STOCK
@@ -95,6 +110,8 @@ class Pair:
             raise ValueError(policy.refusal(spec.text))
         if spec.kind == "ngram":
             return NgramDrafter(int(spec.arg), spec.match)
+        if spec.kind == "eagle":
+            return EagleDrafter(self.draft_models[spec.text], decoding, generator)
         return ModelDrafter(self.draft_models[spec.text], decoding, generator, self.target.vocab_size,
                             stop_below=policy.threshold)
 

@@ -17,6 +17,7 @@ import pandas as pd
 CELL = ("target", "mode", "category", "draft", "k", "k_policy")  # the Overview's cell: a line per draft, k, policy
 K_RANGE = 16  # the formula's best k is looked for in 1..K_RANGE
 ALPHA_STEPS = 50  # the formula's curve over α in [0, 1]: fine enough to look smooth, few rows
+RUNS_ONLY = ("host", "concurrent_workers")  # filters on `runs` columns that run_stats does not carry
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,8 @@ class Filters:
     sweep_id: tuple[str, ...] = ()
     kernels: tuple[str, ...] = ()
     threads: tuple[int, ...] = ()
+    host: tuple[str, ...] = ()
+    concurrent_workers: tuple[int, ...] = ()
     k_policy: tuple[str, ...] = ()
 
     def where(self, alias: str = "", skip: tuple[str, ...] = ()) -> tuple[str, list]:
@@ -39,7 +42,9 @@ class Filters:
         clauses, params = ["true"], []
         for field, values in zip(fields(self), astuple(self), strict=True):
             if values and field.name not in skip:
-                clauses.append(f"{alias}{field.name} IN ({', '.join('?' * len(values))})")
+                picked = f"{field.name} IN ({', '.join('?' * len(values))})"
+                clauses.append(f"{alias}run_id IN (SELECT run_id FROM runs WHERE {picked})"
+                               if field.name in RUNS_ONLY else f"{alias}{picked}")
                 params.extend(values)
         return " AND ".join(clauses), params
 

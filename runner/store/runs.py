@@ -14,7 +14,7 @@ import pandas as pd
 
 from runner.records import CELL_KEY, RunRecord
 from runner.store import metrics, pending
-from runner.store.connect import Locked, open_for_write, read
+from runner.store.connect import Locked, open_for_write, read, upgrade
 from runner.store.schema import StoreError, migrate
 
 T = TypeVar("T")
@@ -25,7 +25,7 @@ _RUN_COLUMNS = (
     "target_passes", "draft_calls", "wall_s", "prefill_s", "draft_s", "verify_s", "prompt_tokens", "output_tokens",
     "output_text", "stop_reason", "baseline_run_id", "lossless", "status", "error", "torch_version",
     "transformers_version", "python_version", "host", "git_commit", "device_name", "divergence_at",
-    "divergence_gap", "divergence_tolerance", "divergence", "kernels", "threads", "k_policy",
+    "divergence_gap", "divergence_tolerance", "divergence", "kernels", "threads", "concurrent_workers", "k_policy",
 )
 _INSERT_RUN = f"INSERT INTO runs ({', '.join(_RUN_COLUMNS)}) VALUES ({', '.join('?' * len(_RUN_COLUMNS))})"
 # One statement for all rounds: unnest zips the column lists (~10x faster than executemany).
@@ -48,7 +48,7 @@ def _run_row(record: RunRecord) -> list:
             *(prov.get(key) for key in ("torch_version", "transformers_version", "python_version", "host",
                                         "git_commit", "device_name")),
             record.divergence_at, record.divergence_gap, record.divergence_tolerance, record.divergence,
-            record.kernels, record.threads, record.k_policy]
+            record.kernels, record.threads, record.concurrent_workers, record.k_policy]
 
 
 def _totals_row(record: RunRecord) -> list:
@@ -173,7 +173,8 @@ _SWEEPS = """SELECT sweep_id, min(started_at) AS started,
 
 
 def list_sweeps(db_path: str | os.PathLike, lock_timeout_s: float = 30.0) -> pd.DataFrame:
-    """One row per sweep, newest first."""
+    """One row per sweep, newest first; a file of an older specdash is upgraded first, as the dashboard does."""
+    upgrade(db_path, lock_timeout_s)
     columns = ["sweep_id", "started", "target", "drafts", "runs", "errors", "lossless_failures", "real_divergences"]
     return pd.DataFrame(read(Path(db_path), _SWEEPS, [], lock_timeout_s), columns=columns)
 

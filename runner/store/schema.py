@@ -139,15 +139,15 @@ def _add_k_policy(con: duckdb.DuckDBPyConnection) -> None:
     con.execute(RUN_STATS.format(more=", k_policy"))
 
 
-# Per draft position i = 1..k: how many rounds drafted a token there (`proposed`), how often a round reached it
-# (drafts 1..i-1 accepted, so d_i was judged) and how often d_i was then accepted. A round with k drafts and a
+# Per run and draft position i = 1..k: how many rounds drafted a token there (`proposed`), how often a round reached
+# it (drafts 1..i-1 accepted, so d_i was judged) and how often d_i was then accepted. A round with k drafts and a
 # accepted proposed 1..k, reached 1..min(a+1, k) and accepted 1..a. Rounds are counted per (run, k, accepted) before
 # positions are spread out: a few rows per run, not one per round.
 POSITION_STATS = """CREATE OR REPLACE VIEW position_stats AS
     WITH outcomes AS (SELECT run_id, k AS round_k, accepted AS a, count(*) AS n FROM rounds WHERE k > 0 GROUP BY ALL),
     spread AS (
-        SELECT r.target, r.draft, r.category, r.mode, r.k, r.k_policy, r.device, r.kernels, r.threads, r.sweep_id,
-               p.position, sum(o.n)::BIGINT AS proposed,
+        SELECT r.run_id, r.sweep_id, r.target, r.draft, r.category, r.mode, r.k, r.k_policy, r.device, r.kernels,
+               r.threads, p.position, sum(o.n)::BIGINT AS proposed,
                coalesce(sum(o.n) FILTER (p.position <= o.a + 1), 0)::BIGINT AS reached,
                coalesce(sum(o.n) FILTER (p.position <= o.a), 0)::BIGINT AS accepted
         FROM outcomes o JOIN runs r USING (run_id) CROSS JOIN LATERAL range(1, o.round_k + 1) p(position)
@@ -159,6 +159,32 @@ def _create_position_stats(con: duckdb.DuckDBPyConnection) -> None:
     con.execute(POSITION_STATS)
 
 
+def _create_trainings(con: duckdb.DuckDBPyConnection) -> None:
+    # `runner train-draft`: one row per training of a draft head, its epochs (0: the untrained head) and the
+    # held-out acceptance of each epoch at each draft position, as counts so that rates pool exactly.
+    con.execute("""CREATE TABLE trainings (
+        train_id TEXT PRIMARY KEY, started_at TIMESTAMP, finished_at TIMESTAMP, status TEXT, error TEXT,
+        target TEXT, draft TEXT, out_dir TEXT, prompts_file TEXT, train_prompts INTEGER, heldout_prompts INTEGER,
+        train_tokens INTEGER, heldout_tokens INTEGER, max_new_tokens INTEGER, epochs INTEGER, draft_vocab INTEGER,
+        vocab_coverage DOUBLE, layers INTEGER[], unroll INTEGER, lr DOUBLE, seed BIGINT, saved_epoch INTEGER,
+        head_bytes BIGINT, data_cached BOOLEAN, data_s DOUBLE, train_s DOUBLE, wall_s DOUBLE, cpu_s DOUBLE,
+        threads INTEGER, load_before DOUBLE, load_after DOUBLE, device TEXT, dtype TEXT, command TEXT,
+        torch_version TEXT, transformers_version TEXT, python_version TEXT, host TEXT, git_commit TEXT)""")
+    con.execute("""CREATE TABLE training_epochs (
+        train_id TEXT, epoch INTEGER, train_loss DOUBLE, heldout_loss DOUBLE, seconds DOUBLE, lr DOUBLE,
+        PRIMARY KEY (train_id, epoch))""")
+    con.execute("""CREATE TABLE training_positions (
+        train_id TEXT, epoch INTEGER, position INTEGER, judged BIGINT, accepted BIGINT,
+        PRIMARY KEY (train_id, epoch, position))""")
+
+
+def _add_concurrent_workers(con: duckdb.DuckDBPyConnection) -> None:
+    # Workers that share a machine share its memory bandwidth, so their timings can differ from a process alone.
+    # Every run recorded before this column was recorded by one process alone.
+    con.execute("ALTER TABLE runs ADD COLUMN concurrent_workers INTEGER")
+    con.execute("UPDATE runs SET concurrent_workers = 1")
+
+
 MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     _create_runs_and_rounds,
     _create_run_stats,
@@ -168,6 +194,8 @@ MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     _add_divergence,
     _add_kernels_and_threads,
     _define_metrics,
+    _create_trainings,
+    _add_concurrent_workers,
     _add_k_policy,
     _create_position_stats,
 ]

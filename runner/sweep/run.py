@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import platform
 import socket
 import subprocess
 import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from runner.engine import lossless, models
-from runner.engine.pair import PLAIN, DraftSpec, Pair, parse_draft
+from runner.engine.pair import PLAIN, DraftSpec, Pair, check_drafts, parse_draft
 from runner.engine.policies import FIXED, PolicySpec, parse_policy
 from runner.engine.sampling import Decoding
 from runner.records import CELL_KEY, Divergence, Generation, RunRecord
@@ -98,16 +99,14 @@ def plan(config: SweepConfig) -> Iterator[Cell]:
         for decoding in config.decodings:
             yield Cell(prompt, decoding, PLAIN, None)
             for draft in drafts:
-                for policy in policies:
-                    if policy.applies_to(draft.kind):
-                        yield from (Cell(prompt, decoding, draft, k, policy) for k in config.ks)
+                for policy in (p for p in policies if p.applies_to(draft.kind)):
+                    yield from (Cell(prompt, decoding, draft, k, policy) for k in config.ks)
 
 
 def skipped(config: SweepConfig) -> list[str]:
     """Why some draft × policy pairs are not in the plan, one line each."""
-    policies = [parse_policy(p) for p in config.policies]
-    return [policy.refusal(draft.text) for draft in map(parse_draft, config.drafts) for policy in policies
-            if not policy.applies_to(draft.kind)]
+    return [policy.refusal(draft.text) for draft in map(parse_draft, config.drafts)
+            for policy in map(parse_policy, config.policies) if not policy.applies_to(draft.kind)]
 
 
 def provenance(device: torch.device) -> dict[str, str]:
@@ -138,123 +137,172 @@ def device_error(exc: BaseException) -> bool:
 def make_record(cell: Cell, generation: Generation | None, error: str | None, *, started: str, pair: Pair,
                 target_spec: str, sweep_id: str, seed: int, max_new_tokens: int,
                 baseline: tuple[str, tuple[int, ...]] | None, provenance: dict[str, str]) -> RunRecord:
-    """One row of `runs`: a cell's generation (or its error), checked against its baseline's (run_id, output).
-    Greedy only: the output must equal plain greedy decoding's token for token, and where it does not, the first
-    difference is classified as a numeric tie or a real divergence (`lossless.classify`)."""
+    """One row of `runs`: a cell's generation (or its error), `judge`d against its baseline's (run_id, output)."""
     d, target = cell.decoding, pair.target
-    checked = generation is not None and d.greedy and baseline is not None
-    divergence = lossless.classify(target, generation.prompt_tokens, baseline[1], generation.output_tokens) \
-        if checked else None
-    return RunRecord(
+    record = RunRecord(
         run_id=uuid.uuid4().hex[:16], sweep_id=sweep_id, started_at=started, target=target_spec,
         draft=cell.draft.text, draft_kind=cell.draft.kind, category=cell.prompt.category, prompt_id=cell.prompt.id,
         prompt_text=cell.prompt.text, k=cell.k, mode=d.mode, temperature=d.temperature, top_p=d.top_p, seed=seed,
         max_new_tokens=max_new_tokens, device=str(target.device), dtype=lossless.dtype_name(target.dtype),
-        k_policy=cell.k_policy,
-        status="error" if error else "ok", error=error, generation=generation,
+        k_policy=cell.k_policy, status="error" if error else "ok", error=error, generation=generation,
         output_text=None if generation is None else target.tokenizer.decode(list(generation.output_tokens)),
-        baseline_run_id=None if baseline is None else baseline[0], lossless=divergence is None if checked else None,
-        provenance=provenance, divergence_at=divergence and divergence.at,
-        divergence_gap=divergence and divergence.gap, divergence_tolerance=divergence and divergence.tolerance,
-        divergence=divergence and divergence.kind, kernels=pair.kernels, threads=torch.get_num_threads(),
+        baseline_run_id=None, lossless=None, provenance=provenance, kernels=pair.kernels,
+        threads=torch.get_num_threads(),
     )
+    return judge(record, baseline, functools.partial(lossless.classify, target))
 
 
-class Recorder:
-    """Runs cells on a loaded pair and writes each as one run (one transaction with its rounds)."""
+Classify = Callable[[tuple[int, ...], tuple[int, ...], tuple[int, ...]], Divergence | None]
+
+
+def judge(record: RunRecord, baseline: tuple[str, tuple[int, ...]] | None, classify: Classify) -> RunRecord:
+    """The record linked to its baseline (run_id, output). Greedy only: the output must equal plain greedy
+    decoding's token for token, and where it does not, `classify(prompt, baseline's, ours)` (a target pass:
+    `lossless.classify`) says whether the first difference is a numeric tie or a real divergence."""
+    gen = record.generation
+    if baseline is None or gen is None:
+        return record
+    if record.mode != "greedy":
+        return replace(record, baseline_run_id=baseline[0])
+    divergence = None if gen.output_tokens == baseline[1] else classify(
+        gen.prompt_tokens, baseline[1], gen.output_tokens)
+    return replace(record, baseline_run_id=baseline[0], lossless=divergence is None,
+                   divergence_at=divergence and divergence.at, divergence_gap=divergence and divergence.gap,
+                   divergence_tolerance=divergence and divergence.tolerance,
+                   divergence=divergence and divergence.kind)
+
+
+def label(cell: Cell | RunRecord) -> str:
+    """A cell or run as progress and reports name it."""
+    if isinstance(cell, RunRecord):
+        policy = "" if cell.k_policy in (None, FIXED.text) else f" {cell.k_policy}"
+        return f"{cell.prompt_id} {cell.draft} k={cell.k}{policy} {cell.mode}"
+    policy = "" if cell.policy == FIXED else f" {cell.policy.text}"
+    return f"{cell.prompt.id} {cell.draft.text} k={cell.k}{policy} {cell.decoding.mode}"
+
+
+class CellRunner:
+    """Runs cells on a loaded pair, each into a `RunRecord` not yet judged against its baseline (the `Recorder`
+    does that): in the sweep's own process, or on a Ray actor."""
 
     def __init__(self, config: SweepConfig, sweep_id: str, pair: Pair) -> None:
         self.config, self.sweep_id, self.pair = config, sweep_id, pair
         self.provenance = provenance(pair.target.device)
+        self.device_error: str | None = None  # set when a device error makes later cells pointless
+        self.ids: dict[str, list[int]] = {}  # prompt id -> its token ids, encoded once per sweep
+
+    def prompt_ids(self, prompt: Prompt) -> list[int]:
+        if prompt.id not in self.ids:
+            self.ids[prompt.id] = models.encode_chat(self.pair.target, prompt.text)
+        return self.ids[prompt.id]
+
+    def run(self, cell: Cell) -> RunRecord:
+        cfg, started = self.config, datetime.now(UTC).isoformat()
+        try:
+            generation, error = self.pair.run(cell.draft, self.prompt_ids(cell.prompt), cell.k, cell.decoding,
+                                              cfg.max_new_tokens, cfg.seed, cell.policy), None
+        except Exception as exc:  # noqa: BLE001 - a failing cell is recorded; the sweep goes on unless the device failed
+            first_line = str(exc).splitlines()[0] if str(exc) else ""
+            generation, error = None, f"{type(exc).__name__}: {first_line}"
+            if device_error(exc):
+                self.device_error = error
+        return make_record(cell, generation, error, started=started, pair=self.pair, target_spec=cfg.target,
+                           sweep_id=self.sweep_id, seed=cfg.seed, max_new_tokens=cfg.max_new_tokens, baseline=None,
+                           provenance=self.provenance)
+
+    def classify(self, prompt: tuple[int, ...], baseline: tuple[int, ...], ours: tuple[int, ...]) -> Divergence | None:
+        return lossless.classify(self.pair.target, prompt, baseline, ours)
+
+
+class Recorder:
+    """Writes runs, each as one transaction with its rounds, after judging each against its baseline."""
+
+    def __init__(self, config: SweepConfig, sweep_id: str) -> None:
+        self.config, self.sweep_id = config, sweep_id
         self.divergences: list[tuple[str, Divergence]] = []  # greedy runs that differ from their baseline
         self.errors: list[str] = []
         self.device_error: str | None = None  # set when a device error stopped the sweep
-        self.ids: dict[str, list[int]] = {}  # prompt id -> its token ids, encoded once per sweep
+        self.dtype: str | None = None  # of the runs written (one per sweep)
         # (prompt id, decoding, prompt ids) -> the baseline's (run_id, output tokens), kept from this process's runs
-        # so a speculative cell need not read them back; a resumed sweep finds earlier ones in the database.
+        # so a speculative run need not read them back; a resumed sweep finds earlier ones in the database.
         self.baselines: dict[tuple, tuple[str, tuple[int, ...]]] = {}
 
     @property
     def lossless_failures(self) -> list[str]:
         """The greedy runs that differ from their baseline, as labels, whatever the class."""
-        return [label for label, _ in self.divergences]
+        return [name for name, _ in self.divergences]
 
-    def prompt_ids(self, cell: Cell) -> list[int]:
-        if cell.prompt.id not in self.ids:
-            self.ids[cell.prompt.id] = models.encode_chat(self.pair.target, cell.prompt.text)
-        return self.ids[cell.prompt.id]
+    def baseline(self, prompt_id: str, d: Decoding, ids: tuple[int, ...], device: str,
+                 dtype: str) -> tuple[str, tuple[int, ...]] | None:
+        """The plain run a run is checked and timed against: same prompt ids, device and dtype, so a resumed sweep
+        never compares with a baseline of other prompt tokens (a chat template that stamps the date) or of another
+        device or dtype."""
+        return self.baselines.get((prompt_id, d.mode, d.temperature, d.top_p, tuple(ids))) or baseline_for(
+            self.config.db, self.sweep_id, prompt_id, d.mode, d.temperature, d.top_p, self.config.seed, list(ids),
+            device, dtype)
 
-    def baseline(self, cell: Cell) -> tuple[str, tuple[int, ...]] | None:
-        """The plain run this cell is checked and timed against: same prompt ids, device and dtype, so a
-        resumed sweep never compares with a baseline of other prompt tokens (a chat template that stamps the
-        date) or of another device or dtype."""
-        d, ids, target = cell.decoding, self.prompt_ids(cell), self.pair.target
-        key = (cell.prompt.id, d.mode, d.temperature, d.top_p, tuple(ids))
-        return self.baselines.get(key) or baseline_for(
-            self.config.db, self.sweep_id, cell.prompt.id, d.mode, d.temperature, d.top_p, self.config.seed,
-            ids, str(target.device), lossless.dtype_name(target.dtype))
-
-    def _run(self, cell: Cell) -> tuple[Generation | None, str | None]:
-        try:
-            return self.pair.run(cell.draft, self.prompt_ids(cell), cell.k, cell.decoding, self.config.max_new_tokens,
-                                 self.config.seed, cell.policy), None
-        except Exception as exc:  # noqa: BLE001 - a failing cell is recorded; the sweep goes on unless the device failed
-            first_line = str(exc).splitlines()[0] if str(exc) else ""
-            error = f"{type(exc).__name__}: {first_line}"
-            self.errors.append(f"{self.label(cell)}: {error}")
-            if device_error(exc):
-                self.device_error = error
-            return None, error
-
-    @staticmethod
-    def label(cell: Cell) -> str:
-        policy = "" if cell.policy == FIXED else f" {cell.policy.text}"
-        return f"{cell.prompt.id} {cell.draft.text} k={cell.k}{policy} {cell.decoding.mode}"
-
-    def record(self, cell: Cell) -> None:
-        cfg, d = self.config, cell.decoding
-        baseline = None if cell.k is None else self.baseline(cell)
-        started = datetime.now(UTC).isoformat()
-        generation, error = self._run(cell)
-        record = make_record(cell, generation, error, started=started, pair=self.pair,
-                             target_spec=cfg.target, sweep_id=self.sweep_id, seed=cfg.seed,
-                             max_new_tokens=cfg.max_new_tokens, baseline=baseline, provenance=self.provenance)
+    def write(self, record: RunRecord, classify: Classify) -> None:
+        gen, d = record.generation, Decoding(record.mode, record.temperature, record.top_p)
+        self.dtype = record.dtype
+        if record.k is not None and gen is not None:
+            baseline = self.baseline(record.prompt_id, d, gen.prompt_tokens, record.device, record.dtype)
+            record = judge(record, baseline, classify)
         if record.mismatch is not None:
-            self.divergences.append((self.label(cell), record.mismatch))
-        write_run(cfg.db, record)
-        if cell.k is None and generation is not None:
-            key = (cell.prompt.id, d.mode, d.temperature, d.top_p, generation.prompt_tokens)
-            self.baselines[key] = (record.run_id, generation.output_tokens)
+            self.divergences.append((label(record), record.mismatch))
+        if record.status == "error":
+            self.errors.append(f"{label(record)}: {record.error}")
+        write_run(self.config.db, record)
+        if record.k is None and gen is not None:
+            key = (record.prompt_id, d.mode, d.temperature, d.top_p, gen.prompt_tokens)
+            self.baselines[key] = (record.run_id, gen.output_tokens)
+
+
+def cells_to_run(config: SweepConfig) -> tuple[str, list[Cell]]:
+    """The sweep id, and the cells of the plan not yet recorded (all of them for a new sweep). Refuses a bad --db
+    or a draft head that cannot fit the target before any model is loaded."""
+    sweep_id = config.sweep_id or new_sweep_id()
+    check_db(config.db)
+    check_drafts(config.target, [parse_draft(d) for d in config.drafts], config.trust_remote_code)
+    done = recorded_runs(config.db, sweep_id) if config.sweep_id else set()
+    return sweep_id, [c for c in plan(config) if c.key(config.seed) not in done]
+
+
+def load_pair(config: SweepConfig, sweep_id: str) -> CellRunner:
+    """The target and every draft, loaded once and warmed up at every k; ValueError for a prompt that does not fit."""
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
+    target = models.load(config.target, config.device, config.dtype, config.trust_remote_code)
+    drafts = [parse_draft(d) for d in config.drafts]
+    runner = CellRunner(config, sweep_id, Pair(target, drafts, config.kernels))
+    for prompt in config.prompts:
+        if len(runner.prompt_ids(prompt)) + config.max_new_tokens > target.max_context:
+            raise ValueError(f'prompt "{prompt.id}" + max-new-tokens exceeds the model\'s context of '
+                             f"{target.max_context}")
+    caps = {p.cap for p in map(parse_policy, config.policies) if p.cap}  # a heuristic's widest verify pass
+    for d in config.decodings:
+        runner.pair.warm_up([PLAIN, *drafts], runner.prompt_ids(config.prompts[0]), tuple(sorted({*config.ks, *caps})),
+                            d, config.max_new_tokens)
+    return runner
+
+
+def standing(config: SweepConfig, sweep_id: str, to_record: int) -> Callable[[int, str], None]:
+    """`stand(recorded, state)`: where the sweep stands, beside the file, for the dashboard and `--resume last`."""
+    plan_id, planned = config.plan_id(), sum(1 for _ in plan(config))
+    return lambda recorded, state: progress.write(config.db, sweep_id, plan_id, planned - to_record + recorded,
+                                                  planned, state)
 
 
 def run_sweep(config: SweepConfig, console: Console) -> tuple[str, Recorder]:
     """Load once, warm up, then record every cell not yet recorded; a device error stops the sweep (what was
     recorded stays). Returns the sweep id and its recorder."""
-    sweep_id = config.sweep_id or new_sweep_id()
-    check_db(config.db)  # fail on a bad --db before loading any model, creating nothing
-    done = recorded_runs(config.db, sweep_id) if config.sweep_id else set()
-    if config.threads is not None:
-        torch.set_num_threads(config.threads)
-    target = models.load(config.target, config.device, config.dtype, config.trust_remote_code)
-    drafts = [parse_draft(d) for d in config.drafts]
-    pair = Pair(target, drafts, config.kernels)
-    recorder = Recorder(config, sweep_id, pair)
-    for cell in plan(config):
-        if len(recorder.prompt_ids(cell)) + config.max_new_tokens > target.max_context:
-            raise ValueError(f'prompt "{cell.prompt.id}" + max-new-tokens exceeds the model\'s context of '
-                             f"{target.max_context}")
+    sweep_id, todo = cells_to_run(config)
+    runner, recorder = load_pair(config, sweep_id), Recorder(config, sweep_id)
+    target = runner.pair.target
+    device, dtype = str(target.device), lossless.dtype_name(target.dtype)
     # A recorded baseline counts only if it matches this run's prompt ids, device and dtype; else it is re-run.
-    cells = [c for c in plan(config) if c.key(config.seed) not in done or c.k is None and not recorder.baseline(c)]
-    warm = models.encode_chat(target, config.prompts[0].text)
-    # A heuristic policy can reach its cap: that verify width is warmed up too.
-    caps = {p.cap for p in map(parse_policy, config.policies) if p.cap}
-    for d in config.decodings:
-        pair.warm_up([PLAIN, *drafts], warm, tuple(sorted({*config.ks, *caps})), d, config.max_new_tokens)
-    plan_id, planned = config.plan_id(), sum(1 for _ in plan(config))
-
-    def stand(recorded: int, state: str) -> None:  # beside the file, for the dashboard and `--resume last`
-        progress.write(config.db, sweep_id, plan_id, planned - len(cells) + recorded, planned, state)
-
+    cells = [c for c in plan(config) if c in todo or c.k is None and not recorder.baseline(
+        c.prompt.id, c.decoding, tuple(runner.prompt_ids(c.prompt)), device, dtype)]
+    stand = standing(config, sweep_id, len(cells))
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
     recorded = 0
     with Progress(*columns, console=console, disable=not console.is_terminal) as bar:
@@ -262,12 +310,13 @@ def run_sweep(config: SweepConfig, console: Console) -> tuple[str, Recorder]:
         stand(0, progress.RECORDING)
         try:
             for cell in cells:
-                bar.update(task, description=Recorder.label(cell))
-                recorder.record(cell)
+                bar.update(task, description=label(cell))
+                recorder.write(runner.run(cell), runner.classify)
                 recorded += 1
                 bar.advance(task)
                 stand(recorded, progress.RECORDING)
-                if recorder.device_error:
+                if runner.device_error:
+                    recorder.device_error = runner.device_error
                     break
         except BaseException:  # Ctrl-C: what was recorded stays, and `--resume last` finishes the rest
             stand(recorded, progress.INTERRUPTED)

@@ -1,0 +1,1 @@
+"""Training draft heads for a target: self-distilled data, the unrolled training loop, and its records."""

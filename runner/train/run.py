@@ -1,0 +1,162 @@
+"""One training of a draft head, end to end: check the input, make the data, train, save, record.
+
+Safe to interrupt: the head directory is written whole at the end (nothing half-written in it), the
+self-distilled data is cached so a rerun skips making it again, and the database row says 'interrupted'.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from runner.engine import head_files, models
+from runner.store.connect import check_db
+from runner.store.trainings import TrainingLog
+from runner.sweep.run import provenance
+from runner.train import data
+from runner.train.fit import (
+    Epoch,
+    TrainConfig,
+    Trained,
+    default_layers,
+    feature_rms,
+    fit,
+    head_bytes,
+    initial_head,
+    load_info,
+    load_split,
+    new_train_id,
+    save,
+    vocabulary,
+)
+
+TRAIN_DTYPE = "float32"  # gradients in bf16 lose too much on CPU; features are stored in bf16 either way
+
+
+def check(config: TrainConfig) -> None:
+    """Refuse bad input before any model work; raises ValueError (ModelError, PromptError) or StoreError."""
+    for name, value, low in (("epochs", config.epochs, 1), ("max-tokens", config.max_tokens, 1),
+                             ("threads", 1 if config.threads is None else config.threads, 1),
+                             ("unroll", config.unroll, 1), ("max-new-tokens", config.max_new_tokens, 1),
+                             ("draft-vocab", config.draft_vocab, 1)):
+        if value < low:
+            raise ValueError(f"--{name} must be >= {low}, got {value}")
+    if not config.lr > 0:
+        raise ValueError(f"--lr must be > 0, got {config.lr}")
+    out = config.out
+    if out.exists() and not (out.is_dir() and (not any(out.iterdir()) or (out / head_files.CONFIG).is_file())):
+        raise ValueError(f"--out {out} exists and is not a draft head directory; pick another")
+    load_split(config.prompts)
+    if config.db is not None:
+        check_db(config.db)
+    vocab = models.load_config(config.target).vocab_size
+    if config.draft_vocab > vocab:
+        raise ValueError(f"--draft-vocab {config.draft_vocab} exceeds the target's vocabulary of {vocab}")
+
+
+def _progress(console: Console) -> Progress:
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    return Progress(*columns, console=console, disable=not console.is_terminal)
+
+
+def train_draft(config: TrainConfig, console: Console) -> Trained:
+    """Check, load the target, make (or reuse) the data, train, save the best epoch to `config.out`, record."""
+    check(config)
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    started, cpu_start, load_before = time.perf_counter(), time.process_time(), load_info()
+    train_prompts, heldout_prompts = load_split(config.prompts)
+    loaded = models.load(config.target, config.device, TRAIN_DTYPE)
+    loaded.model.requires_grad_(False)
+    layers = default_layers(loaded.model.config.num_hidden_layers)
+    result = Trained(new_train_id())
+    log = TrainingLog(config.db, result.train_id)
+    log.start({
+        "target": config.target, "draft": f"eagle:{config.out}", "out_dir": str(config.out),
+        "prompts_file": str(config.prompts), "train_prompts": len(train_prompts),
+        "heldout_prompts": len(heldout_prompts), "max_new_tokens": config.max_new_tokens, "epochs": config.epochs,
+        "draft_vocab": config.draft_vocab, "layers": list(layers), "unroll": config.unroll, "lr": config.lr,
+        "seed": config.seed, "threads": torch.get_num_threads(), "load_before": load_before,
+        "device": str(loaded.device), "dtype": TRAIN_DTYPE, "command": config.command,
+        **{k: v for k, v in provenance(loaded.device).items() if k != "device_name"},
+    })
+    try:
+        with _progress(console) as progress:
+            _train(config, loaded, layers, train_prompts, heldout_prompts, result, log, progress, console)
+    except KeyboardInterrupt:
+        log.finish("interrupted", _fields(result, started, cpu_start))
+        raise
+    except Exception as error:
+        log.finish("error", _fields(result, started, cpu_start) | {"error": f"{type(error).__name__}: {error}"})
+        raise
+    log.finish("ok", _fields(result, started, cpu_start) | {"head_bytes": head_bytes(config.out)})
+    return result
+
+
+def _train(config: TrainConfig, loaded: models.Loaded, layers: tuple[int, ...], train_prompts: list,
+           heldout_prompts: list, result: Trained, log: TrainingLog, progress: Progress, console: Console) -> None:
+    start = time.perf_counter()
+    task = progress.add_task("the target answers the training prompts", total=config.max_tokens)
+    train, result.data_cached = data.corpus(loaded, train_prompts, layers, config.max_tokens, config.max_new_tokens,
+                                            config.batch_size, lambda n: progress.advance(task, n))
+    progress.update(task, description="… and the held-out prompts", completed=0, total=None)
+    heldout, _ = data.corpus(loaded, heldout_prompts, layers, 10**9, config.max_new_tokens, config.batch_size,
+                             lambda n: progress.advance(task, n))
+    progress.remove_task(task)
+    result.data_s = time.perf_counter() - start
+    result.train_tokens = sum(s.answer_tokens for s in train)
+    result.heldout_tokens = sum(s.answer_tokens for s in heldout)
+    draft_ids, result.coverage = vocabulary(train, config.draft_vocab, loaded.model.config.vocab_size)
+    head = initial_head(loaded, layers, draft_ids, feature_rms(train, len(layers)))
+    start = time.perf_counter()
+    task = progress.add_task("epoch 1", total=None)
+
+    def on_epoch(epoch: Epoch) -> None:
+        log.epoch(epoch.number, epoch.train_loss, epoch.heldout_loss, epoch.seconds,
+                  None if epoch.number == 0 else config.lr, epoch.positions)
+        rates = " ".join(f"{r:.3f}" for r in epoch.rates)
+        console.print(f"epoch {epoch.number}: held-out loss {epoch.heldout_loss:.3f}, acceptance by position "
+                      f"{rates}, expected accepted at k={config.unroll}: {epoch.expected_accepted:.2f}",
+                      highlight=False)
+        progress.update(task, description=f"epoch {epoch.number + 1}", completed=0)
+
+    epochs, best = fit(head, train, heldout, config, on_epoch,
+                       lambda done, total: progress.update(task, completed=done, total=total))
+    result.epochs = epochs
+    result.saved_epoch = max(epochs, key=lambda e: e.expected_accepted).number
+    result.train_s = time.perf_counter() - start
+    save(head, best, config.out)
+
+
+def _fields(result: Trained, started: float, cpu_start: float) -> dict:
+    return {
+        "train_tokens": result.train_tokens, "heldout_tokens": result.heldout_tokens,
+        "vocab_coverage": result.coverage, "saved_epoch": result.saved_epoch, "data_cached": result.data_cached,
+        "data_s": result.data_s, "train_s": result.train_s, "wall_s": time.perf_counter() - started,
+        "cpu_s": time.process_time() - cpu_start, "load_after": load_info(),
+    }
+
+
+def epoch_table(trained: Trained) -> Table:
+    """Per epoch: the losses and the held-out acceptance at each draft position (epoch 0: untrained)."""
+    positions = len(trained.epochs[0].positions)
+    table = Table(title=f"training {trained.train_id}", title_justify="left")
+    for name in ("epoch", "train loss", "held-out loss", *(f"accept@{j}" for j in range(1, positions + 1)),
+                 f"accepted at k={positions}", "s"):
+        table.add_column(name, justify="right")
+    for e in trained.epochs:
+        mark = " (saved)" if e.number == trained.saved_epoch else ""
+        table.add_row(f"{e.number}{mark}", "" if e.train_loss is None else f"{e.train_loss:.3f}",
+                      f"{e.heldout_loss:.3f}", *(f"{r:.3f}" for r in e.rates), f"{e.expected_accepted:.2f}",
+                      f"{e.seconds:.0f}")
+    return table
+
+
+def default_prompts() -> Path:
+    """The training prompts shipped with specdash (disjoint from the built-in suite heads are evaluated on)."""
+    return Path(__file__).parent / "prompts.jsonl"
