@@ -9,14 +9,21 @@ from torch import nn
 
 from runner.engine import head_files, kernels, models
 from runner.engine.decode import generate
-from runner.engine.drafters import NGRAM_MATCHES, Drafter, ModelDrafter, NgramDrafter, NoDraft, layer_skip
+from runner.engine.drafters import (
+    DEFAULT_MATCH,
+    NGRAM_MATCHES,
+    Drafter,
+    ModelDrafter,
+    NgramDrafter,
+    NoDraft,
+    layer_skip,
+)
 from runner.engine.eagle_drafter import EagleDrafter
 from runner.engine.policies import FIXED, PolicySpec
 from runner.engine.sampling import Decoding
 from runner.records import Generation
 
 DEFAULT_NGRAM = 3  # longest n-gram prompt lookup tries before falling back to shorter ones
-DEFAULT_MATCH = "latest"  # which earlier occurrence prompt lookup copies from (README, "Drafters")
 WARMUP_TOKENS = 8  # plain decoding's warm-up
 
 
