@@ -5,6 +5,7 @@ from __future__ import annotations
 import duckdb
 import pytest
 import torch
+from test_heads import DRAFT_IDS, published_config, published_tensors, write_head
 from typer.testing import CliRunner
 
 from runner.cli import app
@@ -185,3 +186,19 @@ def test_a_sweep_compares_policies_and_records_each(tiny_dir, tmp_path):
             assert k == asked if run.draft.iloc[0] == "layerskip:1" else 0 <= k <= asked
             schedule.observe(k, accepted)
             made += emitted
+
+
+@pytest.mark.parametrize(("threshold", "ks"), [
+    # A random head for the tiny model: the target rejects every draft, so each round emits one token and the
+    # budget (40 tokens, the prefill's first) leaves round r room for min(k, 38 − r) drafts. Its top probability
+    # is below 0.999999 at every draft: each round stops after its first; never below 1e-9: none stops early.
+    ("confidence:0.999999", [1] * 38 + [0]),
+    ("confidence:1e-9", [4] * 35 + [3, 2, 1, 0]),
+])
+def test_an_eagle_head_stops_where_it_is_unsure(tiny, tmp_path, threshold, ks):
+    head = write_head(tmp_path / "head", published_config(64, 49152, DRAFT_IDS.numel()),
+                      published_tensors(64, 49152, DRAFT_IDS, 0))
+    spec = parse_draft(f"eagle:{head}")
+    run = Pair(tiny, [spec]).run(spec, PROMPT, 4, GREEDY, 40, 0, parse_policy(threshold))
+    assert [r.k for r in run.rounds] == ks and all(r.accepted == 0 for r in run.rounds)
+    assert run.output_tokens == plain(tiny, 40)

@@ -118,7 +118,7 @@ class Pair:
         if spec.kind == "ngram":
             return NgramDrafter(int(spec.arg), spec.match)
         if spec.kind == "eagle":
-            return EagleDrafter(self.draft_models[spec.text], decoding, generator)
+            return EagleDrafter(self.draft_models[spec.text], decoding, generator, stop_below=policy.threshold)
         return ModelDrafter(self.draft_models[spec.text], decoding, generator, self.target.vocab_size,
                             stop_below=policy.threshold)
 

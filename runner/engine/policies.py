@@ -8,7 +8,7 @@ after, and `rounds.k` records what each round proposed.
   +2 after a round whose drafts were all accepted, −1 after any other; never below 1 nor above the cap (default
   `HEURISTIC_CAP`, or the start k if larger; transformers has no cap). A round that proposed nothing (prompt lookup
   found no match) leaves k as it was: it says nothing about the draft.
-- `confidence:<t>`: up to k drafts, but a model or layer-skip draft stops drafting after a draft whose top
+- `confidence:<t>`: up to k drafts, but a model, layer-skip or EAGLE-head draft stops drafting after a draft whose top
   probability is below t (transformers' `assistant_confidence_threshold`, kept fixed). That draft is still proposed:
   it is already computed, and one more token in the verify pass costs little. Prompt lookup has no probabilities,
   so it cannot take this policy.
@@ -79,10 +79,11 @@ class PolicySpec:
 
     def applies_to(self, draft_kind: str) -> bool:
         """Whether a draft of this kind can follow the policy: confidence needs the draft's probabilities."""
-        return self.kind != "confidence" or draft_kind in ("layerskip", "model")
+        return self.kind != "confidence" or draft_kind in ("layerskip", "model", "eagle")
 
     def refusal(self, draft: str) -> str:
-        return f'k-policy "{self.text}" needs a draft with probabilities (layerskip or model); "{draft}" has none'
+        return (f'k-policy "{self.text}" needs a draft with probabilities (layerskip, model or eagle); '
+                f'"{draft}" has none')
 
 
 FIXED = PolicySpec("fixed", "fixed")
