@@ -121,6 +121,17 @@ def test_greedy_eagle_equals_plain_greedy_on_smollm2(smollm2, tmp_path):
         assert pair.run(spec, prompt, k, GREEDY, 24, seed=0).output_tokens == expected, k
 
 
+def test_the_shipped_head_drafts_losslessly_and_is_often_right_on_a_prompt_it_never_saw(smollm2):
+    spec = parse_draft(f"eagle:{SHIPPED}")
+    pair = Pair(smollm2, [spec])
+    prompt = models.encode_chat(smollm2, "Write a Python function that returns the largest of three numbers.")
+    expected = generate(smollm2, NoDraft(), prompt, 0, GREEDY, 32, torch.Generator()).output_tokens
+    run = pair.run(spec, prompt, 2, GREEDY, 32, seed=0)
+    accepted, rejected = sum(r.accepted for r in run.rounds), sum(r.rejected for r in run.rounds)
+    # lossless, and trained: a random head of the same layout is right about once in 49,152 / 16 draft tokens
+    assert run.output_tokens == expected and accepted / (accepted + rejected) > 0.3
+
+
 class Recording(EagleDrafter):
     """Logs each round's committed length and its q (sampling), to check them against one full pass."""
 
