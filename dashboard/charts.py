@@ -9,7 +9,7 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from dashboard.frames import BEST_K, MEASURED, THEORY
+from dashboard.frames import BEST_K, MEASURED, PREDICTED, THEORY
 
 FACET_COLUMNS = 3
 PANEL = {"width": 240, "height": 200}  # three panels and their axes fit the wide layout's main column
@@ -126,3 +126,29 @@ def position_acceptance(frame: pd.DataFrame) -> alt.Chart:
         strokeDash=alt.StrokeDash("source:N", title=None),
         tooltip=["series:N", "position:Q", "judged:Q", "accepted:Q", alt.Tooltip("acceptance:Q", format=".3f")],
     ).properties(width=420, height=240, title="acceptance by draft position: recorded runs and held-out prompts")
+def position_rates(frame: pd.DataFrame) -> alt.FacetChart:
+    """Per category: the acceptance rate of each draft position among the rounds that reached it."""
+    position = alt.X("position:Q", title="draft position i", axis=alt.Axis(tickMinStep=1, format="d"))
+    rate = alt.Y("rate:Q", title="accepted / reached", scale=alt.Scale(domain=[0, 1]))
+    lines = alt.Chart(frame).mark_line(point=True).encode(
+        position, rate, color=alt.Color("series:N", title="draft · mode", scale=_SCHEME),
+        tooltip=["series:N", "category:N", "position:Q", "reached:Q", "accepted:Q",
+                 alt.Tooltip("rate:Q", format=".3f", title="rate")]).properties(**PANEL)
+    return lines.facet(facet=alt.Facet("category:N", title=None), columns=FACET_COLUMNS).properties(
+        title="acceptance per draft position (of the rounds that reached it: drafts 1..i−1 accepted)")
+
+
+def k_advisor(frame: pd.DataFrame) -> alt.FacetChart:
+    """Per category: decode tokens/s against k, the advisor's prediction (solid), the flat formula's (dotted) and
+    the measured fixed-k runs (dots)."""
+    base = alt.Chart(frame)
+    y = alt.Y("tokens_per_s:Q", title="decode tokens/s")
+    series = alt.Color("series:N", title="draft · mode", scale=_SCHEME)
+    tooltip = ["series:N", "category:N", "k:Q", "source:N", alt.Tooltip("tokens_per_s:Q", format=".1f")]
+    lines = base.transform_filter(alt.FieldOneOfPredicate(field="source", oneOf=[PREDICTED, THEORY])).mark_line(
+    ).encode(_K, y, series, strokeDash=alt.StrokeDash("source:N", title=None, sort=[PREDICTED, THEORY]),
+             tooltip=tooltip)
+    points = base.transform_filter(_is(MEASURED)).mark_circle(size=70).encode(_K, y, series, tooltip=tooltip)
+    return alt.layer(lines, points).properties(**PANEL).facet(
+        facet=alt.Facet("category:N", title=None), columns=FACET_COLUMNS).properties(
+        title="tokens/s against k: the advisor (measured acceptance per position and verify curve) and measured")

@@ -1,4 +1,4 @@
-"""Compare drafts: a leaderboard per target × mode, and two drafts head to head."""
+"""Compare drafts: a leaderboard per target × mode, two drafts head to head, and which k to use."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import dataclasses
 import pandas as pd
 import streamlit as st
 
-from dashboard import charts, common, frames, queries
+from dashboard import charts, common, frames, k_advice, queries
 from runner.store import metrics
 
 FILTERS = ("target", "category", "mode", "device", "host", "concurrent_workers", "kernels", "threads", "sweep_id")
@@ -62,6 +62,7 @@ def render() -> None:
                "prompts), its speedup and its τ. Ranked by the geometric mean of those best speedups.")
     cells = common.load(metrics.cells, filters)
     _head_to_head(cells, sorted(cells["draft"].unique()), filters)
+    k_advice.render(filters)
 
 
 if __name__ == "__main__":  # st.navigation runs each page file as __main__

@@ -10,11 +10,16 @@ from __future__ import annotations
 import pandas as pd
 
 THEORY, MEASURED, BEST_K = "theory", "measured", "formula's best k"
+PREDICTED = "advisor"
 
 
 def series_label(frame: pd.DataFrame) -> pd.Series:
-    """What one line or colour stands for: draft · mode, with the target when several are shown."""
+    """What one line or colour stands for: draft · mode (· its draft-length policy unless fixed), with the target
+    when several are shown."""
     label = frame["draft"].astype(str) + " · " + frame["mode"].astype(str)
+    if "k_policy" in frame:
+        adaptive = frame["k_policy"].notna() & (frame["k_policy"] != "fixed")
+        label = label.where(~adaptive, label + " · " + frame["k_policy"].astype(str))
     if frame["target"].nunique() > 1:
         label = frame["target"].astype(str) + " / " + label
     return label
@@ -71,11 +76,21 @@ def leaderboard(per_category: pd.DataFrame, lossless: pd.DataFrame) -> pd.DataFr
 
 
 def head_to_head(cells: pd.DataFrame, a: str, b: str) -> pd.DataFrame:
-    """Per target × mode × category × k: α, τ and measured speedup of draft a next to draft b."""
-    keys = ["target", "mode", "category", "k"]
+    """Per target × mode × category × k × policy: α, τ and measured speedup of draft a next to draft b."""
+    keys = ["target", "mode", "category", "k", "k_policy"]
     metrics = {"alpha": "α", "tau": "τ", "measured_speedup": "speedup"}
     two = cells[cells["draft"].isin([a, b])]
     wide = two.pivot(index=keys, columns="draft", values=list(metrics))
     wide = wide.reindex(columns=[(metric, draft) for metric in metrics for draft in (a, b)])
     wide.columns = [f"{metrics[metric]} · {draft}" for metric, draft in wide.columns]
     return wide.reset_index()
+
+
+def k_curve(curve: pd.DataFrame) -> pd.DataFrame:
+    """The advisor's long frame: per series × category × k, the predicted, measured and flat-formula tokens/s."""
+    if curve.empty:
+        return pd.DataFrame(columns=["series", "category", "k", "tokens_per_s", "source"])
+    labelled = curve.assign(series=series_label(curve))
+    sources = {"predicted_tokens_per_s": PREDICTED, "measured_tokens_per_s": MEASURED, "formula_tokens_per_s": THEORY}
+    long = labelled.melt(id_vars=["series", "category", "k"], value_vars=list(sources), value_name="tokens_per_s")
+    return long.dropna(subset=["tokens_per_s"]).assign(source=long["variable"].map(sources)).drop(columns="variable")

@@ -8,13 +8,14 @@ import streamlit as st
 from dashboard import charts, common, frames, queries
 from runner.store import metrics
 
-FILTERS = ("target", "draft", "category", "k", "mode", "device", "host", "concurrent_workers", "kernels", "threads",
-           "sweep_id")
+FILTERS = ("target", "draft", "category", "k", "k_policy", "mode", "device", "host", "concurrent_workers", "kernels",
+           "threads", "sweep_id")
 # In display order: the explainer's numbers first, the counts behind them after.
 CELL_COLUMNS = {
     "category": st.column_config.TextColumn("category"),
     "draft": st.column_config.TextColumn("draft"),
     "k": st.column_config.NumberColumn("k"),
+    "k_policy": st.column_config.TextColumn("policy", help="how each round's k was chosen from k"),
     "alpha": st.column_config.NumberColumn("α", format="%.3f", help="accepted / (accepted + rejected)"),
     "tau": st.column_config.NumberColumn("τ", format="%.2f", help="tokens emitted per round, mean over runs"),
     "thrown": st.column_config.NumberColumn("thrown", help="drafts after a rejection, never judged"),

@@ -15,7 +15,8 @@ from rich.console import Console
 
 from runner.engine import models
 from runner.engine.kernels import SKINNY, all_cores
-from runner.engine.pair import PLAIN, DraftSpec, Pair, check_drafts, parse_draft, parse_kernels
+from runner.engine.pair import PLAIN, Pair, check_drafts, parse_draft, parse_kernels
+from runner.engine.policies import FIXED, parse_policy
 from runner.engine.sampling import Decoding
 from runner.records import Generation, RunRecord
 from runner.report import frame_table, print_divergences, print_generation, sweep_table
@@ -26,7 +27,7 @@ from runner.store.schema import StoreError
 from runner.store.sql import QueryError, run_query
 from runner.sweep import progress
 from runner.sweep.prompts import Prompt, load_prompts, select_prompts
-from runner.sweep.run import Cell, SweepConfig, make_record, run_sweep
+from runner.sweep.run import Cell, SweepConfig, make_record, run_sweep, skipped
 from runner.train.fit import TrainConfig
 from runner.train.run import default_prompts, epoch_table, train_draft
 
@@ -72,6 +73,7 @@ TrustRemoteCode = Annotated[bool, typer.Option(help="run the model code a checkp
 Kernels = Annotated[str, typer.Option(help="the linears on CPU: skinny (the fastest product measured per weight "
                                       "shape and row count) or stock (torch's F.linear); CUDA always runs stock")]
 Threads = Annotated[int | None, typer.Option(help="torch CPU threads (default: OMP_NUM_THREADS, else every core)")]
+POLICY_HELP = "fixed, heuristic[:<cap>] or confidence:<t> (README, \"Draft-length policies\")"
 
 
 def check_threads(threads: int | None) -> int:
@@ -85,8 +87,9 @@ def check_threads(threads: int | None) -> int:
 def generate(
     prompt: Annotated[str, typer.Option(help="the user message")],
     target: Target = models.DEFAULT_MODEL,
-    draft: Annotated[str, typer.Option(help="ngram[:n], layerskip:<L>, model:<spec> or eagle:<head>")] = "ngram",
-    k: Annotated[int, typer.Option(help="drafts per round")] = 4,
+    draft: Annotated[str, typer.Option(help="ngram[:n[:match]], layerskip:<L>, model:<spec>, eagle:<head>")] = "ngram",
+    k: Annotated[int, typer.Option(help="drafts per round (where a policy starts)")] = 4,
+    k_policy: Annotated[str, typer.Option(help=POLICY_HELP)] = FIXED.text,
     mode: Mode = "greedy",
     temperature: float = 1.0,
     top_p: float = 1.0,
@@ -106,6 +109,9 @@ def generate(
         if spec.kind == "baseline":
             raise UsageError("generate compares a draft against plain decoding: give a draft, not none")
         check_k(k)
+        policy = parse_policy(k_policy)
+        if not policy.applies_to(spec.kind):
+            raise UsageError(policy.refusal(spec.text))
         decoding = decoding_for(mode, temperature, top_p)
         if max_new_tokens < 1:
             raise UsageError(f"max-new-tokens must be >= 1, got {max_new_tokens}")
@@ -120,27 +126,26 @@ def generate(
                 f"prompt ({len(ids)} tokens) + max-new-tokens ({max_new_tokens}) exceeds the model's "
                 f"context of {loaded.max_context} tokens"
             )
-        pair.warm_up([PLAIN, spec], ids, (k,), decoding, max_new_tokens)
+        pair.warm_up([PLAIN, spec], ids, tuple(sorted({k, policy.cap or k})), decoding, max_new_tokens)  # and the cap
         baseline = pair.run(PLAIN, ids, None, decoding, max_new_tokens, seed)
-        run = pair.run(spec, ids, k, decoding, max_new_tokens, seed)
+        run = pair.run(spec, ids, k, decoding, max_new_tokens, seed, policy)
     except ValueError as exc:  # ModelError, UsageError and the engine's checks are all ValueErrors
         fail(str(exc))
-    record, summary = _summary(pair, target, Prompt("prompt", "", prompt), spec, k, decoding, seed,
-                               max_new_tokens, baseline, run)
+    cell = Cell(Prompt("prompt", "", prompt), decoding, spec, k, policy)
+    record, summary = _summary(pair, target, cell, seed, max_new_tokens, baseline, run)
     text = loaded.tokenizer.decode(list(run.output_tokens), skip_special_tokens=True)
     print_generation(stdout, text, run, baseline, summary, loaded.tokenizer)
     if record.mismatch is not None:
         print_divergences(stderr, [("this run", record.mismatch)], record.dtype)
 
 
-def _summary(pair: Pair, target: str, prompt: Prompt, spec: DraftSpec, k: int, decoding: Decoding,
-             seed: int, max_new_tokens: int, baseline: Generation, run: Generation) -> tuple[RunRecord, pd.Series]:
+def _summary(pair: Pair, target: str, cell: Cell, seed: int, max_new_tokens: int, baseline: Generation,
+             run: Generation) -> tuple[RunRecord, pd.Series]:
     """The run as a sweep would record it, and its row of run_stats against its baseline."""
     common = {"pair": pair, "target_spec": target, "sweep_id": "generate", "seed": seed,
               "max_new_tokens": max_new_tokens, "provenance": {}, "started": datetime.now(UTC).isoformat()}
-    base = make_record(Cell(prompt, decoding, PLAIN, None), baseline, None, baseline=None, **common)
-    spec_run = make_record(Cell(prompt, decoding, spec, k), run, None, baseline=(base.run_id, baseline.output_tokens),
-                           **common)
+    base = make_record(Cell(cell.prompt, cell.decoding, PLAIN, None), baseline, None, baseline=None, **common)
+    spec_run = make_record(cell, run, None, baseline=(base.run_id, baseline.output_tokens), **common)
     return spec_run, in_scratch([base, spec_run], lambda con: con.execute(
         "SELECT * FROM run_stats WHERE run_id = ?", [spec_run.run_id]).df()).iloc[0]
 
@@ -163,7 +168,8 @@ def _ints(value: str, name: str) -> list[int]:
 def sweep(
     draft: Annotated[list[str], typer.Option(help="a drafter to compare; repeat for several")],
     target: Target = models.DEFAULT_MODEL,
-    k: Annotated[str, typer.Option(help="draft lengths, comma-separated")] = "1,2,4,8",
+    k: Annotated[str, typer.Option(help="draft lengths, comma-separated (where a policy starts)")] = "1,2,4,8",
+    k_policy: Annotated[list[str], typer.Option(help=POLICY_HELP + "; repeat for several")] = [FIXED.text],  # noqa: B006
     categories: Annotated[str | None, typer.Option(help="comma-separated; default: all")] = None,
     prompts: Annotated[Path | None, typer.Option(help="a JSONL file of {id, category, prompt}")] = None,
     prompts_per_category: Annotated[int | None, typer.Option(help="the first N prompts of each category")] = None,
@@ -198,6 +204,9 @@ def sweep(
         specs = [parse_draft(d) for d in draft]
         if any(s.kind == "baseline" for s in specs):
             raise UsageError("every sweep records its baselines; give only drafts")
+        policies = [parse_policy(p) for p in dict.fromkeys(k_policy)]
+        if not any(p.applies_to(s.kind) for p in policies for s in specs):
+            raise UsageError(policies[0].refusal(specs[0].text))
         if max_new_tokens < 1:
             raise UsageError(f"max-new-tokens must be >= 1, got {max_new_tokens}")
         chosen = select_prompts(load_prompts(prompts), _csv(categories, "categories") if categories else None,
@@ -207,7 +216,10 @@ def sweep(
             decodings=tuple(dict.fromkeys(decoding_for(m, temperature, top_p) for m in mode)),
             prompts=tuple(chosen), max_new_tokens=max_new_tokens, seed=seed, db=db, device=device, dtype=dtype,
             sweep_id=resume, trust_remote_code=trust_remote_code, kernels=kernels, threads=check_threads(threads),
+            policies=tuple(p.text for p in policies),
         )
+        for line in skipped(config):
+            stderr.print(f"skipped: {line}", markup=False, highlight=False, soft_wrap=True)
         if resume == "last":
             config = dataclasses.replace(config, sweep_id=progress.resumable(db, config.plan_id()))
         elif resume and resume not in set(list_sweeps(db)["sweep_id"]):

@@ -62,7 +62,7 @@ class Divergence:
 
 
 # The columns of `runs` that make a cell of a sweep: a resumed sweep records only the cells it has no 'ok' run for.
-CELL_KEY = ("prompt_id", "draft", "k", "mode", "temperature", "top_p", "seed")
+CELL_KEY = ("prompt_id", "draft", "k", "mode", "temperature", "top_p", "seed", "k_policy")
 
 
 @dataclass(frozen=True)
@@ -103,6 +103,7 @@ class RunRecord:
     divergence: str | None = None
     # The sweep's workers on this run's host while it ran, itself included: 1 alone; more share the memory bandwidth.
     concurrent_workers: int = 1
+    k_policy: str | None = None  # how each round's k was chosen from k (runner/engine/policies.py); None for baselines
 
     def cell_key(self) -> tuple:
         return tuple(getattr(self, name) for name in CELL_KEY)

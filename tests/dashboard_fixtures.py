@@ -71,7 +71,8 @@ def _record(run_id: str, prompt_id: str, draft: str, k: int | None, rounds: list
     kind = "baseline" if draft == "none" else draft.split(":")[0]
     return RunRecord(run_id, SWEEP, f"2026-01-01T12:{minute:02d}:00", target, draft, kind, category, prompt_id,
                      f"write some {category}", k, "greedy", 0.0, 1.0, 0, 12, "cpu", "float32", "ok", None, gen,
-                     " ".join(map(str, output)), baseline, lossless, kernels="skinny", threads=2)
+                     " ".join(map(str, output)), baseline, lossless, kernels="skinny", threads=2,
+                     k_policy=None if k is None else "fixed")
 
 
 def speculative_record(run_id: str, prompt_id: str, draft: str, k: int, schedule: list[int | None], wall_s: float,

@@ -114,6 +114,8 @@ def _sweep(db: Path, *extra: str) -> tuple[int, str, str]:
         (["--draft", "none"], "every sweep records its baselines"),
         (["--mode", "sample", "--top-p", "0"], "top-p must be in (0, 1], got 0.0"),
         (["--max-new-tokens", "0"], "max-new-tokens must be >= 1, got 0"),
+        (["--k-policy", "adaptive"], 'unknown k-policy "adaptive"'),
+        (["--k-policy", "confidence:0.5"], 'k-policy "confidence:0.5" needs a draft with probabilities'),
     ],
 )
 def test_sweep_refuses_bad_options_before_touching_the_database(tmp_path, extra, expected):

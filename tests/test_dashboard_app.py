@@ -121,6 +121,26 @@ def test_compare_leaderboard_and_head_to_head(monkeypatch, db):
     assert set(data["source"]) == {"measured", "theory", "formula's best k"}
 
 
+def test_compare_says_which_k(monkeypatch, db):
+    """The "Which k" section: its tables and charts carry the advisor's numbers (tests/test_positions.py checks
+    them by hand); with no adaptive run recorded, every recommendation is the advisor's k, fixed."""
+    at = app(monkeypatch, db, "compare.py")
+    assert not at.exception
+    advice = at.dataframe[2].value
+    assert sorted(zip(advice["draft"], advice["category"], strict=True)) == [
+        ("layerskip:2", "code"), ("layerskip:2", "poem"), ("ngram", "code"), ("ngram", "poem")]
+    assert set(advice["recommended_policy"]) == {"fixed"}
+    assert advice["recommended_k"].tolist() == advice["predicted_best_k"].tolist()
+    assert at.metric[0].value == "4 of 4"  # every advisor pick among k = 2, 4 was the measured best
+    _, positions = chart_data(at.get("vega_lite_chart")[1])
+    ngram_code = positions[(positions["series"] == "ngram · greedy") & (positions["category"] == "code")]
+    # ngram on code, accepted per round 2 1 2 2 (0: no room left to draft) | 4 2 3 | 2 2 2 2: all 11 rounds that
+    # drafted accepted d1, and 10 of them accepted d2
+    assert ngram_code["rate"].tolist()[:2] == pytest.approx([1.0, 10 / 11])
+    _, curve = chart_data(at.get("vega_lite_chart")[2])
+    assert set(curve["source"]) == {"advisor", "measured", "theory"}
+
+
 def test_replay_colours_every_token_by_its_fate(monkeypatch, db):
     at = app(monkeypatch, db, "replay.py", run="p1-ls-k4")
     assert not at.exception

@@ -78,7 +78,7 @@ def test_filter_options_come_from_runs_with_statistics(db):
     assert queries.read(db, queries.filter_options) == {
         "target": ["tiny-target"], "draft": ["layerskip:2", "ngram"], "category": ["code", "poem"], "k": [2, 4],
         "mode": ["greedy"], "device": ["cpu"], "sweep_id": ["s1"], "host": [], "concurrent_workers": [1],
-        "kernels": ["skinny"], "threads": [2]}
+        "kernels": ["skinny"], "threads": [2], "k_policy": ["fixed"]}
 
 
 def test_kernels_and_threads_filter_runs_and_split_the_verify_curve(db):
@@ -133,10 +133,10 @@ def test_leaderboard_ranks_drafts_with_best_k_and_lossless_rate(db):
 
 def test_head_to_head_puts_two_drafts_side_by_side(db):
     table = frames.head_to_head(queries.read(db, metrics.cells, Filters()), "ngram", "layerskip:2")
-    assert table.columns.tolist() == ["target", "mode", "category", "k", "α · ngram", "α · layerskip:2",
+    assert table.columns.tolist() == ["target", "mode", "category", "k", "k_policy", "α · ngram", "α · layerskip:2",
                                       "τ · ngram", "τ · layerskip:2", "speedup · ngram", "speedup · layerskip:2"]
     code_k4 = table[(table["category"] == "code") & (table["k"] == 4)].iloc[0]
-    assert code_k4.iloc[4:].tolist() == pytest.approx([9 / 10, 6 / 11, 4.0, 2.0, 2.4, 0.6])
+    assert code_k4.iloc[5:].tolist() == pytest.approx([9 / 10, 6 / 11, 4.0, 2.0, 2.4, 0.6])
 
 
 def test_speedup_by_k_marks_the_formulas_best_k(db):

@@ -89,9 +89,10 @@ def test_the_best_k_example_agrees_with_the_leaderboard(shipped):
 def test_the_sweep_summary_is_the_overview_of_one_sweep(shipped):
     with duckdb.connect(str(shipped), read_only=True) as con:
         sweep_id = con.execute("SELECT any_value(sweep_id) FROM runs").fetchone()[0]
-        overview = metrics.cells(con, metrics.Filters(sweep_id=(sweep_id,)), ("category", "draft", "k", "mode"))
+        overview = metrics.cells(con, metrics.Filters(sweep_id=(sweep_id,)),
+                                 ("category", "draft", "k", "mode", "k_policy"))
     summary = sweep_summary(shipped, sweep_id)
-    assert summary.columns.tolist()[:4] == ["category", "draft", "k", "mode"]
+    assert summary.columns.tolist()[:5] == ["category", "draft", "k", "mode", "k_policy"]
     shared = [c for c in summary.columns if c in overview.columns]
     assert len(summary) > 0
     pd.testing.assert_frame_equal(summary[shared], overview[shared], check_dtype=False)

@@ -40,6 +40,7 @@ def record(run_id: str, rounds: tuple[Round, ...], wall_s: float, k: int | None 
         prompt_text="def f():", k=k, mode="greedy", temperature=0.0, top_p=1.0, seed=seed, max_new_tokens=10,
         device="cpu", dtype="float32", status="ok", error=None, generation=gen, output_text="x",
         baseline_run_id=baseline_run_id, lossless=None if draft == "none" else True, kernels="skinny", threads=2,
+        k_policy=None if draft == "none" else "fixed",
         provenance={"torch_version": "2.13.0", "host": "h1", "git_commit": "abc"})
 
 
@@ -89,7 +90,8 @@ def test_runs_and_rounds_have_the_documented_columns(db):
         ("baseline_run_id", text), ("lossless", "BOOLEAN"), ("status", text), ("error", text),
         ("torch_version", text), ("transformers_version", text), ("python_version", text), ("host", text),
         ("git_commit", text), ("device_name", text), ("divergence_at", i), ("divergence_gap", f),
-        ("divergence_tolerance", f), ("divergence", text), ("kernels", text), ("threads", i), ("concurrent_workers", i)]
+        ("divergence_tolerance", f), ("divergence", text), ("kernels", text), ("threads", i), ("concurrent_workers", i),
+        ("k_policy", text)]
     assert columns(db, "rounds") == [
         ("run_id", text), ("round", i), ("k", i), ("accepted", i), ("rejected", i), ("thrown", i),
         ("bonus", "BOOLEAN"), ("emitted", i), ("draft_s", f), ("verify_s", f), ("draft_tokens", ints),
@@ -99,11 +101,11 @@ def test_runs_and_rounds_have_the_documented_columns(db):
         "temperature", "top_p", "seed", "device", "dtype", "new_tokens", "n_rounds", "accepted", "rejected",
         "thrown", "drafted", "alpha", "tau", "thrown_share", "tokens_per_s", "baseline_tokens_per_s",
         "measured_speedup", "target_pass_s", "verify_pass_s", "draft_token_s", "c", "theoretical_speedup",
-        "lossless", "divergence", "kernels", "threads"]
+        "lossless", "divergence", "kernels", "threads", "k_policy"]
     assert query(db, "SELECT version, name FROM schema_migrations ORDER BY version") == [
         (1, "create_runs_and_rounds"), (2, "create_run_stats"), (3, "add_device_name"), (4, "create_bench_results"),
         (5, "create_run_totals"), (6, "add_divergence"), (7, "add_kernels_and_threads"), (8, "define_metrics"),
-        (9, "create_trainings"), (10, "add_concurrent_workers")]
+        (9, "create_trainings"), (10, "add_concurrent_workers"), (11, "add_k_policy"), (12, "create_position_stats")]
 
 
 def schema_dump(db: Path) -> list:
@@ -399,8 +401,8 @@ def test_a_write_locked_past_its_bound_spills_and_is_flushed_exactly_once(db):
     assert write_run(db, BASELINE, lock_timeout_s=0.2) > 0
     assert (db.parent / "runs.duckdb.pending" / "base.json").is_file()
     # Readers share the file with the holder, and see the spilled run as recorded.
-    assert recorded_runs(db, "s1") == {("p1", "ngram", 4, "greedy", 0.0, 1.0, 0),
-                                             ("p1", "none", None, "greedy", 0.0, 1.0, 0)}
+    assert recorded_runs(db, "s1") == {("p1", "ngram", 4, "greedy", 0.0, 1.0, 0, "fixed"),
+                                             ("p1", "none", None, "greedy", 0.0, 1.0, 0, None)}
     assert baseline_for(db, "s1", "p1", "greedy", 0.0, 1.0, 0, [1, 2, 3], "cpu", "float32") == (
         "base", tuple(range(10, 20)))
     release(holder)
@@ -434,8 +436,8 @@ def test_reads_for_the_runner(db):
     write_run(db, record("other", SPEC.generation.rounds, 0.3, sweep_id="s2", seed=5, baseline_run_id=None))
     failed = replace(SPEC, run_id="bad", k=8, status="error", generation=None)
     write_run(db, failed)
-    assert recorded_runs(db, "s1") == {("p1", "ngram", 4, "greedy", 0.0, 1.0, 0),
-                                             ("p1", "none", None, "greedy", 0.0, 1.0, 0)}
+    assert recorded_runs(db, "s1") == {("p1", "ngram", 4, "greedy", 0.0, 1.0, 0, "fixed"),
+                                             ("p1", "none", None, "greedy", 0.0, 1.0, 0, None)}
     assert baseline_for(db, "s1", "p1", "greedy", 0.0, 1.0, 0, [1, 2, 3], "cpu", "float32") == (
         "base", tuple(range(10, 20)))
     assert baseline_for(db, "s1", "p1", "greedy", 0.0, 1.0, 1, [1, 2, 3], "cpu", "float32") is None

@@ -134,10 +134,10 @@ def test_resume_records_exactly_the_missing_cells(swept, tmp_path):
 def test_a_failing_cell_is_recorded_as_an_error_and_the_sweep_goes_on(tiny_dir, tmp_path, monkeypatch):
     real_run = pair.Pair.run
 
-    def flaky(self, spec, prompt, k, decoding, max_new_tokens, seed):
+    def flaky(self, spec, prompt, k, decoding, max_new_tokens, seed, *policy):
         if spec.text == "layerskip:2" and k == 3 and max_new_tokens == 10:  # the cells, not the warm-up
             raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore detail")
-        return real_run(self, spec, prompt, k, decoding, max_new_tokens, seed)
+        return real_run(self, spec, prompt, k, decoding, max_new_tokens, seed, *policy)
 
     monkeypatch.setattr(pair.Pair, "run", flaky)
     cfg = config(tiny_dir, tmp_path)

@@ -19,6 +19,7 @@ from transformers.utils import ModelOutput
 
 from runner.engine.drafters import Drafter, crop_to, new_cache
 from runner.engine.models import Loaded
+from runner.engine.policies import FIXED, PolicySpec
 from runner.engine.sampling import Decoding, accept_greedy, accept_sampled, draw, host, probabilities
 from runner.records import Generation, Round
 
@@ -203,9 +204,10 @@ def _first_token(logits: Tensor, decoding: Decoding, generator: torch.Generator)
 
 def generate(
     target: Loaded, drafter: Drafter, prompt: list[int], k: int | None, decoding: Decoding,
-    max_new_tokens: int, generator: torch.Generator,
+    max_new_tokens: int, generator: torch.Generator, policy: PolicySpec = FIXED,
 ) -> Generation:
-    """Decode `prompt` with speculative rounds of up to k drafts; k None (with `NoDraft`) is plain decoding."""
+    """Decode `prompt` with speculative rounds of k drafts, or as many as `policy` gives each round starting from k;
+    k None (with `NoDraft`) is plain decoding."""
     if not prompt:
         raise ValueError("the prompt is empty")
     if max_new_tokens < 1:
@@ -228,12 +230,16 @@ def generate(
         drafter.prefill(text.tokens, features)
         prefilled = clock()
         rounds: list[Timed] = []
+        schedule = policy.schedule(k or 0)
         while text.last not in target.eos_ids and (made := text.length - len(prompt)) < max_new_tokens:
             budget = max_new_tokens - made
             # Never draft past the budget: k drafts can yield k+1 tokens.
-            rounds.append(speculative_round(
-                model, drafter, text, min(k or 0, budget - 1), decoding, generator, clock, budget, target.eos_ids,
-            ))
+            timed = speculative_round(
+                model, drafter, text, min(schedule.next_k(), budget - 1), decoding, generator, clock, budget,
+                target.eos_ids,
+            )
+            schedule.observe(timed.round.k, timed.round.accepted)
+            rounds.append(timed)
         stop = "eos" if text.last in target.eos_ids else "max_new_tokens"
         end = clock()
     return Generation(

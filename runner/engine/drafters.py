@@ -7,6 +7,7 @@ own KV cache, the target's own first layers, or a lookup in the text so far.
 from __future__ import annotations
 
 import copy
+from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -15,6 +16,9 @@ from torch import Tensor, nn
 from transformers import DynamicCache, PreTrainedModel
 
 from runner.engine.sampling import Decoding, draw, host, probabilities
+
+NGRAM_MATCHES = ("earliest", "latest", "longest")  # which earlier occurrence prompt lookup copies from
+DEFAULT_MATCH = "latest"  # README, "Drafters": measured against the others per category
 
 
 @dataclass(frozen=True)
@@ -90,8 +94,10 @@ class ModelDrafter:
 
     wants_hidden = ()
 
-    def __init__(self, model: PreTrainedModel, decoding: Decoding, generator: torch.Generator, vocab: int) -> None:
+    def __init__(self, model: PreTrainedModel, decoding: Decoding, generator: torch.Generator, vocab: int,
+                 stop_below: float | None = None) -> None:
         self.model = model
+        self.stop_below = stop_below  # the confidence policy's threshold: stop after a draft less likely than this
         self.decoding = decoding
         self.generator = generator
         self.vocab = vocab
@@ -121,16 +127,26 @@ class ModelDrafter:
             return Draft(tokens=tokens[:0], q=None)
         feed = tokens[self.cache.get_seq_length() :]  # the text the cache has not seen: 1 or 2 tokens
         drafted, qs = [], []
-        for _ in range(k):
+        for i in range(k):
             logits = self._next_logits(feed)
             if self.decoding.greedy:
-                feed = logits.argmax().view(1)
+                feed, q = logits.argmax().view(1), None
             else:
                 q = self._q(logits)
                 feed = draw(q, self.generator)
                 qs.append(q)
             drafted.append(feed)
+            if i < k - 1 and self._unsure(logits, q):
+                break
         return Draft(tokens=torch.cat(drafted), q=torch.stack(qs) if qs else None)
+
+    def _unsure(self, logits: Tensor, q: Tensor | None) -> bool:
+        """Under the confidence policy: the draft's top probability (after temperature and top-p when sampling) is
+        below the threshold. Costs one host read per draft, so only that policy asks."""
+        if self.stop_below is None:
+            return False
+        top = (torch.softmax(logits.float(), dim=-1) if q is None else q).max()
+        return host(top.view(1))[0] < self.stop_below
 
     def accepted(self, n: int, hidden: Tensor | None) -> None:
         # The cache holds the committed text + d1..d(k-1); keep only what the target kept.
@@ -138,25 +154,61 @@ class ModelDrafter:
 
 
 class NgramDrafter:
-    """Prompt lookup: find the latest earlier occurrence of the last n tokens (then n-1, … 1) in
-    prompt + output and propose what followed it. An index per n-gram size keeps each lookup O(1)."""
+    """Prompt lookup: find an earlier occurrence of the last n tokens (then n-1, … 1) in prompt + output and
+    propose what followed it. Which occurrence (`match`):
+
+    - `earliest`: the first (transformers' prompt lookup);
+    - `latest`: the most recent;
+    - `longest`: of the last `CANDIDATES` occurrences, the one whose preceding text agrees furthest back with the
+      text before the current n-gram (up to `LOOKBACK` tokens; a tie goes to the latest): the longest match.
+
+    An index per n-gram size keeps each lookup O(1) in the length of the text.
+    """
 
     wants_hidden = ()
+    CANDIDATES = 16  # occurrences `longest` compares: bounded, so a lookup costs the same however long the text
+    LOOKBACK = 64  # tokens of agreement `longest` counts before calling two occurrences equal
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, match: str = DEFAULT_MATCH) -> None:
+        if match not in NGRAM_MATCHES:
+            raise ValueError(f'unknown prompt-lookup match "{match}"; use one of {", ".join(NGRAM_MATCHES)}')
         self.n = n
+        self.match = match
         self.calls = 0
         self.seen: list[int] = []
-        # follows[m-1]: each m-gram seen -> where its latest continuation starts in `seen`
-        self.follows: list[dict[tuple[int, ...], int]] = []
+        # follows[m-1]: each m-gram seen -> where the continuation of its chosen occurrence starts in `seen`
+        # (`longest`: of its last CANDIDATES occurrences, oldest first)
+        self.follows: list[dict[tuple[int, ...], int | deque[int]]] = []
+
+    def _index(self, index: dict, gram: tuple[int, ...], start: int) -> None:
+        if self.match == "latest":
+            index[gram] = start
+        elif self.match == "earliest":
+            index.setdefault(gram, start)
+        else:
+            index.setdefault(gram, deque(maxlen=self.CANDIDATES)).append(start)
 
     def _extend(self, new: list[int]) -> None:
         for token in new:
             j = len(self.seen)
             for m in range(1, self.n + 1):
                 if j >= m:
-                    self.follows[m - 1][tuple(self.seen[j - m : j])] = j
+                    self._index(self.follows[m - 1], tuple(self.seen[j - m : j]), j)
             self.seen.append(token)
+
+    def _agreement(self, start: int, m: int) -> int:
+        """How many tokens before the occurrence ending at `start` equal those before the current m-gram."""
+        seen, end, n = self.seen, len(self.seen) - m, 0
+        while n < self.LOOKBACK and start - m - n > 0 and seen[start - m - n - 1] == seen[end - n - 1]:
+            n += 1
+        return n
+
+    def _start(self, m: int) -> int | None:
+        """Where the continuation of the chosen occurrence of the last m tokens starts, if they occurred before."""
+        found = self.follows[m - 1].get(tuple(self.seen[-m:]))
+        if found is None or self.match != "longest":
+            return found
+        return max(reversed(found), key=lambda start: self._agreement(start, m))  # max keeps the first: the latest
 
     def prefill(self, tokens: Tensor, hidden: Tensor | None) -> None:
         self.seen, self.follows = [], [{} for _ in range(self.n)]
@@ -166,7 +218,7 @@ class NgramDrafter:
         self._extend(host(tokens[len(self.seen) :]))  # the text committed since: a round's second host sync
         self.calls += 1
         for m in range(self.n, 0, -1):
-            start = self.follows[m - 1].get(tuple(self.seen[-m:]))
+            start = self._start(m)
             if start is not None and k > 0:
                 # `seen` mirrors `tokens`: slicing the device copy needs no host-to-device transfer.
                 return Draft(tokens=tokens[start : start + k], q=None)

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from runner.engine.drafters import Draft
 from runner.engine.heads import EagleHead
-from runner.engine.sampling import Decoding, draw, probabilities
+from runner.engine.sampling import Decoding, draw, host, probabilities
 
 START_CAPACITY = 256  # cache positions allocated at first; doubled when a longer text needs more
 
@@ -46,8 +46,10 @@ class EagleDrafter:
     """Drafts with an `EagleHead`; sampling draws from q over the target's full vocabulary, zero outside the
     draft vocabulary, so speculative sampling stays exact."""
 
-    def __init__(self, head: EagleHead, decoding: Decoding, generator: torch.Generator) -> None:
+    def __init__(self, head: EagleHead, decoding: Decoding, generator: torch.Generator,
+                 stop_below: float | None = None) -> None:
         self.head = head
+        self.stop_below = stop_below  # the confidence policy's threshold: stop after a draft less likely than this
         self.wants_hidden = head.layers
         self.decoding = decoding
         self.generator = generator
@@ -74,11 +76,21 @@ class EagleDrafter:
             drafted.append(token)
             if q is not None:
                 qs.append(q)
+            if i + 1 < k and self._unsure(q):
+                break
             if i + 1 < k:
                 self._forward(self.hidden, token.view(1, 1), self.settled + i)
         if not drafted:
             return Draft(tokens=tokens[:0], q=None)
         return Draft(tokens=torch.cat(drafted), q=torch.stack(qs) if qs else None)
+
+    def _unsure(self, q: Tensor | None) -> bool:
+        """Under the confidence policy: the draft just chosen had a top probability (after temperature and top-p
+        when sampling) below the threshold. One host read per draft, so only that policy asks."""
+        if self.stop_below is None:
+            return False
+        top = (torch.softmax(self.next_logits.float(), dim=-1) if q is None else q).max()
+        return host(top.view(1))[0] < self.stop_below
 
     def _catch_up(self, tokens: Tensor) -> None:
         """Drop the drafts from the cache, then read the target's features of the newly committed positions."""

@@ -9,8 +9,17 @@ from torch import nn
 
 from runner.engine import head_files, kernels, models
 from runner.engine.decode import generate
-from runner.engine.drafters import Drafter, ModelDrafter, NgramDrafter, NoDraft, layer_skip
+from runner.engine.drafters import (
+    DEFAULT_MATCH,
+    NGRAM_MATCHES,
+    Drafter,
+    ModelDrafter,
+    NgramDrafter,
+    NoDraft,
+    layer_skip,
+)
 from runner.engine.eagle_drafter import EagleDrafter
+from runner.engine.policies import FIXED, PolicySpec
 from runner.engine.sampling import Decoding
 from runner.records import Generation
 
@@ -25,6 +34,7 @@ class DraftSpec:
     text: str  # as the user wrote it, e.g. 'layerskip:24'
     kind: str  # 'baseline' | 'ngram' | 'layerskip' | 'model' | 'eagle'
     arg: str | None  # n for ngram, L for layerskip, the model spec for model, the head's directory or repo id for eagle
+    match: str | None = None  # ngram: which earlier occurrence it copies from (`NGRAM_MATCHES`)
 
     @property
     def baseline(self) -> bool:
@@ -35,17 +45,19 @@ PLAIN = DraftSpec("none", "baseline", None)  # the baseline: plain decoding, no 
 
 
 def parse_draft(text: str) -> DraftSpec:
-    """`none`, `ngram`, `ngram:<n>`, `layerskip:<L>`, `model:<spec>` or `eagle:<head>`; ValueError otherwise."""
+    """`none`, `ngram[:<n>[:<match>]]`, `layerskip:<L>`, `model:<spec>` or `eagle:<head>`; ValueError otherwise."""
     kind, _, arg = text.partition(":")
     if text == PLAIN.text:
         return PLAIN
-    if kind == "ngram" and (not arg or arg.isdigit() and int(arg) >= 1):
-        return DraftSpec(text, "ngram", arg or str(DEFAULT_NGRAM))
+    n, _, match = arg.partition(":")
+    if kind == "ngram" and (not arg or n.isdigit() and int(n) >= 1 and (not match or match in NGRAM_MATCHES)):
+        return DraftSpec(text, "ngram", n or str(DEFAULT_NGRAM), match or DEFAULT_MATCH)
     if kind == "layerskip" and arg.isdigit() and int(arg) >= 1:
         return DraftSpec(text, "layerskip", arg)
     if kind in ("model", "eagle") and arg:
         return DraftSpec(text, kind, arg)
-    raise ValueError(f'unknown draft "{text}"; use ngram, ngram:<n>, layerskip:<L>, model:<spec> or eagle:<head>')
+    raise ValueError(f'unknown draft "{text}"; use ngram, ngram:<n>, ngram:<n>:<match> (match: '
+                     f'{", ".join(NGRAM_MATCHES)}), layerskip:<L>, model:<spec> or eagle:<head>')
 
 
 def check_drafts(target: str, drafts: list[DraftSpec], trust_remote_code: bool = False) -> None:
@@ -97,25 +109,31 @@ class Pair:
         for switch in self.switches:
             switch.table()  # measured (or read from the cache) now, not inside a timed generation
 
-    def drafter(self, spec: DraftSpec, decoding: Decoding, generator: torch.Generator) -> Drafter:
+    def drafter(self, spec: DraftSpec, decoding: Decoding, generator: torch.Generator,
+                policy: PolicySpec = FIXED) -> Drafter:
         if spec.baseline:
             return NoDraft()
+        if not policy.applies_to(spec.kind):
+            raise ValueError(policy.refusal(spec.text))
         if spec.kind == "ngram":
-            return NgramDrafter(int(spec.arg))
+            return NgramDrafter(int(spec.arg), spec.match)
         if spec.kind == "eagle":
-            return EagleDrafter(self.draft_models[spec.text], decoding, generator)
-        return ModelDrafter(self.draft_models[spec.text], decoding, generator, self.target.vocab_size)
+            return EagleDrafter(self.draft_models[spec.text], decoding, generator, stop_below=policy.threshold)
+        return ModelDrafter(self.draft_models[spec.text], decoding, generator, self.target.vocab_size,
+                            stop_below=policy.threshold)
 
     def run(
-        self, spec: DraftSpec, prompt: list[int], k: int | None, decoding: Decoding, max_new_tokens: int, seed: int
+        self, spec: DraftSpec, prompt: list[int], k: int | None, decoding: Decoding, max_new_tokens: int, seed: int,
+        policy: PolicySpec = FIXED,
     ) -> Generation:
-        """One generation; k is None exactly for the baseline (plain decoding), as in `runs.k`."""
+        """One generation; k is None exactly for the baseline (plain decoding), as in `runs.k`; `policy` gives each
+        round its k, starting from k."""
         if (k is None) != spec.baseline:
             raise ValueError(f"{spec.text}: k must be {'None' if spec.baseline else 'given'}, got {k}")
         generator = torch.Generator(device=self.target.device).manual_seed(seed)
-        drafter = self.drafter(spec, decoding, generator)
+        drafter = self.drafter(spec, decoding, generator, policy)
         with kernels.using(self.switches):
-            return generate(self.target, drafter, prompt, k, decoding, max_new_tokens, generator)
+            return generate(self.target, drafter, prompt, k, decoding, max_new_tokens, generator, policy)
 
     def warm_up(self, specs: list[DraftSpec], prompt: list[int], ks: tuple[int, ...], decoding: Decoding,
                 max_new_tokens: int) -> None:

@@ -14,7 +14,7 @@ from dataclasses import astuple, dataclass, fields
 import duckdb
 import pandas as pd
 
-CELL = ("target", "mode", "category", "draft", "k")  # the Overview's cell: one line per draft and k
+CELL = ("target", "mode", "category", "draft", "k", "k_policy")  # the Overview's cell: a line per draft, k, policy
 K_RANGE = 16  # the formula's best k is looked for in 1..K_RANGE
 ALPHA_STEPS = 50  # the formula's curve over α in [0, 1]: fine enough to look smooth, few rows
 RUNS_ONLY = ("host", "concurrent_workers")  # filters on `runs` columns that run_stats does not carry
@@ -35,6 +35,7 @@ class Filters:
     threads: tuple[int, ...] = ()
     host: tuple[str, ...] = ()
     concurrent_workers: tuple[int, ...] = ()
+    k_policy: tuple[str, ...] = ()
 
     def where(self, alias: str = "", skip: tuple[str, ...] = ()) -> tuple[str, list]:
         """A SQL condition (always valid, 'true' when nothing is picked) and its parameters."""

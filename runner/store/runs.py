@@ -25,7 +25,7 @@ _RUN_COLUMNS = (
     "target_passes", "draft_calls", "wall_s", "prefill_s", "draft_s", "verify_s", "prompt_tokens", "output_tokens",
     "output_text", "stop_reason", "baseline_run_id", "lossless", "status", "error", "torch_version",
     "transformers_version", "python_version", "host", "git_commit", "device_name", "divergence_at",
-    "divergence_gap", "divergence_tolerance", "divergence", "kernels", "threads", "concurrent_workers",
+    "divergence_gap", "divergence_tolerance", "divergence", "kernels", "threads", "concurrent_workers", "k_policy",
 )
 _INSERT_RUN = f"INSERT INTO runs ({', '.join(_RUN_COLUMNS)}) VALUES ({', '.join('?' * len(_RUN_COLUMNS))})"
 # One statement for all rounds: unnest zips the column lists (~10x faster than executemany).
@@ -48,7 +48,7 @@ def _run_row(record: RunRecord) -> list:
             *(prov.get(key) for key in ("torch_version", "transformers_version", "python_version", "host",
                                         "git_commit", "device_name")),
             record.divergence_at, record.divergence_gap, record.divergence_tolerance, record.divergence,
-            record.kernels, record.threads, record.concurrent_workers]
+            record.kernels, record.threads, record.concurrent_workers, record.k_policy]
 
 
 def _totals_row(record: RunRecord) -> list:
@@ -179,7 +179,7 @@ def list_sweeps(db_path: str | os.PathLike, lock_timeout_s: float = 30.0) -> pd.
     return pd.DataFrame(read(Path(db_path), _SWEEPS, [], lock_timeout_s), columns=columns)
 
 
-SUMMARY_KEYS = ("category", "draft", "k", "mode")
+SUMMARY_KEYS = ("category", "draft", "k", "mode", "k_policy")
 SUMMARY_COLUMNS = (*SUMMARY_KEYS, "runs", "alpha", "tau", "thrown_share", "measured_speedup", "predicted_speedup",
                    "real_divergences", "numeric_ties")
 

@@ -122,14 +122,41 @@ RUN_STATS = """CREATE OR REPLACE VIEW run_stats AS
            temperature, top_p, seed, device, dtype, new_tokens, n_rounds, accepted, rejected,
            thrown, drafted, alpha, tau, thrown_share, tokens_per_s, baseline_tokens_per_s,
            measured_speedup, target_pass_s, verify_pass_s, draft_token_s, c,
-           formula_speedup(alpha, k, c) AS theoretical_speedup, lossless, divergence, kernels, threads
+           formula_speedup(alpha, k, c) AS theoretical_speedup, lossless, divergence, kernels, threads{more}
     FROM with_c"""
 
 
 def _define_metrics(con: duckdb.DuckDBPyConnection) -> None:
     for signature, body in METRIC_MACROS.items():
         con.execute(f"CREATE OR REPLACE MACRO {signature} AS {body}")
-    con.execute(RUN_STATS)
+    con.execute(RUN_STATS.format(more=""))
+
+
+def _add_k_policy(con: duckdb.DuckDBPyConnection) -> None:
+    # How each round's k was chosen (runner/engine/policies.py); every run before policies drafted a fixed k.
+    con.execute("ALTER TABLE runs ADD COLUMN k_policy TEXT")
+    con.execute("UPDATE runs SET k_policy = 'fixed' WHERE draft <> 'none'")
+    con.execute(RUN_STATS.format(more=", k_policy"))
+
+
+# Per run and draft position i = 1..k: how many rounds drafted a token there (`proposed`), how often a round reached
+# it (drafts 1..i-1 accepted, so d_i was judged) and how often d_i was then accepted. A round with k drafts and a
+# accepted proposed 1..k, reached 1..min(a+1, k) and accepted 1..a. Rounds are counted per (run, k, accepted) before
+# positions are spread out: a few rows per run, not one per round.
+POSITION_STATS = """CREATE OR REPLACE VIEW position_stats AS
+    WITH outcomes AS (SELECT run_id, k AS round_k, accepted AS a, count(*) AS n FROM rounds WHERE k > 0 GROUP BY ALL),
+    spread AS (
+        SELECT r.run_id, r.sweep_id, r.target, r.draft, r.category, r.mode, r.k, r.k_policy, r.device, r.kernels,
+               r.threads, p.position, sum(o.n)::BIGINT AS proposed,
+               coalesce(sum(o.n) FILTER (p.position <= o.a + 1), 0)::BIGINT AS reached,
+               coalesce(sum(o.n) FILTER (p.position <= o.a), 0)::BIGINT AS accepted
+        FROM outcomes o JOIN runs r USING (run_id) CROSS JOIN LATERAL range(1, o.round_k + 1) p(position)
+        WHERE r.status = 'ok' GROUP BY ALL)
+    SELECT *, reached - accepted AS rejected, alpha(accepted, reached - accepted) AS rate FROM spread"""
+
+
+def _create_position_stats(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute(POSITION_STATS)
 
 
 def _create_trainings(con: duckdb.DuckDBPyConnection) -> None:
@@ -169,6 +196,8 @@ MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     _define_metrics,
     _create_trainings,
     _add_concurrent_workers,
+    _add_k_policy,
+    _create_position_stats,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

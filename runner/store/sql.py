@@ -157,11 +157,11 @@ def run_query(db_path: str | os.PathLike, sql: str, max_rows: int = 10_000,
 # Overview and `runner sweep` show for the same cell.
 EXAMPLES: dict[str, str] = {
     "α per category × draft × k": """\
-SELECT target, mode, category, draft, k, count(*) AS runs,
+SELECT target, mode, category, draft, k, k_policy, count(*) AS runs,
        round(alpha(sum(accepted), sum(rejected)), 3) AS alpha, round(avg(tau), 2) AS tau,
        round(geomean(measured_speedup), 2) AS measured_speedup
 FROM run_stats WHERE draft <> 'none'
-GROUP BY ALL ORDER BY target, mode, category, draft, k""",
+GROUP BY ALL ORDER BY target, mode, category, draft, k, k_policy""",
     "thrown-away drafts": """\
 SELECT draft, k, sum(thrown) AS thrown, sum(drafted) AS drafted,
        round(thrown_share(sum(thrown), sum(drafted)), 3) AS thrown_share

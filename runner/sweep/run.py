@@ -19,6 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from runner.engine import lossless, models
 from runner.engine.pair import PLAIN, DraftSpec, Pair, check_drafts, parse_draft
+from runner.engine.policies import FIXED, PolicySpec, parse_policy
 from runner.engine.sampling import Decoding
 from runner.records import CELL_KEY, Divergence, Generation, RunRecord
 from runner.store.connect import check_db
@@ -45,11 +46,14 @@ class SweepConfig:
     trust_remote_code: bool = False  # run the model code a checkpoint ships (transformers' trust_remote_code)
     kernels: str = "skinny"  # the linears' path on CPU: 'skinny' (measured per shape) or 'stock' (F.linear)
     threads: int | None = None  # torch CPU threads; None leaves torch's setting as it is
+    policies: tuple[str, ...] = (FIXED.text,)  # draft-length policies (--k-policy), each with every draft and k
 
     def plan_id(self) -> str:
         """What the sweep records, as a short hash: a sweep is resumable by a later one with the same plan."""
+        # Policies join the hash only when not the default, so a plan recorded before policies keeps its hash.
+        policies = () if self.policies == (FIXED.text,) else (self.policies,)
         return progress.fingerprint(self.target, self.drafts, self.ks, self.decodings, self.prompts,
-                                    self.max_new_tokens, self.seed, self.device, self.dtype)
+                                    self.max_new_tokens, self.seed, self.device, self.dtype, *policies)
 
 
 @dataclass(frozen=True)
@@ -60,12 +64,18 @@ class Cell:
     decoding: Decoding
     draft: DraftSpec
     k: int | None  # None for the baseline
+    policy: PolicySpec = FIXED  # how each round's k is chosen from k; recorded as None for the baseline
+
+    @property
+    def k_policy(self) -> str | None:
+        """The value of `runs.k_policy`."""
+        return None if self.k is None else self.policy.text
 
     def key(self, seed: int) -> tuple:
         """The cell's values of `CELL_KEY`, in its order."""
         d = self.decoding
         values = {"prompt_id": self.prompt.id, "draft": self.draft.text, "k": self.k, "mode": d.mode,
-                  "temperature": d.temperature, "top_p": d.top_p, "seed": seed}
+                  "temperature": d.temperature, "top_p": d.top_p, "seed": seed, "k_policy": self.k_policy}
         return tuple(values[name] for name in CELL_KEY)
 
 
@@ -81,14 +91,22 @@ def interleaved(prompts: tuple[Prompt, ...]) -> list[Prompt]:
 
 
 def plan(config: SweepConfig) -> Iterator[Cell]:
-    """Baseline first, so each speculative run can be checked against it as soon as it finishes."""
+    """Baseline first, so each speculative run can be checked against it as soon as it finishes. A policy a draft
+    cannot follow (`skipped`) is left out for that draft."""
     drafts = [parse_draft(d) for d in config.drafts]
+    policies = [parse_policy(p) for p in config.policies]
     for prompt in interleaved(config.prompts):
         for decoding in config.decodings:
             yield Cell(prompt, decoding, PLAIN, None)
             for draft in drafts:
-                for k in config.ks:
-                    yield Cell(prompt, decoding, draft, k)
+                for policy in (p for p in policies if p.applies_to(draft.kind)):
+                    yield from (Cell(prompt, decoding, draft, k, policy) for k in config.ks)
+
+
+def skipped(config: SweepConfig) -> list[str]:
+    """Why some draft × policy pairs are not in the plan, one line each."""
+    return [policy.refusal(draft.text) for draft in map(parse_draft, config.drafts)
+            for policy in map(parse_policy, config.policies) if not policy.applies_to(draft.kind)]
 
 
 def provenance(device: torch.device) -> dict[str, str]:
@@ -126,7 +144,7 @@ def make_record(cell: Cell, generation: Generation | None, error: str | None, *,
         draft=cell.draft.text, draft_kind=cell.draft.kind, category=cell.prompt.category, prompt_id=cell.prompt.id,
         prompt_text=cell.prompt.text, k=cell.k, mode=d.mode, temperature=d.temperature, top_p=d.top_p, seed=seed,
         max_new_tokens=max_new_tokens, device=str(target.device), dtype=lossless.dtype_name(target.dtype),
-        status="error" if error else "ok", error=error, generation=generation,
+        k_policy=cell.k_policy, status="error" if error else "ok", error=error, generation=generation,
         output_text=None if generation is None else target.tokenizer.decode(list(generation.output_tokens)),
         baseline_run_id=None, lossless=None, provenance=provenance, kernels=pair.kernels,
         threads=torch.get_num_threads(),
@@ -157,8 +175,10 @@ def judge(record: RunRecord, baseline: tuple[str, tuple[int, ...]] | None, class
 def label(cell: Cell | RunRecord) -> str:
     """A cell or run as progress and reports name it."""
     if isinstance(cell, RunRecord):
-        return f"{cell.prompt_id} {cell.draft} k={cell.k} {cell.mode}"
-    return f"{cell.prompt.id} {cell.draft.text} k={cell.k} {cell.decoding.mode}"
+        policy = "" if cell.k_policy in (None, FIXED.text) else f" {cell.k_policy}"
+        return f"{cell.prompt_id} {cell.draft} k={cell.k}{policy} {cell.mode}"
+    policy = "" if cell.policy == FIXED else f" {cell.policy.text}"
+    return f"{cell.prompt.id} {cell.draft.text} k={cell.k}{policy} {cell.decoding.mode}"
 
 
 class CellRunner:
@@ -180,7 +200,7 @@ class CellRunner:
         cfg, started = self.config, datetime.now(UTC).isoformat()
         try:
             generation, error = self.pair.run(cell.draft, self.prompt_ids(cell.prompt), cell.k, cell.decoding,
-                                              cfg.max_new_tokens, cfg.seed), None
+                                              cfg.max_new_tokens, cfg.seed, cell.policy), None
         except Exception as exc:  # noqa: BLE001 - a failing cell is recorded; the sweep goes on unless the device failed
             first_line = str(exc).splitlines()[0] if str(exc) else ""
             generation, error = None, f"{type(exc).__name__}: {first_line}"
@@ -258,9 +278,10 @@ def load_pair(config: SweepConfig, sweep_id: str) -> CellRunner:
         if len(runner.prompt_ids(prompt)) + config.max_new_tokens > target.max_context:
             raise ValueError(f'prompt "{prompt.id}" + max-new-tokens exceeds the model\'s context of '
                              f"{target.max_context}")
+    caps = {p.cap for p in map(parse_policy, config.policies) if p.cap}  # a heuristic's widest verify pass
     for d in config.decodings:
-        runner.pair.warm_up([PLAIN, *drafts], runner.prompt_ids(config.prompts[0]), config.ks, d,
-                            config.max_new_tokens)
+        runner.pair.warm_up([PLAIN, *drafts], runner.prompt_ids(config.prompts[0]), tuple(sorted({*config.ks, *caps})),
+                            d, config.max_new_tokens)
     return runner
 
 

@@ -1,0 +1,138 @@
+"""The k advisor: which k (and which draft-length policy) to use, predicted from what was measured on this device
+rather than from the flat-cost formula.
+
+Per target × device × kernels × threads × mode × category × draft, over the fixed-k runs at every k recorded:
+
+- s_i: the share of rounds (of runs whose k reaches position i) that accepted at least i drafts, and w_i: the share
+  that drafted at least i (prompt lookup can find fewer; the budget cuts the last rounds), both from `position_stats`;
+- v(w): the mean verify pass over w drafts, from every round of the selected runs (the baselines' rounds give w = 0);
+  a width no round verified is interpolated between its measured neighbours;
+- d: drafting seconds per drafted token, and l: the loop's own seconds per round (wall − prefill − draft − verify).
+
+A round at k then emits 1 + Σ_{i≤k} s_i tokens in d·Σ_{i≤k} w_i + v(0) + Σ_{i≤k} w_i·(v(i) − v(i−1)) + l seconds.
+Measured throughput is the decode phase's: (new_tokens − 1) / (wall_s − prefill_s) (the prefill makes the first
+token), so prediction and measurement count the same tokens and the same seconds.
+"""
+
+from __future__ import annotations
+
+import duckdb
+import pandas as pd
+
+from runner.store.metrics import Filters
+
+GROUP = ("target", "device", "kernels", "threads")  # what a verify curve belongs to
+KEY = (*GROUP, "mode", "category", "draft")
+WITHIN = 0.03  # a predicted best k "hits" when its measured speed is within 3% of the measured best
+# Runs recorded before `threads` existed have none; 0 (never a real thread count) stands for it inside the query,
+# because USING joins never match NULLs.
+_THREADS = "coalesce(threads, 0) AS threads"
+
+
+def advisor_sql(filters: Filters) -> tuple[str, list]:
+    """Per key × k from 1 to the largest fixed k recorded: the prediction and, where a fixed-k run was recorded,
+    the measurement."""
+    key, group = ", ".join(KEY), ", ".join(GROUP)
+    spec_where, spec_params = filters.where()
+    base_where, base_params = filters.where(skip=("draft", "k", "k_policy"))
+    return f"""
+    WITH picked AS (
+        SELECT * REPLACE ({_THREADS}) FROM runs WHERE status = 'ok'
+            AND ((draft <> 'none' AND {spec_where}) OR (draft = 'none' AND {base_where}))),
+    fixed AS (SELECT * FROM picked WHERE k_policy = 'fixed'),
+    measured AS (SELECT {key}, k, count(*) AS runs, sum(new_tokens - 1) / sum(wall_s - prefill_s) AS tokens_per_s
+        FROM fixed GROUP BY ALL),
+    costs AS (
+        SELECT {key}, sum(f.draft_s) / nullif(sum(t.drafted), 0) AS draft_token_s,
+            sum(f.wall_s - f.prefill_s - f.draft_s - f.verify_s) / sum(f.n_rounds) AS loop_s,
+            alpha(sum(t.accepted), sum(t.rejected)) AS alpha
+        FROM fixed f JOIN run_totals t USING (run_id) GROUP BY ALL),
+    baseline AS (SELECT {group}, mode, category, sum(new_tokens - 1) / sum(wall_s - prefill_s) AS tokens_per_s
+        FROM picked WHERE draft = 'none' GROUP BY ALL),
+    widths AS (SELECT {group}, o.k AS width, avg(o.verify_s) AS verify_s
+        FROM rounds o JOIN picked USING (run_id) GROUP BY ALL),
+    grid AS (SELECT {group}, g.width, w.verify_s
+        FROM (SELECT {group}, max(width) AS top FROM widths GROUP BY ALL) m
+        CROSS JOIN LATERAL range(0, m.top + 1) g(width) LEFT JOIN widths w USING ({group}, width)),
+    neighbours AS (SELECT *,
+            last_value(verify_s IGNORE NULLS) OVER below AS lo,
+            last_value(CASE WHEN verify_s IS NOT NULL THEN width END IGNORE NULLS) OVER below AS lo_w,
+            first_value(verify_s IGNORE NULLS) OVER above AS hi,
+            first_value(CASE WHEN verify_s IS NOT NULL THEN width END IGNORE NULLS) OVER above AS hi_w
+        FROM grid WINDOW below AS (PARTITION BY {group} ORDER BY width),
+            above AS (PARTITION BY {group} ORDER BY width ROWS BETWEEN CURRENT ROW AND UNBOUNDED FOLLOWING)),
+    curve AS (SELECT {group}, width,
+            coalesce(verify_s, lo + (hi - lo) * (width - lo_w) / (hi_w - lo_w)) AS verify_s FROM neighbours),
+    steps AS (SELECT {group}, width AS position,
+            verify_s - lag(verify_s) OVER w AS step, max(verify_s) FILTER (width = 0) OVER w AS one_pass_s
+        FROM curve WINDOW w AS (PARTITION BY {group} ORDER BY width)),
+    depth AS (SELECT {key}, g.position, sum(n_rounds) AS rounds
+        FROM fixed CROSS JOIN LATERAL range(1, k + 1) g(position) GROUP BY ALL),
+    positions AS (SELECT target, device, kernels, {_THREADS}, mode, category, draft, position,
+            sum(proposed) AS proposed, sum(accepted) AS accepted
+        FROM position_stats WHERE k_policy = 'fixed' AND {spec_where} GROUP BY ALL),
+    shares AS (SELECT {key}, position, coalesce(p.accepted, 0) / d.rounds AS s,
+            coalesce(p.proposed, 0) / d.rounds AS w, x.step, x.one_pass_s
+        FROM depth d LEFT JOIN positions p USING ({key}, position) JOIN steps x USING ({group}, position)),
+    predicted AS (SELECT {key}, position AS k, 1 + sum(s) OVER upto AS emitted, sum(w) OVER upto AS drafted,
+            one_pass_s + sum(w * step) OVER upto AS verify_s, one_pass_s
+        FROM shares WINDOW upto AS (PARTITION BY {key} ORDER BY position))
+    SELECT {", ".join(c for c in KEY if c != "threads")}, nullif(threads, 0) AS threads, k, p.emitted, p.drafted,
+        p.emitted / (p.drafted * c.draft_token_s + p.verify_s + c.loop_s) AS predicted_tokens_per_s,
+        m.tokens_per_s AS measured_tokens_per_s, m.runs, b.tokens_per_s AS baseline_tokens_per_s, c.alpha,
+        formula_speedup(c.alpha, k, draft_cost(c.draft_token_s, p.one_pass_s)) * b.tokens_per_s
+            AS formula_tokens_per_s
+    FROM predicted p JOIN costs c USING ({key}) LEFT JOIN measured m USING ({key}, k)
+        LEFT JOIN baseline b USING ({group}, mode, category)
+    ORDER BY {key}, k""", spec_params + base_params + spec_params
+
+
+def k_curve(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
+    """`advisor_sql` with each prediction's error against the measurement (NULL where none was recorded)."""
+    sql, params = advisor_sql(filters)
+    return con.execute(f"""SELECT *, predicted_tokens_per_s / measured_tokens_per_s - 1 AS error,
+        formula_tokens_per_s / measured_tokens_per_s - 1 AS formula_error FROM ({sql})""", params).df()
+
+
+def k_advice(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
+    """Per key: the advisor's best k (over every k it predicts) and its best among the recorded ks, the measured
+    best fixed k, whether the prediction hit (the measured speed at its recorded pick within WITHIN of the best),
+    the mean |error| of the advisor and of the flat formula over the recorded ks, the fastest measured adaptive
+    policy, and the recommendation: that policy where it beat every fixed k, else the advisor's k, fixed."""
+    sql, params = advisor_sql(filters)
+    key = ", ".join(KEY)
+    where, adaptive_params = filters.where()
+    return con.execute(f"""
+        WITH curve AS ({sql}),
+        summary AS (SELECT {key}, arg_max(k, predicted_tokens_per_s) AS predicted_best_k,
+                arg_max(k, predicted_tokens_per_s) FILTER (measured_tokens_per_s IS NOT NULL) AS predicted_recorded_k,
+                arg_max(measured_tokens_per_s, predicted_tokens_per_s) FILTER (measured_tokens_per_s IS NOT NULL)
+                    AS measured_at_predicted,
+                arg_max(k, measured_tokens_per_s) AS measured_best_k, max(measured_tokens_per_s) AS measured_best,
+                avg(abs(predicted_tokens_per_s / measured_tokens_per_s - 1)) AS advisor_error,
+                avg(abs(formula_tokens_per_s / measured_tokens_per_s - 1)) AS formula_error
+            FROM curve GROUP BY ALL),
+        adaptive AS (SELECT {", ".join(c for c in KEY if c != "threads")}, threads, k_policy, k,
+                sum(new_tokens - 1) / sum(wall_s - prefill_s) AS tokens_per_s
+            FROM runs WHERE status = 'ok' AND draft <> 'none' AND k_policy <> 'fixed' AND {where} GROUP BY ALL),
+        best_adaptive AS (SELECT {key}, arg_max(k_policy, tokens_per_s) AS adaptive_policy,
+                arg_max(k, tokens_per_s) AS adaptive_k, max(tokens_per_s) AS adaptive_best
+            FROM adaptive GROUP BY ALL),
+        joined AS (SELECT s.*, a.adaptive_policy, a.adaptive_k, a.adaptive_best, a.adaptive_best > s.measured_best
+                AS adaptive_wins FROM summary s LEFT JOIN best_adaptive a
+            ON {" AND ".join(f"a.{c} IS NOT DISTINCT FROM s.{c}" for c in KEY)})
+        SELECT *, measured_at_predicted >= (1 - {WITHIN}) * measured_best AS hit,
+            CASE WHEN adaptive_wins THEN adaptive_policy ELSE 'fixed' END AS recommended_policy,
+            CASE WHEN adaptive_wins THEN adaptive_k ELSE predicted_best_k END AS recommended_k
+        FROM joined ORDER BY {key}""", params + adaptive_params).df()
+
+
+def positions(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
+    """Per target × mode × draft × category × position: `position_stats` pooled over k and policy (a draft's
+    chance at position i, once the round reached it, does not depend on how many more it was asked for)."""
+    where, params = filters.where()
+    return con.execute(f"""
+        SELECT target, mode, draft, category, position, sum(proposed)::BIGINT AS proposed,
+            sum(reached)::BIGINT AS reached, sum(accepted)::BIGINT AS accepted,
+            alpha(sum(accepted), sum(reached) - sum(accepted)) AS rate
+        FROM position_stats WHERE {where} GROUP BY ALL ORDER BY ALL""", params).df()

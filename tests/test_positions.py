@@ -1,0 +1,120 @@
+"""Per-position acceptance (`position_stats`) and the k advisor on hand-made rounds, every value worked by hand.
+
+The runs (target t, cpu, skinny kernels, 2 threads, greedy, code), as (k, accepted, verify_s) per round, every
+drafted token taking 2 ms and the loop's own time given per run:
+
+- base (plain): 4 rounds of width 0 at 10 ms, no loop time: 4 tokens in 40 ms, 100 tokens/s;
+- k1 (layerskip:2, k=1, fixed): (1, 1, 12 ms), (1, 0, 12 ms), loop 2 ms: 3 tokens in 4 + 24 + 2 = 30 ms: 100/s;
+- k2 (layerskip:2, k=2, fixed): (2, 2, 14 ms), (2, 1, 14 ms), (1, 1, 12 ms) (the budget cut the last round),
+  loop 3 ms: 7 tokens in 10 + 40 + 3 = 53 ms: 132.08/s;
+- h (layerskip:2, k=1, heuristic:4): (1, 1, 12 ms), (3, 3, 16 ms), loop 2 ms: 6 tokens in 8 + 28 + 2 = 38 ms: 157.9/s;
+- ng (ngram, k=3, fixed): (3, 2), (0, 0) (no match), (3, 3); and a failed run, which counts nowhere.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from runner.records import Generation, Round, RunRecord
+from runner.store import advisor
+from runner.store.metrics import Filters
+from runner.store.runs import write_run
+
+DRAFT_TOKEN_S = 0.002
+
+
+def rounds(spec: list[tuple[int, int, float]]) -> tuple[Round, ...]:
+    return tuple(Round(k, a, int(a < k), k - a - int(a < k), k > 0 and a == k, a + 1, DRAFT_TOKEN_S * k, verify_s,
+                       tuple(range(k)), tuple(range(k + 1))) for k, a, verify_s in spec)
+
+
+def run(run_id: str, draft: str, k: int | None, policy: str | None, spec: list, loop_s: float,
+        status: str = "ok") -> RunRecord:
+    made = rounds(spec)
+    prefill = 0.1
+    wall = prefill + sum(r.draft_s + r.verify_s for r in made) + loop_s
+    gen = Generation((1, 2, 3), tuple(range(1 + sum(r.emitted for r in made))), made, prefill, wall,
+                     sum(r.k > 0 for r in made), "max_new_tokens")
+    kind = "baseline" if draft == "none" else draft.split(":")[0]
+    return RunRecord(run_id, "s1", "2026-01-01T12:00:00", "t", draft, kind, "code", "p1", "x", k, "greedy", 0.0,
+                     1.0, 0, 64, "cpu", "float32", status, None, gen if status == "ok" else None, "x",
+                     None if draft == "none" else "base", None, kernels="skinny", threads=2, k_policy=policy)
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("positions") / "runs.duckdb"
+    for record in (
+        run("base", "none", None, None, [(0, 0, 0.010)] * 4, 0.0),
+        run("k1", "layerskip:2", 1, "fixed", [(1, 1, 0.012), (1, 0, 0.012)], 0.002),
+        run("k2", "layerskip:2", 2, "fixed", [(2, 2, 0.014), (2, 1, 0.014), (1, 1, 0.012)], 0.003),
+        run("h", "layerskip:2", 1, "heuristic:4", [(1, 1, 0.012), (3, 3, 0.016)], 0.002),
+        run("ng", "ngram", 3, "fixed", [(3, 2, 0.016), (0, 0, 0.010), (3, 3, 0.016)], 0.0),
+        run("bad", "ngram", 3, "fixed", [(3, 3, 0.016)], 0.0, status="error"),
+    ):
+        write_run(path, record)
+    return path
+
+
+def test_position_stats_by_hand(db):
+    with duckdb.connect(str(db), read_only=True) as con:
+        got = con.execute("""SELECT draft, k, k_policy, position, proposed, reached, accepted, rejected, rate
+            FROM position_stats ORDER BY ALL""").fetchall()
+    assert got == [
+        # k1: (1, 1) and (1, 0): both drafted and reached position 1, one accepted it
+        ("layerskip:2", 1, "fixed", 1, 2, 2, 1, 1, 0.5),
+        # h: (1, 1) and (3, 3): position 1 twice, accepted twice; positions 2 and 3 only in the 3-draft round
+        ("layerskip:2", 1, "heuristic:4", 1, 2, 2, 2, 0, 1.0),
+        ("layerskip:2", 1, "heuristic:4", 2, 1, 1, 1, 0, 1.0),
+        ("layerskip:2", 1, "heuristic:4", 3, 1, 1, 1, 0, 1.0),
+        # k2: (2, 2), (2, 1), (1, 1): position 1 drafted 3 times, all accepted; position 2 drafted by the two
+        # 2-draft rounds, reached by both (each accepted d1), accepted by (2, 2) only
+        ("layerskip:2", 2, "fixed", 1, 3, 3, 3, 0, 1.0),
+        ("layerskip:2", 2, "fixed", 2, 2, 2, 1, 1, 0.5),
+        # ng: (3, 2) and (3, 3) (the round with no match drafted nothing); the failed run is left out.
+        # Position 3: reached by both (2 and 3 accepted before it), accepted by (3, 3)
+        ("ngram", 3, "fixed", 1, 2, 2, 2, 0, 1.0),
+        ("ngram", 3, "fixed", 2, 2, 2, 2, 0, 1.0),
+        ("ngram", 3, "fixed", 3, 2, 2, 1, 1, 0.5),
+    ]
+
+
+def formula(alpha: float, k: int, c: float) -> float:
+    """Leviathan et al., written out again so the test does not trust the macro under test."""
+    return (1 - alpha ** (k + 1)) / ((1 - alpha) * (1 + k * c))
+
+
+def test_the_advisor_predicts_from_positions_and_the_verify_curve(db):
+    with duckdb.connect(str(db), read_only=True) as con:
+        curve = advisor.k_curve(con, Filters(draft=("layerskip:2",)))
+    # Fixed runs only: s1 = 4 of 5 rounds (k1's 2 + k2's 3) accepted ≥ 1; s2 = 1 of k2's 3 rounds accepted 2;
+    # w1 = 5/5, w2 = 2/3 drafted a second token. Verify curve: v(0) = 10 ms (the baseline), v(1) = 12, v(2) = 14
+    # (v(3) = 16 from h, beyond the largest fixed k). Drafting 14 ms / 7 tokens = 2 ms; loop 5 ms / 5 rounds = 1 ms.
+    k1 = 1.8 / (0.002 + 0.010 + 0.002 + 0.001)  # 1 + s1 tokens; d·w1 + v(0) + w1·(v1 − v0) + l = 15 ms: 120/s
+    drafted = 1 + 2 / 3
+    k2 = (1 + 0.8 + 1 / 3) / (0.002 * drafted + 0.010 + 0.002 + 2 / 3 * 0.002 + 0.001)  # 2.133 in 17.67 ms
+    assert curve["k"].tolist() == [1, 2]
+    assert curve["predicted_tokens_per_s"].tolist() == pytest.approx([k1, k2])
+    assert curve["measured_tokens_per_s"].tolist() == pytest.approx([3 / 0.030, 7 / 0.053])
+    assert curve["error"].tolist() == pytest.approx([k1 / 100 - 1, k2 / (7 / 0.053) - 1])
+    assert curve["baseline_tokens_per_s"].tolist() == pytest.approx([100, 100])
+    # the flat formula: α = 5 accepted / 7 judged over the fixed runs, c = 2 ms / 10 ms
+    assert curve["formula_tokens_per_s"].tolist() == pytest.approx([100 * formula(5 / 7, k, 0.2) for k in (1, 2)])
+    assert curve["threads"].tolist() == [2, 2]
+
+
+def test_the_advice_and_its_recommendation(db):
+    with duckdb.connect(str(db), read_only=True) as con:
+        advice = advisor.k_advice(con, Filters(draft=("layerskip:2",))).iloc[0]
+    # predicted 120.75/s at k=2 over 120/s at k=1; measured 132.1/s at k=2 over 100/s: a hit
+    assert (advice.predicted_best_k, advice.predicted_recorded_k, advice.measured_best_k) == (2, 2, 2)
+    assert advice.hit
+    k1, k2 = 1.8 / 0.015, (1 + 0.8 + 1 / 3) / (0.002 * 5 / 3 + 0.012 + 2 / 3 * 0.002 + 0.001)
+    assert advice.advisor_error == pytest.approx((abs(k1 / 100 - 1) + abs(k2 / (7 / 0.053) - 1)) / 2)
+    # the heuristic run (157.9/s) beat every fixed k: it is the recommendation
+    assert (advice.adaptive_policy, advice.adaptive_k) == ("heuristic:4", 1)
+    assert advice.adaptive_best == pytest.approx(6 / 0.038)
+    assert (advice.recommended_policy, advice.recommended_k) == ("heuristic:4", 1)
