@@ -12,15 +12,18 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 from playwright.sync_api import sync_playwright
 
-from bench.load import CHROMIUM, LAUNCH_ARGS, READY, free_port
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # `python bench/first_view.py` puts bench/, not the repository, on the path
+
+from bench.load import CHROMIUM, LAUNCH_ARGS, READY, free_port  # noqa: E402
+
 CHART = '[data-testid="stVegaLiteChart"]'
 
 
@@ -35,7 +38,7 @@ def main() -> None:
         proc = subprocess.Popen(["make", "run", f"DB={db}", f"PORT={port}"], cwd=ROOT, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
         try:
-            first = proc.stdout.readline().strip()
+            first = next(line.strip() for line in proc.stdout if "http://" in line)  # after any set-up output
             url_s = time.perf_counter() - start
             with sync_playwright() as playwright:
                 browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=LAUNCH_ARGS)
