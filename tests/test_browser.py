@@ -96,7 +96,9 @@ def test_every_page_shows_real_content(server, browser):
 
     page = _open(browser, f"{server}/compare", '[data-testid="stVegaLiteChart"]')
     expect(page.get_by_role("heading", name="Leaderboard")).to_be_visible()
-    expect(page.locator('[data-testid="stDataFrame"]')).to_have_count(2)
+    expect(page.get_by_role("heading", name="Which k")).to_be_visible()
+    # the leaderboard, the head to head, the k advisor's table
+    expect(page.locator('[data-testid="stDataFrame"]')).to_have_count(3)
     _screenshot(page, "compare")
 
     page = _open(browser, f"{server}/bench", '[data-testid="stVegaLiteChart"]')
