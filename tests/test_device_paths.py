@@ -156,12 +156,12 @@ def _rows(db: Path, sql: str) -> list[tuple]:
 def test_a_device_error_stops_the_sweep_and_keeps_what_was_recorded(gemma_dirs, tmp_path, monkeypatch):
     real_run = pair.Pair.run
 
-    def failing(self, spec, prompt, k, decoding, max_new_tokens, seed):
+    def failing(self, spec, prompt, k, decoding, max_new_tokens, seed, *policy):
         if spec.text == "ngram" and k == 2 and max_new_tokens == 8:  # the second prompt's cell, not the warm-up
             failing.calls += 1
             if failing.calls == 2:
                 raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
-        return real_run(self, spec, prompt, k, decoding, max_new_tokens, seed)
+        return real_run(self, spec, prompt, k, decoding, max_new_tokens, seed, *policy)
 
     failing.calls = 0
     monkeypatch.setattr(pair.Pair, "run", failing)

@@ -52,12 +52,12 @@ def test_an_interrupted_sweep_is_finished_by_resume_last_and_a_new_plan_starts_a
     cfg = config(tiny_dir, tmp_path)
     real_run, calls = pair.Pair.run, []
 
-    def interrupted(self, spec, prompt, k, decoding, max_new_tokens, seed):
+    def interrupted(self, spec, prompt, k, decoding, max_new_tokens, seed, *policy):
         if max_new_tokens == cfg.max_new_tokens:  # the cells, not the warm-up
             calls.append(spec.text)
             if len(calls) == 8:
                 raise KeyboardInterrupt
-        return real_run(self, spec, prompt, k, decoding, max_new_tokens, seed)
+        return real_run(self, spec, prompt, k, decoding, max_new_tokens, seed, *policy)
 
     monkeypatch.setattr(pair.Pair, "run", interrupted)
     with pytest.raises(KeyboardInterrupt):
