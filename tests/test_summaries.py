@@ -65,14 +65,15 @@ def geomean(xs: list[float]) -> float:
 
 def test_the_sweep_summary_holds_every_column_by_hand(db):
     summary = sweep_summary(db, "s1")
-    assert list(summary.columns) == ["category", "draft", "k", "mode", "runs", "alpha", "tau", "thrown_share",
-                                     "measured_speedup", "predicted_speedup", "real_divergences", "numeric_ties"]
+    assert list(summary.columns) == ["category", "draft", "k", "mode", "k_policy", "runs", "alpha", "tau",
+                                     "thrown_share", "measured_speedup", "predicted_speedup", "real_divergences",
+                                     "numeric_ties"]
     got = {(r[0], r[1], r[2]): r[3:] for r in values(summary)}
     assert list(got) == list(CELL_RUNS)  # ordered by category, draft, k
     for cell, runs in CELL_RUNS.items():
         k = cell[2]
         alphas = [RUNS[r][0] / (RUNS[r][0] + RUNS[r][1]) for r in runs]
-        assert got[cell][:2] == ["greedy", len(runs)], cell
+        assert got[cell][:3] == ["greedy", "fixed", len(runs)], cell
         expected = [
             pooled_alpha(runs),
             sum(12 / RUNS[r][4] for r in runs) / len(runs),  # τ per run: 12 tokens over its rounds
@@ -81,9 +82,9 @@ def test_the_sweep_summary_holds_every_column_by_hand(db):
             geomean([formula(a, k, RUNS[r][6]) for a, r in zip(alphas, runs, strict=True)]),
             0, 0,  # the lossy run's mismatch is not classified (no divergence recorded for it)
         ]
-        assert got[cell][2:] == pytest.approx(expected, rel=1e-9), cell
+        assert got[cell][3:] == pytest.approx(expected, rel=1e-9), cell
     # the pooled cell, worked out: α 9/21 (not the mean 0.45), τ (4 + 1)/2, thrown 28/49, √(2.4·2.0)
-    assert got[("code", "ngram", 4)][2:6] == pytest.approx([9 / 21, 2.5, 28 / 49, math.sqrt(4.8)])
+    assert got[("code", "ngram", 4)][3:7] == pytest.approx([9 / 21, 2.5, 28 / 49, math.sqrt(4.8)])
 
 
 def test_thrown_away_drafts_example(db):
@@ -132,5 +133,7 @@ def test_alpha_per_cell_example_pools_the_runs(db):
 def test_best_k_example_takes_the_geometric_mean(db):
     # code × ngram: k=2 √(2.0·4.0) = 2.83 beats k=4 √(2.4·2.0) = 2.19; poem × layerskip: k=4 (1.0) beats k=2 (0.5)
     assert example(db, "best k per category and draft (measured speedup)") == [
-        ["tiny-target", "greedy", "code", "ngram", 2, 2.83], ["tiny-target", "greedy", "code", "layerskip:2", 2, 0.8],
-        ["tiny-target", "greedy", "poem", "ngram", 2, 1.2], ["tiny-target", "greedy", "poem", "layerskip:2", 4, 1.0]]
+        ["tiny-target", "greedy", "code", "ngram", 2, "fixed", 2.83],
+        ["tiny-target", "greedy", "code", "layerskip:2", 2, "fixed", 0.8],
+        ["tiny-target", "greedy", "poem", "ngram", 2, "fixed", 1.2],
+        ["tiny-target", "greedy", "poem", "layerskip:2", 4, "fixed", 1.0]]

@@ -168,8 +168,9 @@ SELECT draft, k, sum(thrown) AS thrown, sum(drafted) AS drafted,
 FROM run_stats WHERE draft <> 'none'
 GROUP BY ALL ORDER BY thrown_share DESC""",
     "best k per category and draft (measured speedup)": """\
-SELECT target, mode, category, draft, arg_max(k, speedup) AS best_k, round(max(speedup), 2) AS speedup
-FROM (SELECT target, mode, category, draft, k, geomean(measured_speedup) AS speedup
+SELECT target, mode, category, draft, arg_max(k, speedup) AS best_k, arg_max(k_policy, speedup) AS policy,
+       round(max(speedup), 2) AS speedup
+FROM (SELECT target, mode, category, draft, k, k_policy, geomean(measured_speedup) AS speedup
       FROM run_stats WHERE draft <> 'none' GROUP BY ALL)
 GROUP BY ALL ORDER BY target, mode, category, speedup DESC""",
     "the formula at your own α, k and c": """\
