@@ -12,8 +12,9 @@ from runner.cli import app
 from runner.engine.decode import generate
 from runner.engine.drafters import Draft, ModelDrafter, NoDraft
 from runner.engine.pair import Pair, models, parse_draft
-from runner.engine.policies import FIXED, HEURISTIC_CAP, Heuristic, parse_policy
+from runner.engine.policies import CAP, FIXED, SLOPE, Auto, Heuristic, VerifyCosts, parse_policy
 from runner.engine.sampling import Decoding
+from runner.records import Round
 
 GREEDY = Decoding("greedy", 0.0, 1.0)
 PROMPT = list(range(100, 140)) * 2  # repeats, so prompt lookup finds matches
@@ -52,10 +53,12 @@ def plain(target: models.Loaded, n: int) -> tuple[int, ...]:
 
 def test_policies_parse_and_bad_ones_are_refused():
     assert parse_policy("fixed") == FIXED
-    assert (parse_policy("heuristic").kind, parse_policy("heuristic").cap) == ("heuristic", HEURISTIC_CAP)
+    assert (parse_policy("heuristic").kind, parse_policy("heuristic").cap) == ("heuristic", CAP)
     assert parse_policy("heuristic:6").cap == 6
     assert parse_policy("confidence:0.4").threshold == 0.4
-    for bad in ("adaptive", "heuristic:0", "heuristic:x", "confidence", "confidence:1", "confidence:0", "fixed:2"):
+    assert (parse_policy("auto").kind, parse_policy("auto").cap, parse_policy("auto:6").cap) == ("auto", CAP, 6)
+    for bad in ("adaptive", "heuristic:0", "heuristic:x", "confidence", "confidence:1", "confidence:0", "fixed:2",
+                "auto:0", "auto:x"):
         with pytest.raises(ValueError, match="unknown k-policy"):
             parse_policy(bad)
     assert not parse_policy("confidence:0.5").applies_to("ngram")
@@ -73,6 +76,53 @@ def test_the_heuristic_schedule_by_hand():
         schedule.observe(proposed, accepted)
     assert seen == [2, 4, 6, 6, 5, 4, 4, 3, 2, 1, 1]
     assert schedule.next_k() == 3
+
+
+def timed_round(k: int, accepted: int, draft_s: float, verify_s: float = 0.0) -> Round:
+    rejected = int(accepted < k)
+    return Round(k, accepted, rejected, k - accepted - rejected, accepted == k, accepted + 1, draft_s, verify_s,
+                 (), ())
+
+
+def test_verify_costs_interpolate_between_measured_widths_and_extrapolate_by_the_slope():
+    costs = VerifyCosts()
+    for width, seconds in ((1, 0.010), (1, 0.012), (3, 0.016)):
+        costs.add(width, seconds)
+    assert costs.seconds(1) == pytest.approx(0.011)  # the mean of its rounds
+    assert costs.seconds(2) == pytest.approx(0.0135)  # halfway between 11 and 16 ms
+    assert costs.seconds(5) == pytest.approx(0.016 * (1 + 2 * SLOPE))  # 2 tokens past the widest measured
+    assert costs.seconds(0) == pytest.approx(0.011 * (1 - SLOPE))
+
+
+def test_the_auto_schedule_by_hand():
+    costs = VerifyCosts()
+    for width, seconds in ((1, 0.010), (2, 0.013), (3, 0.020)):
+        costs.add(width, seconds)
+    schedule = Auto(start=3, cap=3, costs=costs)
+    assert schedule.next_k() == 3  # nothing measured in this generation yet: the start
+    # Round 1 proposes 2 and both are accepted; 1 ms a drafted token. Pooled acceptance (2 + 1) / (2 + 2) = 0.75,
+    # worth 2 rounds: r1 = r2 = (1 + 1.5) / 3, r3 = 1.5 / 2. Tokens/s: k=1 (1 + 0.833) / (1 + 10 ms) = 166.7;
+    # k=2 (1 + 0.833 + 0.694) / (2 + 13 ms) = 168.5; k=3 (2.528 + 0.521) / (3 + 20 ms) = 132.6: k = 2.
+    schedule.observe(2, 2)
+    schedule.timed(timed_round(2, 2, 0.002))
+    assert schedule.next_k() == 2
+    # Round 2: 2 proposed, none accepted. Pooled (2 + 1) / (3 + 2) = 0.6: r1 = (1 + 1.2) / 4 = 0.55,
+    # r2 = (1 + 1.2) / 3. k=1: 1.55 / 11 ms = 140.9; k=2: (1.55 + 0.403) / 15 ms = 130.2: k = 1.
+    schedule.observe(2, 0)
+    schedule.timed(timed_round(2, 0, 0.002))
+    assert schedule.next_k() == 1
+
+
+def test_every_rounds_verify_time_goes_into_the_pairs_costs(tiny):
+    spec = parse_draft("ngram")
+    pair = Pair(tiny, [spec])
+    runs = [pair.run(spec, PROMPT, k, GREEDY, 24, 0) for k in (1, 3)]
+    rounds = [r for run in runs for r in run.rounds]
+    for width in {r.k for r in rounds}:
+        measured = [r.verify_s for r in rounds if r.k == width]
+        assert pair.verify_costs.sums[width][1] == len(measured)
+        assert pair.verify_costs.seconds(width) == pytest.approx(sum(measured) / len(measured))
+    assert sum(rounds for _, rounds in pair.verify_costs.sums.values()) == len(rounds)
 
 
 @pytest.mark.parametrize(("policy", "correct", "ks", "emitted"), [
@@ -135,7 +185,7 @@ def plain_probabilities(target: models.Loaded, prompt: list[int], n: int) -> lis
     return tops
 
 
-@pytest.mark.parametrize("policy", ["fixed", "heuristic", "heuristic:3", "confidence:0.3"])
+@pytest.mark.parametrize("policy", ["fixed", "heuristic", "heuristic:3", "auto", "auto:3", "confidence:0.3"])
 @pytest.mark.parametrize("draft", ["ngram", "ngram:3:earliest", "ngram:3:longest", "layerskip:1", "model:tiny"])
 def test_every_policy_is_lossless_on_a_tiny_model(tiny, tiny_dir, draft, policy):
     spec = parse_draft(draft.replace("tiny", str(tiny_dir)))
@@ -149,8 +199,8 @@ def test_every_policy_is_lossless_on_a_tiny_model(tiny, tiny_dir, draft, policy)
         assert pair.run(spec, PROMPT, k, GREEDY, 48, 0, chosen).output_tokens == plain(tiny, 48), (draft, k)
 
 
-@pytest.mark.parametrize(("draft", "policy"), [("ngram", "heuristic"), ("layerskip:24", "heuristic"),
-                                               ("layerskip:24", "confidence:0.4")])
+@pytest.mark.parametrize(("draft", "policy"), [("ngram", "heuristic"), ("ngram", "auto"), ("layerskip:24", "heuristic"),
+                                               ("layerskip:24", "auto"), ("layerskip:24", "confidence:0.4")])
 def test_adaptive_policies_are_lossless_on_smollm2(smollm2, draft, policy):
     spec = parse_draft(draft)
     prompt = models.encode_chat(smollm2, "Summarize: the council closed the old bridge for six weeks of repairs.")

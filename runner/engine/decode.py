@@ -19,7 +19,7 @@ from transformers.utils import ModelOutput
 
 from runner.engine.drafters import Drafter, crop_to, new_cache
 from runner.engine.models import Loaded
-from runner.engine.policies import FIXED, PolicySpec
+from runner.engine.policies import FIXED, PolicySpec, VerifyCosts
 from runner.engine.sampling import Decoding, accept_greedy, accept_sampled, draw, host, probabilities
 from runner.records import Generation, Round
 
@@ -52,8 +52,12 @@ class Clock:
         if self.cuda:
             torch.cuda.synchronize(self.device)
 
+    def done(self, mark: float | torch.cuda.Event) -> bool:
+        """Whether the device has passed `mark`, so that `seconds` can read it without waiting."""
+        return not self.cuda or mark.query()
+
     def seconds(self, start: float | torch.cuda.Event, end: float | torch.cuda.Event) -> float:
-        """Between two marks; on CUDA only after `settle`."""
+        """Between two marks; on CUDA only after `settle` or once `done(end)`."""
         return start.elapsed_time(end) / 1000 if self.cuda else end - start
 
     def __call__(self) -> float:
@@ -204,10 +208,11 @@ def _first_token(logits: Tensor, decoding: Decoding, generator: torch.Generator)
 
 def generate(
     target: Loaded, drafter: Drafter, prompt: list[int], k: int | None, decoding: Decoding,
-    max_new_tokens: int, generator: torch.Generator, policy: PolicySpec = FIXED,
+    max_new_tokens: int, generator: torch.Generator, policy: PolicySpec = FIXED, costs: VerifyCosts | None = None,
 ) -> Generation:
     """Decode `prompt` with speculative rounds of k drafts, or as many as `policy` gives each round starting from k;
-    k None (with `NoDraft`) is plain decoding."""
+    k None (with `NoDraft`) is plain decoding. Every round's verify time goes into `costs` (shared by a Pair's
+    generations), which the `auto` policy reads."""
     if not prompt:
         raise ValueError("the prompt is empty")
     if max_new_tokens < 1:
@@ -230,7 +235,9 @@ def generate(
         drafter.prefill(text.tokens, features)
         prefilled = clock()
         rounds: list[Timed] = []
-        schedule = policy.schedule(k or 0)
+        told = 0  # rounds whose times the schedule has been given: each once the device has passed it
+        costs = VerifyCosts() if costs is None else costs
+        schedule = policy.schedule(k or 0, costs)
         while text.last not in target.eos_ids and (made := text.length - len(prompt)) < max_new_tokens:
             budget = max_new_tokens - made
             # Never draft past the budget: k drafts can yield k+1 tokens.
@@ -240,6 +247,11 @@ def generate(
             )
             schedule.observe(timed.round.k, timed.round.accepted)
             rounds.append(timed)
+            while told < len(rounds) and clock.done(rounds[told].marks[-1]):
+                done = rounds[told].read(clock)
+                costs.add(done.k, done.verify_s)
+                schedule.timed(done)
+                told += 1
         stop = "eos" if text.last in target.eos_ids else "max_new_tokens"
         end = clock()
     return Generation(

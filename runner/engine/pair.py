@@ -19,7 +19,7 @@ from runner.engine.drafters import (
     layer_skip,
 )
 from runner.engine.eagle_drafter import EagleDrafter
-from runner.engine.policies import FIXED, PolicySpec
+from runner.engine.policies import FIXED, PolicySpec, VerifyCosts
 from runner.engine.sampling import Decoding
 from runner.records import Generation
 
@@ -108,6 +108,7 @@ class Pair:
         self.switches = [kernels.attach(m) for m in (target.model, *separate)] if self.kernels == kernels.SKINNY else []
         for switch in self.switches:
             switch.table()  # measured (or read from the cache) now, not inside a timed generation
+        self.verify_costs = VerifyCosts()  # every generation's verify passes, for the `auto` policy
 
     def drafter(self, spec: DraftSpec, decoding: Decoding, generator: torch.Generator,
                 policy: PolicySpec = FIXED) -> Drafter:
@@ -133,7 +134,8 @@ class Pair:
         generator = torch.Generator(device=self.target.device).manual_seed(seed)
         drafter = self.drafter(spec, decoding, generator, policy)
         with kernels.using(self.switches):
-            return generate(self.target, drafter, prompt, k, decoding, max_new_tokens, generator, policy)
+            return generate(self.target, drafter, prompt, k, decoding, max_new_tokens, generator, policy,
+                            self.verify_costs)
 
     def warm_up(self, specs: list[DraftSpec], prompt: list[int], ks: tuple[int, ...], decoding: Decoding,
                 max_new_tokens: int) -> None:
