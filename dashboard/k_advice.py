@@ -19,8 +19,8 @@ ADVICE_COLUMNS = {
                                                       "faster than every fixed k, else fixed"),
     "predicted_best_k": st.column_config.NumberColumn("advisor's k", help="over every k up to the largest recorded"),
     "measured_best_k": st.column_config.NumberColumn("measured best k"),
-    "hit": st.column_config.CheckboxColumn("hit", help=f"the advisor's pick among the recorded ks measured within "
-                                           f"{advisor.WITHIN:.0%} of the best"),
+    "hit": st.column_config.CheckboxColumn("hit", help=f"the advisor's k measured within {advisor.WITHIN:.0%} of "
+                                           "the measured best; empty where no run was recorded at its k"),
     "advisor_error": st.column_config.NumberColumn("advisor error", format="percent",
                                                    help="mean |predicted / measured − 1| over the recorded ks"),
     "formula_error": st.column_config.NumberColumn("formula error", format="percent",

@@ -16,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import duckdb
+import pandas as pd
 import pytest
 
 from runner.records import Generation, Round, RunRecord
@@ -118,3 +119,13 @@ def test_the_advice_and_its_recommendation(db):
     assert (advice.adaptive_policy, advice.adaptive_k) == ("heuristic:4", 1)
     assert advice.adaptive_best == pytest.approx(6 / 0.038)
     assert (advice.recommended_policy, advice.recommended_k) == ("heuristic:4", 1)
+
+
+def test_a_prediction_at_a_k_never_recorded_is_not_judged(db):
+    with duckdb.connect(str(db), read_only=True) as con:
+        advice = advisor.k_advice(con, Filters(draft=("layerskip:2",), k=(2,))).iloc[0]
+    # From k2 alone: s1 = 3/3, s2 = 1/3, w1 = 1, w2 = 2/3, drafting 2 ms a token, loop 1 ms a round, v = 10/12/14 ms.
+    # k=1: 2 tokens in 2 + 10 + 2 + 1 = 15 ms, 133.3/s; k=2: 7/3 tokens in 10/3 + 10 + 2 + 4/3 + 1 = 17.67 ms, 132.1/s
+    assert (advice.predicted_best_k, advice.predicted_recorded_k, advice.measured_best_k) == (1, 2, 2)
+    assert advice.measured_best == pytest.approx(7 / 0.053)
+    assert pd.isna(advice.measured_at_predicted) and pd.isna(advice.hit)  # no run at k=1: nothing to judge

@@ -96,7 +96,8 @@ def k_curve(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
 
 def k_advice(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
     """Per key: the advisor's best k (over every k it predicts) and its best among the recorded ks, the measured
-    best fixed k, whether the prediction hit (the measured speed at its recorded pick within WITHIN of the best),
+    best fixed k, whether the prediction hit (the measured speed at the advisor's best k within WITHIN of the
+    measured best; NULL where no run was recorded at that k: the prediction cannot be judged),
     the mean |error| of the advisor and of the flat formula over the recorded ks, the fastest measured adaptive
     policy, and the recommendation: that policy where it beat every fixed k, else the advisor's k, fixed."""
     sql, params = advisor_sql(filters)
@@ -106,8 +107,7 @@ def k_advice(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
         WITH curve AS ({sql}),
         summary AS (SELECT {key}, arg_max(k, predicted_tokens_per_s) AS predicted_best_k,
                 arg_max(k, predicted_tokens_per_s) FILTER (measured_tokens_per_s IS NOT NULL) AS predicted_recorded_k,
-                arg_max(measured_tokens_per_s, predicted_tokens_per_s) FILTER (measured_tokens_per_s IS NOT NULL)
-                    AS measured_at_predicted,
+                arg_max_null(measured_tokens_per_s, predicted_tokens_per_s) AS measured_at_predicted,
                 arg_max(k, measured_tokens_per_s) AS measured_best_k, max(measured_tokens_per_s) AS measured_best,
                 avg(abs(predicted_tokens_per_s / measured_tokens_per_s - 1)) AS advisor_error,
                 avg(abs(formula_tokens_per_s / measured_tokens_per_s - 1)) AS formula_error
