@@ -6,7 +6,10 @@ For every prompt, the two engines alternate (which goes first flips each time) a
     (prompt lookup: `prompt_lookup_num_tokens`; a layer-skip draft: `assistant_model`, constant k);
 (c) overhead: the share of a speculative run's wall time spent outside the forward passes of the target
     and the draft, and the share that recording its rounds (write_run) adds;
-(d) our measured speedup over our plain decoding next to the formula's, at the run's own α and c.
+(d) our measured speedup over our plain decoding next to the formula's, at the run's own α and c;
+(e) our draft-length policies (`--policies`, from `--policy-k`) against transformers' adaptive schedules: its
+    heuristic schedule for an assistant model and for early exit (a layer-skip draft), and, for prompt lookup, which
+    transformers does not adapt, its best fixed `prompt_lookup_num_tokens` of the bench's k.
 And the verify curve: one target pass over k+1 tokens at a ~200-token context, k = 0..8, on stock F.linear and on
 our skinny kernels, at 1 thread and at the bench's; and the roofline: the weight bytes a one-token pass reads over
 its time, against the bandwidth of a STREAM-style copy measured in the same run.
@@ -36,10 +39,21 @@ import torch  # noqa: E402
 from bench.engines import PLAIN_CELL, BenchConfig, Cell, Engines, dtype_name, measure  # noqa: E402
 from bench.passes import copy_bandwidth, verify_curves, weight_bytes  # noqa: E402
 from bench.report import markdown_report, mismatch_lines, table  # noqa: E402
-from bench.rows import Row, db_rows, overhead_rows, pass_rows, roofline_rows, speedup_rows, throughput_rows, verify_rows  # noqa: E402
+from bench.rows import (  # noqa: E402
+    Row,
+    adaptive_rows,
+    db_rows,
+    overhead_rows,
+    pass_rows,
+    roofline_rows,
+    speedup_rows,
+    throughput_rows,
+    verify_rows,
+)
 from runner.engine import kernels, models  # noqa: E402
 from runner.engine.kernels import SKINNY, all_cores, cpu_name  # noqa: E402
 from runner.engine.pair import parse_draft, parse_kernels  # noqa: E402
+from runner.engine.policies import FIXED, parse_policy  # noqa: E402
 from runner.store.bench_rows import write_bench  # noqa: E402
 from runner.store.connect import init_db  # noqa: E402
 from runner.store.schema import StoreError  # noqa: E402
@@ -67,13 +81,15 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None]) -> Outcome:
         progress("kernels: timing the candidates on this machine now")
         remeasure_kernels(target, sorted({1, config.threads}))
     engines = Engines(config, target)
-    cells = [PLAIN_CELL] + [Cell(parse_draft(d), k) for d in config.drafts for k in config.ks]
+    drafts, policies = [parse_draft(d) for d in config.drafts], [parse_policy(p) for p in config.policies]
+    cells = ([PLAIN_CELL] + [Cell(d, k) for d in drafts for k in config.ks]
+             + [Cell(d, config.policy_k, p) for d in drafts for p in policies if p.applies_to(d.kind)])
     prompts = {p: models.encode_chat(target, p.text) for p in config.prompts}
     progress("warm-up")
     first = next(iter(prompts.values()))
     try:
         for cell in cells:
-            for engine in ("ours", "theirs"):
+            for engine in cell.engines:
                 engines.run(engine, cell, config.prompts[0], first, config.warmup_tokens, -1)
         samples = measure(engines, cells, prompts, config.repeats, config.max_new_tokens, progress)
     finally:
@@ -82,9 +98,10 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None]) -> Outcome:
     curves = verify_curves(target, config.verify_context, config.verify_repeats, sorted({1, config.threads}))
     copy_gbs = copy_bandwidth(target.device, config.verify_repeats)
     reference = {(s.engine, s.prompt.id): s.tokens for s in samples if s.cell == PLAIN_CELL and s.repeat == 0}
-    spec_cells = cells[1:]
-    rows = (throughput_rows(samples, cells, reference) + pass_rows(samples, cells) + overhead_rows(samples, spec_cells)
-            + speedup_rows(samples, spec_cells) + verify_rows(curves, config.threads)
+    fixed = [cell for cell in cells if cell.policy == FIXED]
+    rows = (throughput_rows(samples, fixed, reference) + adaptive_rows(samples, cells, reference)
+            + pass_rows(samples, fixed) + overhead_rows(samples, fixed[1:]) + speedup_rows(samples, fixed[1:])
+            + verify_rows(curves, config.threads)
             + roofline_rows(curves, config.threads, weight_bytes(target.model), copy_gbs))
     bench_id = started.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:4]
     prov = engines.provenance
@@ -122,6 +139,10 @@ def parse_args(argv: list[str]) -> tuple[BenchConfig, Path | None]:
     parser.add_argument("--target", default=models.DEFAULT_MODEL, help="model spec (default: %(default)s)")
     parser.add_argument("--drafts", default="ngram,layerskip:24", help="comma-separated (default: %(default)s)")
     parser.add_argument("--ks", default="2,4,8", help="comma-separated draft lengths (default: %(default)s)")
+    parser.add_argument("--policies", default="heuristic,auto,confidence:0.4",
+                        help="comma-separated draft-length policies timed from --policy-k against transformers' "
+                             "adaptive schedules (fixed k is always timed; '' for none; default: %(default)s)")
+    parser.add_argument("--policy-k", type=int, default=4, help="the k the policies start from (default: 4)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     parser.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
     parser.add_argument("--repeats", type=int, default=3)
@@ -143,15 +164,20 @@ def parse_args(argv: list[str]) -> tuple[BenchConfig, Path | None]:
     try:
         ks = tuple(int(k) for k in args.ks.split(","))
         drafts = tuple(parse_draft(d) for d in args.drafts.split(","))
+        policies = tuple(parse_policy(p) for p in args.policies.split(",") if p)
         parse_kernels(args.kernels)
     except ValueError as error:
-        raise UsageError(f"--ks, --drafts or --kernels: {error}") from None
+        raise UsageError(f"--ks, --drafts, --policies or --kernels: {error}") from None
+    if FIXED in policies:
+        raise UsageError("--policies: fixed k is always measured; name the other policies only")
     per_category, repeats, n, verify = args.prompts_per_category, args.repeats, args.max_new_tokens, args.verify_repeats
+    policy_k = args.policy_k
     if args.quick:
-        ks, per_category, repeats, n, verify = (2,), 1, 1, 8, 3
+        ks, policy_k, per_category, repeats, n, verify = (2,), 2, 1, 1, 8, 3
     warm = max(ks) + 2  # the prefill's token and one full round at the largest k: every verify width is warm
-    if min(ks) < 1 or repeats < 1 or n < 1 or verify < 1 or (args.threads is not None and args.threads < 1):
-        raise UsageError("k, --repeats, --max-new-tokens, --verify-repeats and --threads must be >= 1")
+    if (min(ks + (policy_k,)) < 1 or repeats < 1 or n < 1 or verify < 1
+            or (args.threads is not None and args.threads < 1)):
+        raise UsageError("k, --policy-k, --repeats, --max-new-tokens, --verify-repeats and --threads must be >= 1")
     if any(d.kind == "baseline" for d in drafts):
         raise UsageError("--drafts: plain decoding is always measured; name drafts only")
     prompts = tuple(select_prompts(load_prompts(), None, per_category))
@@ -159,7 +185,8 @@ def parse_args(argv: list[str]) -> tuple[BenchConfig, Path | None]:
         prompts = prompts[:1]
     command = " ".join(["python bench/bench.py", *map(shlex.quote, argv)])
     return BenchConfig(
-        target=args.target, drafts=tuple(d.text for d in drafts), ks=ks, prompts=prompts, max_new_tokens=n,
+        target=args.target, drafts=tuple(d.text for d in drafts), ks=ks, policies=tuple(p.text for p in policies),
+        policy_k=policy_k, prompts=prompts, max_new_tokens=n,
         repeats=repeats, verify_repeats=verify, verify_context=args.verify_context, warmup_tokens=warm, db=args.db,
         device=args.device, dtype=args.dtype, threads=all_cores() if args.threads is None else args.threads,
         kernels=args.kernels, command=command,

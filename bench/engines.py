@@ -17,6 +17,7 @@ from torch import nn
 from runner.engine import models
 from runner.engine.decode import Clock
 from runner.engine.pair import PLAIN, DraftSpec, Pair, parse_draft
+from runner.engine.policies import FIXED, PolicySpec
 from runner.engine.sampling import Decoding
 from runner.records import Generation, RunRecord
 from runner.store.connect import init_db
@@ -35,6 +36,8 @@ class BenchConfig:
     target: str  # model spec of the target
     drafts: tuple[str, ...]  # drafter specs, each at every k, against transformers' equivalent
     ks: tuple[int, ...]  # draft lengths
+    policies: tuple[str, ...]  # draft-length policies other than fixed, each from policy_k, for every draft it fits
+    policy_k: int  # the k those policies start from
     prompts: tuple[Prompt, ...]  # the built-in suite's first prompts of each category
     max_new_tokens: int
     repeats: int  # each prompt × cell × engine runs this often; rows give medians over repeats
@@ -51,10 +54,23 @@ class BenchConfig:
 
 @dataclass(frozen=True)
 class Cell:
-    """One configuration both engines run: plain decoding (PLAIN, k None) or a draft at k."""
+    """One configuration: plain decoding (PLAIN, k None) or a draft at k, drafting under a policy from k."""
 
     draft: DraftSpec
     k: int | None
+    policy: PolicySpec = FIXED
+
+    @property
+    def engines(self) -> tuple[str, ...]:
+        """Who runs it. At a fixed k: ours and transformers' equivalent ('theirs'). Under our heuristic, a model
+        draft is also run by transformers' heuristic schedule from the same k ('theirs': as an assistant model;
+        'theirs_exit': a layer-skip draft as transformers' early exit). Our other policies are set against that
+        same run, and prompt lookup against transformers' best fixed k: it has no adaptive schedule there."""
+        if self.policy == FIXED:
+            return ("ours", "theirs")
+        if self.policy.kind != "heuristic" or self.draft.kind not in ("layerskip", "model"):
+            return ("ours",)
+        return ("ours", "theirs", "theirs_exit") if self.draft.kind == "layerskip" else ("ours", "theirs")
 
 
 PLAIN_CELL = Cell(PLAIN, None)
@@ -65,7 +81,7 @@ class Sample:
     """One timed generation by one engine."""
 
     cell: Cell
-    engine: str  # 'ours' | 'theirs'
+    engine: str  # 'ours' | 'theirs' | 'theirs_exit' (Cell.engines)
     repeat: int
     prompt: Prompt
     tokens: tuple[int, ...]  # the new tokens
@@ -138,10 +154,10 @@ class Engines:
         self.timer.take()
         start = self.clock()
         if engine == "ours":
-            generation = self.pair.run(cell.draft, ids, cell.k, GREEDY, n, seed=0)
+            generation = self.pair.run(cell.draft, ids, cell.k, GREEDY, n, seed=0, policy=cell.policy)
             tokens = generation.output_tokens
         else:
-            generation, tokens = None, self._theirs(cell, ids, n)
+            generation, tokens = None, self._theirs(cell, ids, n, early_exit=engine == "theirs_exit")
         wall = self.clock() - start
         inside = self.timer.take()
         record, record_s = (None, None) if generation is None else self._record(cell, prompt, generation, repeat)
@@ -149,8 +165,15 @@ class Engines:
         return Sample(cell, engine, repeat, prompt, tokens, wall, target_s, draft_s, target_calls, draft_calls,
                       generation, record, record_s)
 
-    def _theirs(self, cell: Cell, ids: list[int], n: int) -> tuple[int, ...]:
-        """transformers' own greedy generate, assisted the way closest to our draft at this k."""
+    def _theirs(self, cell: Cell, ids: list[int], n: int, early_exit: bool) -> tuple[int, ...]:
+        """transformers' own greedy generate, assisted the way closest to our draft at this k and policy.
+
+        What transformers 5.24 honours where (generation/candidate_generator.py, utils.py): the assistant's draft
+        length, its schedule ('constant' or 'heuristic': +2 after a round whose drafts were all accepted, -1
+        otherwise, never below 1) and its confidence stop are read from the ASSISTANT's own generation_config, not
+        from generate's kwargs; for early exit the assistant is the target itself. 'heuristic' carries the last
+        draft length over to the next call, so it is set to k before each call (as ours starts each generation
+        at k). Prompt lookup (PromptLookupCandidateGenerator) keeps `prompt_lookup_num_tokens` fixed: no schedule."""
         device = self.target.device
         prompt = torch.tensor([ids], dtype=torch.long, device=device)
         kwargs: dict = {"attention_mask": torch.ones_like(prompt), "do_sample": False, "max_new_tokens": n}
@@ -158,13 +181,14 @@ class Engines:
             # transformers' default is 2 (`max_matching_ngram_size or 2`); ours looks up DEFAULT_NGRAM.
             kwargs |= {"prompt_lookup_num_tokens": cell.k, "max_matching_ngram_size": int(cell.draft.arg)}
         elif cell.draft.kind != "baseline":
-            assistant = self.pair.draft_models[cell.draft.text]
-            # AssistedCandidateGenerator reads these from the ASSISTANT's generation_config (5.24), not from
-            # generate's kwargs: exactly k drafts a round, and no confidence stop (0 leaves ConfidenceCriteria out).
-            assistant.generation_config.num_assistant_tokens = cell.k
-            assistant.generation_config.num_assistant_tokens_schedule = "constant"
-            assistant.generation_config.assistant_confidence_threshold = 0.0
-            kwargs["assistant_model"] = assistant
+            assistant = self.target.model if early_exit else self.pair.draft_models[cell.draft.text]
+            config = assistant.generation_config
+            config.num_assistant_tokens = cell.k
+            if cell.policy == FIXED:  # exactly k drafts a round: no confidence stop (0 leaves ConfidenceCriteria out)
+                config.num_assistant_tokens_schedule, config.assistant_confidence_threshold = "constant", 0.0
+            else:  # their heuristic as it comes: with their default confidence stop (0.4, held fixed without sklearn)
+                config.num_assistant_tokens_schedule, config.assistant_confidence_threshold = "heuristic", None
+            kwargs |= {"assistant_early_exit": int(cell.draft.arg)} if early_exit else {"assistant_model": assistant}
         out = self.target.model.generate(prompt, **kwargs)
         return tuple(out[0, len(ids):].tolist())
 
@@ -173,9 +197,10 @@ class Engines:
         Each repeat is its own sweep, so the run_stats of a repeat's runs compare them with that repeat's plain run."""
         start, started = time.perf_counter(), datetime.now(UTC).isoformat()
         baseline = None if cell.k is None else self.plain[(prompt.id, repeat)]
-        record = make_record(SweepCell(prompt, GREEDY, cell.draft, cell.k), generation, None, started=started,
-                             pair=self.pair, target_spec=self.config.target, sweep_id=f"repeat-{repeat}", seed=0,
-                             max_new_tokens=self.config.max_new_tokens, baseline=baseline, provenance=self.provenance)
+        record = make_record(SweepCell(prompt, GREEDY, cell.draft, cell.k, cell.policy), generation, None,
+                             started=started, pair=self.pair, target_spec=self.config.target,
+                             sweep_id=f"repeat-{repeat}", seed=0, max_new_tokens=self.config.max_new_tokens,
+                             baseline=baseline, provenance=self.provenance)
         write_run(self.record_db, record)
         if cell.k is None:
             self.plain[(prompt.id, repeat)] = (record.run_id, generation.output_tokens)
@@ -184,13 +209,14 @@ class Engines:
 
 def measure(engines: Engines, cells: list[Cell], prompts: dict[Prompt, list[int]], repeats: int, n: int,
             progress: Callable[[str], None]) -> list[Sample]:
-    """Every prompt × cell × repeat, both engines back to back; who goes first alternates."""
+    """Every prompt × cell × repeat, the cell's engines back to back; which goes first rotates."""
     samples = []
     for repeat in range(repeats):
         for i, (prompt, ids) in enumerate(prompts.items()):
             progress(f"repeat {repeat + 1}/{repeats}, prompt {prompt.id}")
             for j, cell in enumerate(cells):
-                order = ("ours", "theirs") if (repeat + i + j) % 2 == 0 else ("theirs", "ours")
+                turn = (repeat + i + j) % len(cell.engines)
+                order = cell.engines[turn:] + cell.engines[:turn]
                 samples += [engines.run(engine, cell, prompt, ids, n, repeat) for engine in order]
     return samples
 

@@ -8,6 +8,7 @@ import platform
 import torch
 
 from bench.engines import Sample
+from bench.rows import reference_of
 from runner.engine.kernels import cpu_name
 from runner.store.bench_rows import ABOUT, UNITS
 
@@ -21,7 +22,7 @@ def _fmt(record: dict, name: str, unit: str) -> str:
     return text if record["repeats"] == 1 else f"{text} ({pattern.format(low)}–{pattern.format(high)})"
 
 
-HEADER = "| metric | draft | k | category | ours | theirs | ours/theirs | α | c | goal | mismatches |"
+HEADER = "| metric | draft | k | policy | category | ours | theirs | ours/theirs | α | c | goal | mismatches |"
 
 
 def format_line(record: dict) -> str:
@@ -30,7 +31,7 @@ def format_line(record: dict) -> str:
     alpha, c = ("" if record[n] is None else f"{record[n]:.3f}" for n in ("alpha", "c"))
     goal = "" if record["goal"] is None else f"{record['goal']}: {'met' if record['goal_met'] else 'NOT met'}"
     mismatches = "" if record["mismatches"] is None else record["mismatches"]
-    return (f"| {record['metric']} | {record['draft']} | {record['k']} | {record['category']} | "
+    return (f"| {record['metric']} | {record['draft']} | {record['k']} | {record['k_policy']} | {record['category']} | "
             f"{_fmt(record, 'ours', unit)} | {_fmt(record, 'theirs', unit)} | {_fmt(record, 'ratio', 'x')} | "
             f"{alpha} | {c} | {goal} | {mismatches} |")
 
@@ -41,7 +42,7 @@ def table(records: list[dict]) -> str:
     for metric in UNITS:
         chosen = [r for r in records if r["metric"] == metric]
         if chosen:
-            parts += [f"{ABOUT[metric]} [{UNITS[metric]}]", "", HEADER, "|" + "---|" * 11,
+            parts += [f"{ABOUT[metric]} [{UNITS[metric]}]", "", HEADER, "|" + "---|" * 12,
                       *map(format_line, chosen), ""]
     return "\n".join(parts)
 
@@ -50,11 +51,12 @@ def table(records: list[dict]) -> str:
 def mismatch_lines(samples: list[Sample], reference: dict) -> list[str]:
     lines = []
     for s in samples:
-        ref = reference[("ours" if s.cell.draft.kind == "baseline" else s.engine, s.prompt.id)]
+        ref = reference[reference_of(s)]
         if s.tokens != ref:
             pairs = zip(s.tokens, ref, strict=False)
             at = next((i for i, (a, b) in enumerate(pairs) if a != b), min(len(s.tokens), len(ref)))
-            lines.append(f"{s.engine} {s.cell.draft.text} k={s.cell.k} {s.prompt.id} repeat {s.repeat}: "
+            lines.append(f"{s.engine} {s.cell.draft.text} k={s.cell.k} {s.cell.policy.text} {s.prompt.id} "
+                         f"repeat {s.repeat}: "
                          f"differs from greedy at new token {at} ({len(s.tokens)} vs {len(ref)} tokens)")
     return lines
 

@@ -11,6 +11,7 @@ import pandas as pd
 from bench.engines import PLAIN_CELL, Cell, Sample
 from bench.passes import VERIFY_KS, Curves
 from runner.engine.kernels import SKINNY
+from runner.engine.policies import FIXED
 from runner.store import metrics
 from runner.store.bench_rows import UNITS, goal_for
 from runner.store.runs import in_scratch
@@ -31,6 +32,7 @@ class Row:
     c: float | None = None
     threads: int | None = None  # the row's own CPU thread count, where it is not the bench's
     judged: bool = True  # False: shown for comparison, not held to the metric's goal
+    k_policy: str = "fixed"  # how ours chose each round's k from k (runner/engine/policies.py); 'best: …' see below
     ratios: list[float] | None = field(init=False)
 
     def __post_init__(self) -> None:
@@ -62,9 +64,15 @@ def _tokens_per_s(group: list[Sample]) -> float:
     return sum(len(s.tokens) for s in group) / sum(s.wall_s for s in group)
 
 
+def reference_of(sample: Sample) -> tuple[str, str]:
+    """The key of the plain greedy output a sample must equal: its engine's (ours, for the plain cell itself)."""
+    engine = "ours" if sample.cell == PLAIN_CELL or sample.engine == "ours" else "theirs"
+    return engine, sample.prompt.id
+
+
 def _mismatches(samples: list[Sample], cell: Cell, category: str, reference: dict) -> int:
     """Samples whose output differs from their engine's plain greedy output (ours for the plain cell)."""
-    return sum(s.tokens != reference[("ours" if cell == PLAIN_CELL else s.engine, s.prompt.id)]
+    return sum(s.tokens != reference[reference_of(s)]
                for s in samples if s.cell == cell and category in ("all", s.prompt.category))
 
 
@@ -78,6 +86,43 @@ def throughput_rows(samples: list[Sample], cells: list[Cell], reference: dict) -
             rows.append(Row(metric, cell.draft.text, cell.k, category, ours, theirs,
                             _mismatches(samples, cell, category, reference)))
     return rows
+
+
+def adaptive_rows(samples: list[Sample], cells: list[Cell], reference: dict) -> list[Row]:
+    """(e) tokens/s of each of our policies against transformers' adaptive counterpart on the same prompts and
+    repeats (`Cell.engines`): its heuristic schedule from the same k, as an assistant model
+    (`adaptive_tokens_per_s`) and, for a layer-skip draft, as early exit (`early_exit_tokens_per_s`); for prompt
+    lookup, transformers' best fixed k of the bench in that category. Then per draft and category a row
+    `best: <policy>`: our policy with the highest median, the one the goal judges."""
+    rows = []
+    for cell in [c for c in cells if c.policy != FIXED]:
+        for category in _categories(samples):
+            ours = [_tokens_per_s(g) for g in _per_repeat(samples, cell, "ours", category)]
+            for metric, theirs in _counterparts(samples, cells, cell, category):
+                rows.append(Row(metric, cell.draft.text, cell.k, category, ours, theirs,
+                                _mismatches(samples, cell, category, reference), judged=False,
+                                k_policy=cell.policy.text))
+    best = []
+    for key in dict.fromkeys((r.metric, r.draft, r.k, r.category) for r in rows):
+        rivals = [r for r in rows if (r.metric, r.draft, r.k, r.category) == key]
+        top = max(rivals, key=lambda r: statistics.median(r.ours))
+        best.append(Row(*key, top.ours, top.theirs, top.mismatches, k_policy=f"best: {top.k_policy}"))
+    return sorted(rows + best, key=lambda r: list(UNITS).index(r.metric))
+
+
+def _counterparts(samples: list[Sample], cells: list[Cell], cell: Cell, category: str) -> list[tuple[str, list]]:
+    """(metric, transformers' tokens/s per repeat) for each counterpart of an adaptive cell that was run."""
+    if cell.draft.kind == "ngram":
+        fixed = [[_tokens_per_s(g) for g in _per_repeat(samples, c, "theirs", category)]
+                 for c in cells if c.draft == cell.draft and c.policy == FIXED]
+        return [("adaptive_tokens_per_s", max(fixed, key=statistics.median))] if fixed else []
+    heuristic = next((c for c in cells if (c.draft, c.k) == (cell.draft, cell.k) and c.policy.kind == "heuristic"),
+                     None)
+    if heuristic is None:
+        return []
+    metrics = (("adaptive_tokens_per_s", "theirs"), ("early_exit_tokens_per_s", "theirs_exit"))
+    return [(metric, [_tokens_per_s(g) for g in _per_repeat(samples, heuristic, engine, category)])
+            for metric, engine in metrics if engine in heuristic.engines]
 
 
 def pass_rows(samples: list[Sample], cells: list[Cell]) -> list[Row]:
@@ -119,7 +164,8 @@ def overhead_rows(samples: list[Sample], cells: list[Cell]) -> list[Row]:
 def speedup_rows(samples: list[Sample], cells: list[Cell]) -> list[Row]:
     """Per repeat, as a sweep reports a cell (`metrics.cells_sql` over the runs' own run_stats): the geometric mean
     of the measured speedups over our plain decoding, and of the formula's at each run's α and c; pooled α, mean c."""
-    records = [s.record for s in samples if s.record is not None and s.repeat >= 0]
+    records = [s.record for s in samples if s.record is not None and s.repeat >= 0
+               and s.cell in (PLAIN_CELL, *cells)]
     by_category, overall = in_scratch(records, lambda con: (
         metrics.cells(con, metrics.Filters(), ("draft", "k", "category", "sweep_id")),
         metrics.cells(con, metrics.Filters(), ("draft", "k", "sweep_id")).assign(category="all")))
@@ -163,7 +209,8 @@ def db_rows(rows: list[Row], context: dict) -> list[dict]:
     for row in rows:
         goal, met = row.goal()
         # bench_results keys rows by k (NOT NULL): plain decoding's rows are stored at k = 0, as its verify pass is.
-        values = {"draft": row.draft, "k": 0 if row.k is None else row.k, "category": row.category,
+        values = {"draft": row.draft, "k": 0 if row.k is None else row.k, "k_policy": row.k_policy,
+                  "category": row.category,
                   **({} if row.threads is None else {"threads": row.threads}),
                   "metric": row.metric, "unit": UNITS[row.metric], "repeats": len(row.ours),
                   "mismatches": row.mismatches, "alpha": row.alpha, "c": row.c, "goal": goal, "goal_met": met}

@@ -28,12 +28,13 @@ def _goal(row: pd.Series) -> str:
 def table(rows: pd.DataFrame) -> pd.DataFrame:
     """The printed table: one line per row, values as median (min–max); α and c only where measured."""
     shown = pd.DataFrame({
-        "draft": rows["draft"], "k": rows["k"], "category": rows["category"],
+        "draft": rows["draft"], "k": rows["k"], "policy": rows["k_policy"], "category": rows["category"],
         "ours": rows.apply(_value, axis=1, name="ours"), "theirs": rows.apply(_value, axis=1, name="theirs"),
         "ours / theirs": rows.apply(_value, axis=1, name="ratio"), "α": rows["alpha"], "c": rows["c"],
         "goal": rows.apply(_goal, axis=1), "mismatches": rows["mismatches"],
     })
-    return shown.drop(columns=[c for c in ("α", "c") if shown[c].isna().all()])
+    fixed = (shown["policy"] == "fixed").all()  # the policy column only where ours drafted under another
+    return shown.drop(columns=[c for c in ("α", "c") if shown[c].isna().all()] + (["policy"] if fixed else []))
 
 
 VERIFY_METRICS = {"verify_ms": "skinny", "verify_ms_stock": "stock"}  # each kernel path's curve

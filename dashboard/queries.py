@@ -156,8 +156,8 @@ def benches(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
 def bench_rows(con: duckdb.DuckDBPyConnection, bench_id: str) -> pd.DataFrame:
     """The rows of one bench in the order it printed them."""
     return _frame(con, """
-        SELECT metric, unit, draft, k, category, threads, ours, ours_min, ours_max, theirs, theirs_min, theirs_max,
-            ratio, ratio_min, ratio_max, alpha, c, goal, goal_met, mismatches
+        SELECT metric, unit, draft, k, k_policy, category, threads, ours, ours_min, ours_max, theirs, theirs_min,
+            theirs_max, ratio, ratio_min, ratio_max, alpha, c, goal, goal_met, mismatches
         FROM bench_results WHERE bench_id = ? ORDER BY rowid""", [bench_id])
 
 

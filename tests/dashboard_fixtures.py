@@ -103,29 +103,32 @@ def build(db: Path, target: str = TARGET) -> Path:
 
 
 def bench_row(bench_id: str, started: str, metric: str, draft: str, k: int, ours: float, theirs: float | None,
-              ratio: float | None, goal: str | None = None, met: bool | None = None) -> dict:
+              ratio: float | None, goal: str | None = None, met: bool | None = None, k_policy: str = "fixed") -> dict:
     """One `bench_results` row; each value's min and max lie 10% around it."""
     row = dict.fromkeys(BENCH_COLUMNS)
     for name, value in {"ours": ours, "theirs": theirs, "ratio": ratio}.items():
         row |= {name: value, f"{name}_min": value and value * 0.9, f"{name}_max": value and value * 1.1}
-    unit = {"plain_tokens_per_s": "tokens/s", "spec_tokens_per_s": "tokens/s", "verify_ms": "ms",
+    unit = {"plain_tokens_per_s": "tokens/s", "spec_tokens_per_s": "tokens/s", "adaptive_tokens_per_s": "tokens/s",
+            "verify_ms": "ms",
             "verify_ms_stock": "ms"}[metric]
     return row | {"bench_id": bench_id, "started_at": datetime.fromisoformat(started), "device": "cpu",
                   "device_name": "a test CPU", "dtype": "float32", "threads": 1, "target": TARGET,
-                  "draft": draft, "k": k, "category": "all", "metric": metric, "unit": unit, "repeats": 3,
+                  "draft": draft, "k": k, "k_policy": k_policy, "category": "all", "metric": metric, "unit": unit,
+                  "repeats": 3,
                   "prompts": 3, "max_new_tokens": 32, "mismatches": 0, "goal": goal, "goal_met": met,
                   "load_before": 0.5, "load_after": 1.5, "command": "python bench/bench.py", "torch_version": "2",
                   "transformers_version": "5", "host": "h", "git_commit": ""}
 
 
 def add_benches(db: Path) -> Path:
-    """Two benches: b-old (one goal, met) and the newer b-new (goals 1 of 2 met; verify curves 1, 1.6, 2 on the
-    skinny kernels and 1, 2, 3 on stock)."""
+    """Two benches: b-old (one goal, met) and the newer b-new (goals 1 of 2 met; one row of prompt lookup's
+    heuristic policy; verify curves 1, 1.6, 2 on the skinny kernels and 1, 2, 3 on stock)."""
     write_bench(db, [bench_row("b-old", "2026-01-01", "plain_tokens_per_s", "none", 0, 10, 10, 1.0,
                                      "ratio >= 1", True)])
     write_bench(db, [
         bench_row("b-new", "2026-02-01", "plain_tokens_per_s", "none", 0, 12, 10, 1.2, "ratio >= 1", True),
         bench_row("b-new", "2026-02-01", "spec_tokens_per_s", "ngram", 2, 21, 20, 1.1, "ratio >= 1.15", False),
+        bench_row("b-new", "2026-02-01", "adaptive_tokens_per_s", "ngram", 2, 24, 20, 1.2, k_policy="heuristic"),
         *(bench_row("b-new", "2026-02-01", "verify_ms", "none", k, ms, 70, ms / 70)
           for k, ms in ((0, 70), (1, 112), (2, 140))),
         *(bench_row("b-new", "2026-02-01", "verify_ms_stock", "none", k, ms, 100, ms / 100)

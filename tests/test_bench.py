@@ -11,8 +11,12 @@ import pytest
 import torch
 
 from bench import bench, passes, report, rows
+from bench.engines import PLAIN_CELL, Cell, Sample
 from runner.engine.kernels import all_cores
+from runner.engine.pair import parse_draft
+from runner.engine.policies import parse_policy
 from runner.store.bench_rows import BENCH_COLUMNS, bench_results, goal_for
+from runner.sweep.prompts import Prompt
 
 
 def test_rows_hold_medians_and_min_max_over_repeats_and_judge_the_goal():
@@ -24,7 +28,7 @@ def test_rows_hold_medians_and_min_max_over_repeats_and_judge_the_goal():
     assert (record["theirs"], record["theirs_min"], record["theirs_max"]) == (10.0, 8.0, 10.0)
     assert (record["ratio"], record["ratio_min"], record["ratio_max"]) == (1.2, 1.1, 1.25)
     assert report.format_line(record) == (
-        "| spec_tokens_per_s | ngram | 4 | all | 11.00 (10.00–12.00) | 10.00 (8.00–10.00) | 1.20 (1.10–1.25) "
+        "| spec_tokens_per_s | ngram | 4 | fixed | all | 11.00 (10.00–12.00) | 10.00 (8.00–10.00) | 1.20 (1.10–1.25) "
         "|  |  | ratio >= 1.15: met | 0 |")
     share = rows.Row("overhead_share", "ngram", 4, "all", [0.04, 0.07, 0.06])
     assert share.ratios is None and share.goal() == ("ours <= 0.05", False)  # median 0.06
@@ -152,10 +156,78 @@ def test_the_goals_are_the_ones_set_for_each_metric_draft_k_and_category():
     assert rows.Row("verify_ms", "none", 2, "threads=2", [10.5], [10.0]).goal() == ("ratio <= 1.1", True)
 
 
+def test_quick_bench_times_each_policy_against_transformers_adaptive_counterpart(quick):
+    _, _, rows = quick
+    adaptive = [(r["metric"], r["draft"], r["k"], r["k_policy"]) for r in rows
+                if r["metric"] in ("adaptive_tokens_per_s", "early_exit_tokens_per_s") and r["category"] == "all"]
+    # Prompt lookup has no confidence to stop on; a layer-skip draft meets transformers' assistant and early exit.
+    best = [a[3] for a in adaptive if a[3].startswith("best: ")]
+    assert adaptive == [
+        ("adaptive_tokens_per_s", "ngram", 2, "heuristic"), ("adaptive_tokens_per_s", "ngram", 2, "auto"),
+        ("adaptive_tokens_per_s", "layerskip:2", 2, "heuristic"), ("adaptive_tokens_per_s", "layerskip:2", 2, "auto"),
+        ("adaptive_tokens_per_s", "layerskip:2", 2, "confidence:0.4"),
+        ("adaptive_tokens_per_s", "ngram", 2, best[0]), ("adaptive_tokens_per_s", "layerskip:2", 2, best[1]),
+        ("early_exit_tokens_per_s", "layerskip:2", 2, "heuristic"),
+        ("early_exit_tokens_per_s", "layerskip:2", 2, "auto"),
+        ("early_exit_tokens_per_s", "layerskip:2", 2, "confidence:0.4"),
+        ("early_exit_tokens_per_s", "layerskip:2", 2, best[2])]
+    by = {(r["metric"], r["draft"], r["k_policy"], r["category"]): r for r in rows}
+    for category in ("all", "code"):
+        # Prompt lookup's counterpart is transformers' best fixed k: the bench's only k here, 2.
+        for policy in ("heuristic", "auto"):
+            assert by["adaptive_tokens_per_s", "ngram", policy, category]["theirs"] == \
+                by["spec_tokens_per_s", "ngram", "fixed", category]["theirs"]
+        for metric in ("adaptive_tokens_per_s", "early_exit_tokens_per_s"):
+            ours = [by[metric, "layerskip:2", p, category] for p in ("heuristic", "auto", "confidence:0.4")]
+            assert len({r["theirs"] for r in ours}) == 1  # one transformers run, three of our policies
+            best_row = next(r for r in rows if r["k_policy"].startswith("best: ")
+                            and (r["metric"], r["draft"], r["category"]) == (metric, "layerskip:2", category))
+            top = max(ours, key=lambda r: r["ours"])
+            assert (best_row["k_policy"], best_row["ours"], best_row["ratio"]) == (
+                f"best: {top['k_policy']}", top["ours"], top["ratio"])
+    judged = [(r["metric"], r["draft"], r["k_policy"].split(":")[0], r["category"], r["goal"]) for r in rows
+              if r["metric"] in ("adaptive_tokens_per_s", "early_exit_tokens_per_s") and r["goal"]]
+    assert judged == [("adaptive_tokens_per_s", "ngram", "best", "all", "ratio >= 1.15"),
+                      ("adaptive_tokens_per_s", "layerskip:2", "best", "all", "ratio >= 1.15"),
+                      ("early_exit_tokens_per_s", "layerskip:2", "best", "all", "ratio >= 1.15")]
+    # Every adaptive output, ours and transformers' (early exit included), equals its engine's plain greedy output.
+    assert {r["mismatches"] for r in rows if r["metric"].endswith("_tokens_per_s")} == {0}
+
+
+def _sample(cell: Cell, engine: str, repeat: int, prompt: Prompt, tokens: int, wall_s: float) -> Sample:
+    return Sample(cell, engine, repeat, prompt, (7,) * tokens, wall_s, 0.0, 0.0, 0, 0)
+
+
+def test_prompt_lookups_counterpart_is_transformers_best_fixed_k_per_category_by_its_median():
+    code, poem = Prompt("code-01", "code", "x"), Prompt("poem-01", "poem", "x")
+    ngram = parse_draft("ngram")
+    k2, k4, adaptive = Cell(ngram, 2), Cell(ngram, 4), Cell(ngram, 4, parse_policy("heuristic"))
+    # transformers' seconds for 10 tokens, per (cell, prompt) and repeat: k=4 is its best on code, k=2 on poems.
+    theirs = {(k2, code): (1.0, 1.0, 1.0), (k4, code): (0.5, 2.0, 0.4), (k2, poem): (0.5, 0.5, 0.5),
+              (k4, poem): (1.0, 1.0, 1.0)}
+    samples = [_sample(cell, "theirs", r, prompt, 10, wall) for (cell, prompt), walls in theirs.items()
+               for r, wall in enumerate(walls)]
+    samples += [_sample(adaptive, "ours", r, prompt, 10, 0.25) for prompt in (code, poem) for r in range(3)]
+    samples += [_sample(PLAIN_CELL, engine, 0, prompt, 10, 1.0) for prompt in (code, poem)
+                for engine in ("ours", "theirs")]
+    reference = {(engine, p.id): (7,) * 10 for p in (code, poem) for engine in ("ours", "theirs")}
+    got = {(r.k_policy, r.category): r for r in rows.adaptive_rows(samples, [PLAIN_CELL, k2, k4, adaptive], reference)}
+    # ours: 10 tokens in 0.25 s = 40 tokens/s every repeat. code: k=4 gives 20, 5, 25 (median 20) against k=2's 10.
+    assert got["heuristic", "code"].theirs == [20.0, 5.0, 25.0] and got["heuristic", "code"].ratios == [2.0, 8.0, 1.6]
+    assert got["heuristic", "poem"].theirs == [20.0, 20.0, 20.0]  # k=2: 20 tokens/s against k=4's 10
+    # all: 20 tokens over both prompts' seconds: k=2 1.5 s each repeat (13.3/s); k=4 1.5, 3.0, 1.4 s: median 13.3/s
+    assert got["heuristic", "all"].theirs == pytest.approx([20 / 1.5, 20 / 1.5, 20 / 1.5])
+    assert got["best: heuristic", "code"].goal() == (None, None)  # judged on all prompts only
+    assert got["best: heuristic", "all"].goal() == ("ratio >= 1.15", True)
+    assert got["heuristic", "all"].goal() == (None, None)  # one policy's row is shown, the best is judged
+    assert got["heuristic", "all"].mismatches == 0
+
+
 def test_what_is_printed_is_what_is_stored(quick):
     _, printed, rows = quick
     table_lines = [line for line in printed.splitlines() if line.startswith("| ") and "| metric |" not in line]
-    assert len(rows) == 2 + 4 + (3 + 1) + 4 * 2 + 4 + 2 * 9 * len({1, all_cores()}) + 2
+    # plain + spec, adaptive (per policy, then best), passes, overheads, speedups, verify curves, rooflines
+    assert len(rows) == 2 + 4 + (4 + 12) + 6 + (3 + 1) + 4 * 2 + 4 + 2 * 9 * len({1, all_cores()}) + 2
     assert [report.format_line(r) for r in rows] == table_lines
 
 

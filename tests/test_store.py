@@ -105,7 +105,8 @@ def test_runs_and_rounds_have_the_documented_columns(db):
     assert query(db, "SELECT version, name FROM schema_migrations ORDER BY version") == [
         (1, "create_runs_and_rounds"), (2, "create_run_stats"), (3, "add_device_name"), (4, "create_bench_results"),
         (5, "create_run_totals"), (6, "add_divergence"), (7, "add_kernels_and_threads"), (8, "define_metrics"),
-        (9, "create_trainings"), (10, "add_concurrent_workers"), (11, "add_k_policy"), (12, "create_position_stats")]
+        (9, "create_trainings"), (10, "add_concurrent_workers"), (11, "add_k_policy"), (12, "create_position_stats"),
+        (13, "add_bench_k_policy")]
 
 
 def schema_dump(db: Path) -> list:
@@ -144,6 +145,26 @@ def test_migrating_from_every_older_version_ends_identical(tmp_path, start):
         assert query(old, "SELECT run_id, accepted, rejected, thrown, drafted, alpha, tau, kernels, threads "
                           "FROM run_stats ORDER BY run_id") == [("base", 0, 0, 0, 0, None, 1.0, "stock", None),
                                                                ("spec", 2, 1, 1, 4, 2 / 3, 2.0, "stock", None)]
+
+
+def test_bench_rows_from_before_policies_drafted_a_fixed_k_and_keep_their_order(tmp_path):
+    db = tmp_path / "old.duckdb"
+    con = duckdb.connect(str(db))
+    migrate(con, to_version=12)
+    for metric in ("spec_tokens_per_s", "plain_tokens_per_s", "speedup"):  # not in the key's order
+        con.execute("INSERT INTO bench_results (bench_id, draft, k, category, metric, ours, kernels) "
+                    "VALUES ('b1', 'ngram', 4, 'all', ?, 1.0, 'skinny')", [metric])
+    migrate(con)
+    assert con.execute("SELECT metric, k_policy, kernels FROM bench_results ORDER BY rowid").fetchall() == [
+        ("spec_tokens_per_s", "fixed", "skinny"), ("plain_tokens_per_s", "fixed", "skinny"),
+        ("speedup", "fixed", "skinny")]
+    # The same draft, k and category under another policy is another row; under the same policy it is refused.
+    insert = ("INSERT INTO bench_results (bench_id, draft, k, category, metric, k_policy) "
+              "VALUES ('b1', 'ngram', 4, 'all', 'spec_tokens_per_s', ?)")
+    con.execute(insert, ["heuristic"])
+    with pytest.raises(duckdb.ConstraintException):
+        con.execute(insert, ["fixed"])
+    con.close()
 
 
 # run_stats as specdash wrote it into every file before the metric macros (schema versions 5 to 7).

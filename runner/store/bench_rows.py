@@ -40,6 +40,9 @@ GOALS = (
     Goal("plain_tokens_per_s", "ratio", ">=", 1.10),
     Goal("spec_tokens_per_s", "ratio", ">=", 1.30, draft="ngram", ks=(4,), category="summary"),
     Goal("spec_tokens_per_s", "ratio", ">=", 1.15, draft="ngram", ks=(4,), category="all"),
+    # Ours under our best draft-length policy against transformers' adaptive schedule (prompt lookup: its best k).
+    Goal("adaptive_tokens_per_s", "ratio", ">=", 1.15, category="all"),
+    Goal("early_exit_tokens_per_s", "ratio", ">=", 1.15, category="all"),
     Goal("overhead_share", "ours", "<=", 0.05),
     Goal("record_share", "ours", "<=", 0.02),
     # The explainer's flat verify pass, on our kernels at the default thread count.
@@ -53,13 +56,19 @@ def goal_for(metric: str, draft: str, k: int | None, category: str) -> Goal | No
     return next((goal for goal in GOALS if goal.applies(metric, draft, k, category)), None)
 
 
-UNITS = {"plain_tokens_per_s": "tokens/s", "spec_tokens_per_s": "tokens/s", "target_passes": "passes",
+UNITS = {"plain_tokens_per_s": "tokens/s", "spec_tokens_per_s": "tokens/s", "adaptive_tokens_per_s": "tokens/s",
+         "early_exit_tokens_per_s": "tokens/s", "target_passes": "passes",
          "draft_passes": "passes", "overhead_share": "share",
          "loop_overhead_share": "share", "record_share": "share", "record_ms": "ms", "speedup": "x",
          "verify_ms": "ms", "verify_ms_stock": "ms", "roofline": "GB/s", "roofline_stock": "GB/s"}
 ABOUT = {
     "plain_tokens_per_s": "(a) plain decoding, tokens/s: ours | transformers generate(do_sample=False)",
     "spec_tokens_per_s": "(b) speculative decoding, tokens/s: ours | transformers assisted generation",
+    "adaptive_tokens_per_s": "(e) adaptive draft length, tokens/s: ours under the policy, from k | transformers "
+                             "assisted generation with num_assistant_tokens_schedule='heuristic' from k (prompt "
+                             "lookup: its best fixed prompt_lookup_num_tokens of the bench's k)",
+    "early_exit_tokens_per_s": "(e) adaptive draft length, tokens/s: ours under the policy, from k | transformers "
+                               "early exit (assistant_early_exit = the draft's layers), heuristic schedule from k",
     "target_passes": "(a, b) the target's forward passes per run, prefill included: ours | transformers",
     "draft_passes": "(b) the draft model's forward passes per run: ours | transformers",
     "overhead_share": "(c) wall time outside the target's and the draft's forward passes: ours | transformers",
@@ -77,7 +86,8 @@ ABOUT = {
 
 
 BENCH_COLUMNS = (
-    "bench_id", "started_at", "device", "device_name", "dtype", "threads", "target", "draft", "k", "category", "metric",
+    "bench_id", "started_at", "device", "device_name", "dtype", "threads", "target", "draft", "k", "k_policy",
+    "category", "metric",
     "unit",
     "ours", "ours_min", "ours_max", "theirs", "theirs_min", "theirs_max", "ratio", "ratio_min", "ratio_max",
     "repeats", "prompts", "max_new_tokens", "mismatches", "alpha", "c", "goal", "goal_met", "load_before",
@@ -104,7 +114,7 @@ def write_bench(db_path: str | os.PathLike, rows: list[dict], lock_timeout_s: fl
 
 
 def bench_results(db_path: str | os.PathLike, bench_id: str, lock_timeout_s: float = 30.0) -> pd.DataFrame:
-    """The rows of one bench, in the order they were printed (metric, draft, k, category as written)."""
+    """The rows of one bench, in the order they were printed (metric, draft, k, k_policy, category as written)."""
     rows = read(Path(db_path), f"SELECT {', '.join(BENCH_COLUMNS)} FROM bench_results WHERE bench_id = ? "
                                 "ORDER BY rowid", [bench_id], lock_timeout_s)
     return pd.DataFrame(rows, columns=list(BENCH_COLUMNS))

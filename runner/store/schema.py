@@ -39,17 +39,20 @@ def _add_device_name(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("ALTER TABLE runs ADD COLUMN device_name TEXT")
 
 
-def _create_bench_results(con: duckdb.DuckDBPyConnection) -> None:
-    # `make bench`: one row per printed line of its table, so the dashboard shows exactly what was printed.
-    # Values are medians over repeats with their min and max; ratio = ours / theirs, per repeat, then the median.
-    con.execute("""CREATE TABLE bench_results (
+# `make bench`: one row per printed line of its table, so the dashboard shows exactly what was printed.
+# Values are medians over repeats with their min and max; ratio = ours / theirs, per repeat, then the median.
+BENCH_RESULTS = """CREATE TABLE bench_results (
         bench_id TEXT NOT NULL, started_at TIMESTAMP, device TEXT, device_name TEXT, dtype TEXT, threads INTEGER,
         target TEXT, draft TEXT NOT NULL, k INTEGER NOT NULL, category TEXT NOT NULL, metric TEXT NOT NULL, unit TEXT,
         ours DOUBLE, ours_min DOUBLE, ours_max DOUBLE, theirs DOUBLE, theirs_min DOUBLE, theirs_max DOUBLE,
         ratio DOUBLE, ratio_min DOUBLE, ratio_max DOUBLE, repeats INTEGER, prompts INTEGER,
         max_new_tokens INTEGER, mismatches INTEGER, alpha DOUBLE, c DOUBLE, goal TEXT, goal_met BOOLEAN,
         load_before DOUBLE, load_after DOUBLE, command TEXT, torch_version TEXT, transformers_version TEXT,
-        host TEXT, git_commit TEXT, PRIMARY KEY (bench_id, metric, draft, k, category))""")
+        host TEXT, git_commit TEXT{more}, PRIMARY KEY (bench_id, metric, draft, k, category{key}))"""
+
+
+def _create_bench_results(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute(BENCH_RESULTS.format(more="", key=""))
 
 
 # Every run's totals from its rounds: the backfill of migration 5 (and of bench/scale.py's synthetic file).
@@ -185,6 +188,17 @@ def _add_concurrent_workers(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("UPDATE runs SET concurrent_workers = 1")
 
 
+def _add_bench_k_policy(con: duckdb.DuckDBPyConnection) -> None:
+    # A bench also times our draft-length policies against transformers' adaptive schedules, so a row says which
+    # policy ours ran (part of the key: the same draft and start k under two policies are two rows). Every row
+    # before drafted a fixed k. The key changes, so the table is rebuilt, in its printed order.
+    con.execute("ALTER TABLE bench_results RENAME TO bench_results_old")
+    con.execute(BENCH_RESULTS.format(more=", kernels TEXT, k_policy TEXT NOT NULL", key=", k_policy"))
+    con.execute("INSERT INTO bench_results BY NAME "
+                "SELECT *, 'fixed' AS k_policy FROM bench_results_old ORDER BY rowid")
+    con.execute("DROP TABLE bench_results_old")
+
+
 MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     _create_runs_and_rounds,
     _create_run_stats,
@@ -198,6 +212,7 @@ MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     _add_concurrent_workers,
     _add_k_policy,
     _create_position_stats,
+    _add_bench_k_policy,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
