@@ -190,13 +190,11 @@ def training_epochs(con: duckdb.DuckDBPyConnection, train_id: str) -> pd.DataFra
 
 
 def draft_positions(con: duckdb.DuckDBPyConnection, target: str, draft: str) -> pd.DataFrame:
-    """Per mode × category × draft position j of one draft's runs: rounds that proposed a j-th draft after
-    accepting the j-1 before it (judged), and those that accepted it too, as the training's held-out score counts."""
+    """Per mode × category × draft position j of one draft's runs (`position_stats`): rounds that proposed a j-th
+    draft after accepting the j-1 before it (judged), and those that accepted it too, as the training's held-out
+    score counts."""
     return _frame(con, """
-        SELECT r.mode, r.category, p.position, count(*) FILTER (d.accepted >= p.position - 1) AS judged,
-            count(*) FILTER (d.accepted >= p.position) AS accepted,
-            count(*) FILTER (d.accepted >= p.position) / nullif(count(*) FILTER (d.accepted >= p.position - 1), 0)
-                AS acceptance
-        FROM rounds d JOIN runs r USING (run_id) JOIN range(1, 65) p(position) ON d.k >= p.position
-        WHERE r.target = ? AND r.draft = ? AND r.status = 'ok'
-        GROUP BY ALL ORDER BY r.mode, r.category, p.position""", [target, draft])
+        SELECT mode, category, position, sum(reached)::BIGINT AS judged, sum(accepted)::BIGINT AS accepted,
+            alpha(sum(accepted), sum(reached) - sum(accepted)) AS acceptance
+        FROM position_stats WHERE target = ? AND draft = ?
+        GROUP BY ALL ORDER BY mode, category, position""", [target, draft])
