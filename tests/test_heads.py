@@ -11,7 +11,6 @@ import huggingface_hub.constants
 import pytest
 import torch
 from safetensors.torch import save_file
-from scipy.stats import chisquare
 from typer.testing import CliRunner
 
 from runner.cli import app
@@ -21,10 +20,11 @@ from runner.engine.drafters import NoDraft
 from runner.engine.eagle_drafter import EagleDrafter
 from runner.engine.heads import EagleHead, HeadConfig
 from runner.engine.pair import Pair, parse_draft
-from runner.engine.sampling import Decoding, probabilities
+from runner.engine.sampling import Decoding
 from runner.train.data import Sample
 from runner.train.unroll import batches, unroll
 from tests.conftest import tiny_llama
+from tests.laws import pooled_chisquare, two_token_law
 
 GREEDY = Decoding("greedy", 0.0, 1.0)
 SHIPPED = Path(__file__).resolve().parent.parent / "heads" / "smollm2-135m"
@@ -223,21 +223,9 @@ def test_eagle_sampling_reproduces_the_targets_joint_distribution():
         gen = torch.Generator().manual_seed(seed)
         out = generate(target, EagleDrafter(head, decoding, gen), prompt, 2, decoding, 4, gen).output_tokens
         counts[out[1], out[2]] += 1
-    with torch.inference_mode():
-        def law(texts: list[list[int]]) -> torch.Tensor:
-            return probabilities(target.model(torch.tensor(texts)).logits[:, -1], decoding)
-        p1 = law([prompt])[0]
-        p2 = law([prompt + [x] for x in range(vocab)])
-        p3 = law([prompt + [x, y] for x in range(vocab) for y in range(vocab)]).view(vocab, vocab, vocab)
-    joint = (p1[:, None, None] * p2[:, :, None] * p3).sum(0).view(-1)  # P(x2, x3)
-    observed = counts.view(-1)
-    big = joint * n >= 5  # chi-square needs expected counts of 5 or more; the rest is pooled
-    expected = torch.cat([joint[big], joint[~big].sum().view(1)]) * n
-    got = torch.cat([observed[big], observed[~big].sum().view(1)])
-    keep = expected > 0
-    want, seen = expected[keep].double().numpy(), got[keep].double().numpy()
-    assert chisquare(seen, want / want.sum() * seen.sum()).pvalue > 1e-3
-    assert big.sum() >= 20  # the law is spread over many outcomes, so the test means something
+    pvalue, outcomes = pooled_chisquare(counts.view(-1), two_token_law(target, prompt, vocab, decoding), n)
+    assert pvalue > 1e-3
+    assert outcomes >= 20  # the law is spread over many outcomes, so the test means something
     # and the test has power: tokens outside the draft vocabulary do occur, through the residual and the bonus
     assert counts[[1, 4, 6]].sum() > 0 and counts[:, [1, 4, 6]].sum() > 0
 

@@ -13,6 +13,7 @@ from runner.engine.drafters import ModelDrafter
 from runner.engine.models import Loaded
 from runner.engine.sampling import Decoding, accept_greedy, accept_sampled, probabilities, residual
 from tests.conftest import tiny_llama
+from tests.laws import pooled_chisquare, two_token_law
 
 
 @pytest.mark.parametrize(("mode", "temperature", "top_p", "message"), [
@@ -143,22 +144,9 @@ def test_end_to_end_sampling_matches_the_targets_joint_distribution():
         gen = torch.Generator().manual_seed(seed)
         out = generate(target, ModelDrafter(draft, decoding, gen, vocab), prompt, 2, decoding, 4, gen).output_tokens
         counts[out[1], out[2]] += 1
-    with torch.inference_mode():
-        def law(texts: list[list[int]]) -> torch.Tensor:
-            return probabilities(target.model(torch.tensor(texts)).logits[:, -1], decoding)
-        p1 = law([prompt])[0]  # (x1,)
-        p2 = law([prompt + [x] for x in range(vocab)])  # (x1, x2)
-        p3 = law([prompt + [x, y] for x in range(vocab) for y in range(vocab)]).view(vocab, vocab, vocab)
-    # P(x2, x3) = Σ_x1 p1(x1) p2(x2 | x1) p3(x3 | x1, x2)
-    joint = (p1[:, None, None] * p2[:, :, None] * p3).sum(0).view(-1)
-    observed = counts.view(-1)
-    big = joint * n >= 5  # chi-square needs expected counts of 5 or more; the rest is pooled
-    expected = torch.cat([joint[big], joint[~big].sum().view(1)]) * n
-    got = torch.cat([observed[big], observed[~big].sum().view(1)])
-    keep = expected > 0
-    want, seen = expected[keep].double().numpy(), got[keep].double().numpy()
-    assert chisquare(seen, want / want.sum() * seen.sum()).pvalue > 1e-3
-    assert big.sum() >= 20  # the law is spread over many outcomes, so the test means something
+    pvalue, outcomes = pooled_chisquare(counts.view(-1), two_token_law(target, prompt, vocab, decoding), n)
+    assert pvalue > 1e-3
+    assert outcomes >= 20  # the law is spread over many outcomes, so the test means something
 
 
 def _shaped(model: torch.nn.Module, seed: int) -> torch.nn.Module:
