@@ -86,6 +86,21 @@ def test_the_best_k_example_agrees_with_the_leaderboard(shipped):
     assert joined["speedup"].tolist() == pytest.approx(joined["best_speedup"].tolist(), abs=5.01e-3)
 
 
+def test_the_policy_example_sets_each_policy_against_the_overviews_best_fixed_k(shipped):
+    example = run_query(shipped, EXAMPLES["each draft-length policy against the best fixed k"]).frame
+    keys = ["target", "mode", "category", "draft"]
+    with duckdb.connect(str(shipped), read_only=True) as con:
+        overview = metrics.cells(con, metrics.Filters(), (*keys, "k", "k_policy"))
+    fixed = overview[overview["k_policy"] == "fixed"]
+    best = fixed.loc[fixed.groupby(keys)["measured_speedup"].idxmax(), [*keys, "k", "measured_speedup"]]
+    adaptive = overview[overview["k_policy"] != "fixed"].merge(best, on=keys, suffixes=("", "_best"))
+    joined = example.merge(adaptive, left_on=[*keys, "k_policy", "start_k"], right_on=[*keys, "k_policy", "k"])
+    assert len(joined) == len(example) == len(adaptive) > 0
+    assert joined["best_k"].tolist() == joined["k_best"].tolist()
+    assert joined["of_best_fixed"].tolist() == pytest.approx(
+        (joined["measured_speedup"] / joined["measured_speedup_best"]).tolist(), abs=5.01e-4)
+
+
 def test_the_sweep_summary_is_the_overview_of_one_sweep(shipped):
     with duckdb.connect(str(shipped), read_only=True) as con:
         sweep_id = con.execute("SELECT any_value(sweep_id) FROM runs").fetchone()[0]

@@ -173,6 +173,15 @@ SELECT target, mode, category, draft, arg_max(k, speedup) AS best_k, arg_max(k_p
 FROM (SELECT target, mode, category, draft, k, k_policy, geomean(measured_speedup) AS speedup
       FROM run_stats WHERE draft <> 'none' GROUP BY ALL)
 GROUP BY ALL ORDER BY target, mode, category, speedup DESC""",
+    "each draft-length policy against the best fixed k": """\
+WITH cells AS (SELECT target, mode, category, draft, k, k_policy, geomean(measured_speedup) AS speedup
+               FROM run_stats WHERE draft <> 'none' GROUP BY ALL),
+best AS (SELECT target, mode, category, draft, arg_max(k, speedup) AS best_k, max(speedup) AS best_fixed
+         FROM cells WHERE k_policy = 'fixed' GROUP BY ALL)
+SELECT target, mode, category, draft, k_policy, k AS start_k, round(speedup, 3) AS speedup, best_k,
+       round(best_fixed, 3) AS best_fixed, round(speedup / best_fixed, 3) AS of_best_fixed
+FROM cells JOIN best USING (target, mode, category, draft) WHERE k_policy <> 'fixed'
+ORDER BY target, mode, draft, k_policy, start_k, category""",
     "the formula at your own α, k and c": """\
 SELECT k, round(formula_speedup(0.7, k, 0.05), 2) AS predicted_speedup
 FROM range(1, 9) t(k)""",
