@@ -103,8 +103,8 @@ def test_every_page_shows_real_content(server, browser):
 
     page = _open(browser, f"{server}/bench", '[data-testid="stVegaLiteChart"]')
     assert _metric(page, "goals met") == "1 of 2"  # the newest bench, b-new
-    # plain, speculative, and the verify curves on the skinny kernels and on stock
-    expect(page.locator('[data-testid="stDataFrame"]')).to_have_count(4)
+    # plain, speculative, a draft-length policy's row, and the verify curves on the skinny kernels and on stock
+    expect(page.locator('[data-testid="stDataFrame"]')).to_have_count(5)
     _screenshot(page, "bench")
 
     page = _open(browser, f"{server}/replay?run=p1-ls-k4", 'span[data-fate="bonus"]')
