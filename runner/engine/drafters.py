@@ -21,6 +21,15 @@ NGRAM_MATCHES = ("earliest", "latest", "longest")  # which earlier occurrence pr
 DEFAULT_MATCH = "latest"  # README, "Drafters": measured against the others per category
 
 
+def unsure(logits: Tensor, q: Tensor | None, stop_below: float | None) -> bool:
+    """Under the confidence policy (`stop_below` set): the draft just chosen had a top probability (of q when
+    sampling: after temperature and top-p) below the threshold. One host read per draft, so only that policy asks."""
+    if stop_below is None:
+        return False
+    top = (torch.softmax(logits.float(), dim=-1) if q is None else q).max()
+    return host(top.view(1))[0] < stop_below
+
+
 @dataclass(frozen=True)
 class Draft:
     """What a drafter proposes for one round."""
@@ -136,17 +145,9 @@ class ModelDrafter:
                 feed = draw(q, self.generator)
                 qs.append(q)
             drafted.append(feed)
-            if i < k - 1 and self._unsure(logits, q):
+            if i < k - 1 and unsure(logits, q, self.stop_below):
                 break
         return Draft(tokens=torch.cat(drafted), q=torch.stack(qs) if qs else None)
-
-    def _unsure(self, logits: Tensor, q: Tensor | None) -> bool:
-        """Under the confidence policy: the draft's top probability (after temperature and top-p when sampling) is
-        below the threshold. Costs one host read per draft, so only that policy asks."""
-        if self.stop_below is None:
-            return False
-        top = (torch.softmax(logits.float(), dim=-1) if q is None else q).max()
-        return host(top.view(1))[0] < self.stop_below
 
     def accepted(self, n: int, hidden: Tensor | None) -> None:
         # The cache holds the committed text + d1..d(k-1); keep only what the target kept.

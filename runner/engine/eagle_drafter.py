@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from runner.engine.drafters import Draft
+from runner.engine.drafters import Draft, unsure
 from runner.engine.heads import EagleHead
-from runner.engine.sampling import Decoding, draw, host, probabilities
+from runner.engine.sampling import Decoding, draw, probabilities
 
 START_CAPACITY = 256  # cache positions allocated at first; doubled when a longer text needs more
 
@@ -76,21 +76,13 @@ class EagleDrafter:
             drafted.append(token)
             if q is not None:
                 qs.append(q)
-            if i + 1 < k and self._unsure(q):
+            if i + 1 < k and unsure(self.next_logits, q, self.stop_below):
                 break
             if i + 1 < k:
                 self._forward(self.hidden, token.view(1, 1), self.settled + i)
         if not drafted:
             return Draft(tokens=tokens[:0], q=None)
         return Draft(tokens=torch.cat(drafted), q=torch.stack(qs) if qs else None)
-
-    def _unsure(self, q: Tensor | None) -> bool:
-        """Under the confidence policy: the draft just chosen had a top probability (after temperature and top-p
-        when sampling) below the threshold. One host read per draft, so only that policy asks."""
-        if self.stop_below is None:
-            return False
-        top = (torch.softmax(self.next_logits.float(), dim=-1) if q is None else q).max()
-        return host(top.view(1))[0] < self.stop_below
 
     def _catch_up(self, tokens: Tensor) -> None:
         """Drop the drafts from the cache, then read the target's features of the newly committed positions."""
