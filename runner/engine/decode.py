@@ -235,7 +235,7 @@ def generate(
         drafter.prefill(text.tokens, features)
         prefilled = clock()
         rounds: list[Timed] = []
-        told = 0  # rounds whose times the schedule has been given: each once the device has passed it
+        read: list[Round] = []  # the rounds with their times read, each once the device has passed it
         costs = VerifyCosts() if costs is None else costs
         schedule = policy.schedule(k or 0, costs)
         while text.last not in target.eos_ids and (made := text.length - len(prompt)) < max_new_tokens:
@@ -247,15 +247,14 @@ def generate(
             )
             schedule.observe(timed.round.k, timed.round.accepted)
             rounds.append(timed)
-            while told < len(rounds) and clock.done(rounds[told].marks[-1]):
-                done = rounds[told].read(clock)
-                costs.add(done.k, done.verify_s)
-                schedule.timed(done)
-                told += 1
+            while len(read) < len(rounds) and clock.done(rounds[len(read)].marks[-1]):
+                read.append(rounds[len(read)].read(clock))
+                costs.add(read[-1].k, read[-1].verify_s)
+                schedule.timed(read[-1])
         stop = "eos" if text.last in target.eos_ids else "max_new_tokens"
         end = clock()
     return Generation(
         prompt_tokens=tuple(prompt), output_tokens=tuple(text.ids[len(prompt) :]),
-        rounds=tuple(r.read(clock) for r in rounds), prefill_s=prefilled - start, wall_s=end - start,
+        rounds=(*read, *(r.read(clock) for r in rounds[len(read) :])), prefill_s=prefilled - start, wall_s=end - start,
         draft_calls=drafter.calls, stop_reason=stop,
     )
