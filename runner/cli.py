@@ -16,7 +16,7 @@ from rich.console import Console
 from runner.engine import models
 from runner.engine.kernels import SKINNY, all_cores
 from runner.engine.pair import PLAIN, Pair, check_drafts, parse_draft, parse_kernels
-from runner.engine.policies import FIXED, parse_policy
+from runner.engine.policies import FIXED, parse_policy, warm_ks
 from runner.engine.sampling import Decoding
 from runner.records import Generation, RunRecord
 from runner.report import frame_table, print_divergences, print_generation, sweep_table
@@ -126,7 +126,7 @@ def generate(
                 f"prompt ({len(ids)} tokens) + max-new-tokens ({max_new_tokens}) exceeds the model's "
                 f"context of {loaded.max_context} tokens"
             )
-        pair.warm_up([PLAIN, spec], ids, tuple(sorted({k, policy.cap or k})), decoding, max_new_tokens)  # and the cap
+        pair.warm_up([PLAIN, spec], ids, warm_ks([k], [policy]), decoding, max_new_tokens)
         baseline = pair.run(PLAIN, ids, None, decoding, max_new_tokens, seed)
         run = pair.run(spec, ids, k, decoding, max_new_tokens, seed, policy)
     except ValueError as exc:  # ModelError, UsageError and the engine's checks are all ValueErrors

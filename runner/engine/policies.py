@@ -20,6 +20,7 @@ after, and `rounds.k` records what each round proposed.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -89,15 +90,17 @@ class VerifyCosts:
 
     def __init__(self) -> None:
         self.sums: dict[int, list[float]] = {}  # width -> [seconds, rounds]
+        self.means: dict[int, float] = {}  # width -> seconds per round, kept with the sums: read 16 times a round
 
     def add(self, width: int, seconds: float) -> None:
         total, rounds = self.sums.get(width, (0.0, 0))
         self.sums[width] = [total + seconds, rounds + 1]
+        self.means[width] = (total + seconds) / (rounds + 1)
 
     def seconds(self, width: int) -> float:
         """The mean measured at `width`; between two measured widths, the line through them; outside, the nearest
         one plus SLOPE of it per token."""
-        means = {w: total / rounds for w, (total, rounds) in self.sums.items()}
+        means = self.means
         if width in means:
             return means[width]
         below, above = [w for w in means if w < width], [w for w in means if w > width]
@@ -170,6 +173,11 @@ class PolicySpec:
 
 
 FIXED = PolicySpec("fixed", "fixed")
+
+
+def warm_ks(ks: Iterable[int], policies: Iterable[PolicySpec]) -> tuple[int, ...]:
+    """The draft lengths a warm-up runs: every k, and each policy's cap (the widest verify pass it may reach)."""
+    return tuple(sorted({*ks, *(p.cap for p in policies if p.cap)}))
 
 
 def parse_policy(text: str) -> PolicySpec:

@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from runner.engine import lossless, models
 from runner.engine.pair import PLAIN, DraftSpec, Pair, check_drafts, parse_draft
-from runner.engine.policies import FIXED, PolicySpec, parse_policy
+from runner.engine.policies import FIXED, PolicySpec, parse_policy, warm_ks
 from runner.engine.sampling import Decoding
 from runner.records import CELL_KEY, Divergence, Generation, RunRecord
 from runner.store.connect import check_db
@@ -174,10 +174,9 @@ def judge(record: RunRecord, baseline: tuple[str, tuple[int, ...]] | None, class
 
 def label(cell: Cell | RunRecord) -> str:
     """A cell or run as progress and reports name it."""
+    policy = "" if cell.k_policy in (None, FIXED.text) else f" {cell.k_policy}"
     if isinstance(cell, RunRecord):
-        policy = "" if cell.k_policy in (None, FIXED.text) else f" {cell.k_policy}"
         return f"{cell.prompt_id} {cell.draft} k={cell.k}{policy} {cell.mode}"
-    policy = "" if cell.policy == FIXED else f" {cell.policy.text}"
     return f"{cell.prompt.id} {cell.draft.text} k={cell.k}{policy} {cell.decoding.mode}"
 
 
@@ -278,10 +277,9 @@ def load_pair(config: SweepConfig, sweep_id: str) -> CellRunner:
         if len(runner.prompt_ids(prompt)) + config.max_new_tokens > target.max_context:
             raise ValueError(f'prompt "{prompt.id}" + max-new-tokens exceeds the model\'s context of '
                              f"{target.max_context}")
-    caps = {p.cap for p in map(parse_policy, config.policies) if p.cap}  # a heuristic's widest verify pass
+    ks = warm_ks(config.ks, map(parse_policy, config.policies))
     for d in config.decodings:
-        runner.pair.warm_up([PLAIN, *drafts], runner.prompt_ids(config.prompts[0]), tuple(sorted({*config.ks, *caps})),
-                            d, config.max_new_tokens)
+        runner.pair.warm_up([PLAIN, *drafts], runner.prompt_ids(config.prompts[0]), ks, d, config.max_new_tokens)
     return runner
 
 
