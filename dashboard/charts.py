@@ -126,6 +126,8 @@ def position_acceptance(frame: pd.DataFrame) -> alt.Chart:
         strokeDash=alt.StrokeDash("source:N", title=None),
         tooltip=["series:N", "position:Q", "judged:Q", "accepted:Q", alt.Tooltip("acceptance:Q", format=".3f")],
     ).properties(width=420, height=240, title="acceptance by draft position: recorded runs and held-out prompts")
+
+
 def position_rates(frame: pd.DataFrame) -> alt.FacetChart:
     """Per category: the acceptance rate of each draft position among the rounds that reached it."""
     position = alt.X("position:Q", title="draft position i", axis=alt.Axis(tickMinStep=1, format="d"))
