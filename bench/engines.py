@@ -14,17 +14,17 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from runner.cells import Cell as SweepCell
+from runner.cells import RunContext, judge, provenance
 from runner.engine import models
 from runner.engine.decode import Clock
 from runner.engine.pair import PLAIN, DraftSpec, Pair, parse_draft
 from runner.engine.policies import FIXED, PolicySpec
 from runner.engine.sampling import Decoding
+from runner.prompts import Prompt
 from runner.records import Generation, RunRecord
 from runner.store.connect import init_db
 from runner.store.runs import write_run
-from runner.sweep.prompts import Prompt
-from runner.sweep.run import Cell as SweepCell
-from runner.sweep.run import make_record, provenance
 
 GREEDY = Decoding("greedy", 0.0, 1.0)
 
@@ -197,10 +197,10 @@ class Engines:
         Each repeat is its own sweep, so the run_stats of a repeat's runs compare them with that repeat's plain run."""
         start, started = time.perf_counter(), datetime.now(UTC).isoformat()
         baseline = None if cell.k is None else self.plain[(prompt.id, repeat)]
-        record = make_record(SweepCell(prompt, GREEDY, cell.draft, cell.k, cell.policy), generation, None,
-                             started=started, pair=self.pair, target_spec=self.config.target,
-                             sweep_id=f"repeat-{repeat}", seed=0, max_new_tokens=self.config.max_new_tokens,
-                             baseline=baseline, provenance=self.provenance)
+        context = RunContext(self.pair, self.config.target, f"repeat-{repeat}", 0, self.config.max_new_tokens,
+                             self.provenance)
+        record = context.record(SweepCell(prompt, GREEDY, cell.draft, cell.k, cell.policy), generation, None, started)
+        record = judge(record, baseline, context.classify)
         write_run(self.record_db, record)
         if cell.k is None:
             self.plain[(prompt.id, repeat)] = (record.run_id, generation.output_tokens)

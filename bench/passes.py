@@ -9,7 +9,7 @@ import torch
 from runner.engine import kernels, models
 from runner.engine.decode import Clock
 from runner.engine.drafters import crop_to, new_cache
-from runner.sweep.prompts import load_prompts
+from runner.prompts import load_prompts
 
 VERIFY_KS = range(9)  # the verify curve: one target pass over k+1 tokens, k = 0..8
 COPY_BYTES = 512 * 2**20  # the copied tensor: many times any CPU's last-level cache

@@ -36,10 +36,12 @@ import torch  # noqa: E402
 from rich.console import Console  # noqa: E402
 
 from runner.engine import models  # noqa: E402
+from runner.engine.pair import parse_draft  # noqa: E402
 from runner.engine.sampling import Decoding  # noqa: E402
-from runner.sweep.prompts import Prompt, load_prompts, select_prompts  # noqa: E402
+from runner.prompts import Prompt, load_prompts, select_prompts  # noqa: E402
+from runner.sweep.plan import SweepConfig  # noqa: E402
 from runner.sweep.ray_cells import run_sweep_on_ray  # noqa: E402
-from runner.sweep.run import SweepConfig, run_sweep  # noqa: E402
+from runner.sweep.run import run_sweep  # noqa: E402
 
 GREEDY = Decoding("greedy", 0.0, 1.0)
 console = Console(stderr=True)
@@ -66,9 +68,9 @@ def geomean(values: list[float]) -> float:
 
 def throughput(args: argparse.Namespace, work: Path) -> list[str]:
     prompts = tuple(select_prompts(load_prompts(), None, args.prompts_per_category))
-    plan = SweepConfig(target=args.target, drafts=("ngram",), ks=(2, 4), decodings=(GREEDY,), prompts=prompts,
-                       max_new_tokens=args.max_new_tokens, seed=0, db=work / "throughput.duckdb", device="cpu",
-                       dtype=None)
+    plan = SweepConfig(target=args.target, drafts=(parse_draft("ngram"),), ks=(2, 4), decodings=(GREEDY,),
+                       prompts=prompts, max_new_tokens=args.max_new_tokens, seed=0, db=work / "throughput.duckdb",
+                       device="cpu", dtype=None)
     torch.set_num_threads(1)  # the process alone: one thread, as each actor has
     lines, alone, ray = [], [], []
     for repeat in range(args.repeats):
@@ -126,7 +128,7 @@ def kill_one_running_actor(after_s: float, killed: list[int]) -> None:
 
 
 def thousand(args: argparse.Namespace, work: Path) -> list[str]:
-    plan = SweepConfig(target=args.target, drafts=("ngram",), ks=tuple(range(1, 10)), decodings=(GREEDY,),
+    plan = SweepConfig(target=args.target, drafts=(parse_draft("ngram"),), ks=tuple(range(1, 10)), decodings=(GREEDY,),
                        prompts=variants(100), max_new_tokens=4, seed=0, db=work / "thousand.duckdb", device="cpu",
                        dtype=None)
     killed: list[int] = []
@@ -144,8 +146,8 @@ def thousand(args: argparse.Namespace, work: Path) -> list[str]:
         f"- recorded: {runs} runs, {cells} distinct cells, {ok} ok (plan: 1000); actors killed: {len(killed)}, "
         f"actors lost: {tally.deaths}, cells handed out again: {tally.reruns}, given up: {len(tally.given_up)}",
         f"- per actor: {dict(tally.done)}",
-        f"- driver writes: {written} runs in {tally.write_s:.1f} s of writing = **{written / tally.write_s:.0f} "
-        f"runs/s** ({1000 * tally.write_s / written:.1f} ms per run, one transaction each)",
+        f"- driver writes: {written} runs in {recorder.write_s:.1f} s of writing = **{written / recorder.write_s:.0f} "
+        f"runs/s** ({1000 * recorder.write_s / written:.1f} ms per run, one transaction each)",
         f"- cells: {60 * written / span:.0f} runs/min over the cells; {total:.0f} s in all, of which ray.init "
         f"{tally.connect_s:.1f} s and the first actor ready {tally.first_ready_s:.1f} s later",
     ]

@@ -19,7 +19,7 @@ import torch  # noqa: E402
 from runner.engine import decode, models  # noqa: E402
 from runner.engine.pair import PLAIN, Pair, parse_draft  # noqa: E402
 from runner.engine.sampling import Decoding  # noqa: E402
-from runner.sweep.prompts import load_prompts  # noqa: E402
+from runner.prompts import load_prompts  # noqa: E402
 
 
 def syncs_per_round(pair: Pair, spec_text: str, decoding: Decoding, prompt: list[int], k: int) -> collections.Counter:

@@ -19,7 +19,7 @@ import torch  # noqa: E402
 
 from runner.engine import lossless, models  # noqa: E402
 from runner.engine.drafters import new_cache  # noqa: E402
-from runner.sweep.prompts import load_prompts  # noqa: E402
+from runner.prompts import load_prompts  # noqa: E402
 
 
 def logits_by_width(target: models.Loaded, ids: torch.Tensor, prefix: int, width: int) -> torch.Tensor:

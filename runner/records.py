@@ -63,6 +63,9 @@ class Divergence:
 
 # The columns of `runs` that make a cell of a sweep: a resumed sweep records only the cells it has no 'ok' run for.
 CELL_KEY = ("prompt_id", "draft", "k", "mode", "temperature", "top_p", "seed", "k_policy")
+# The columns a run shares with the plain-decoding run of its sweep it is checked and timed against: the same prompt
+# ids (a chat template that stamps the date changes them), decoding, seed, device and dtype.
+BASELINE_KEY = ("prompt_id", "mode", "temperature", "top_p", "seed", "prompt_tokens", "device", "dtype")
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,14 @@ class RunRecord:
 
     def cell_key(self) -> tuple:
         return tuple(getattr(self, name) for name in CELL_KEY)
+
+    def baseline_key(self) -> tuple | None:
+        """The run's values of `BASELINE_KEY`; None for an error run, which fed the model no recorded prompt."""
+        if self.generation is None:
+            return None
+        values = {name: getattr(self, name) for name in BASELINE_KEY if name != "prompt_tokens"}
+        return tuple(self.generation.prompt_tokens if name == "prompt_tokens" else values[name]
+                     for name in BASELINE_KEY)
 
     @property
     def mismatch(self) -> Divergence | None:

@@ -15,8 +15,8 @@ from bench.engines import PLAIN_CELL, Cell, Sample
 from runner.engine.kernels import all_cores
 from runner.engine.pair import parse_draft
 from runner.engine.policies import parse_policy
+from runner.prompts import Prompt
 from runner.store.bench_rows import BENCH_COLUMNS, bench_results, goal_for
-from runner.sweep.prompts import Prompt
 
 
 def test_rows_hold_medians_and_min_max_over_repeats_and_judge_the_goal():

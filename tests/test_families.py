@@ -22,9 +22,11 @@ from scipy.stats import chisquare
 from runner.engine import models
 from runner.engine.decode import generate
 from runner.engine.drafters import ModelDrafter, layer_skip
+from runner.engine.pair import parse_draft
 from runner.engine.sampling import Decoding, probabilities
-from runner.sweep.prompts import load_prompts
-from runner.sweep.run import SweepConfig, run_sweep
+from runner.prompts import load_prompts
+from runner.sweep.plan import SweepConfig
+from runner.sweep.run import run_sweep
 
 DEVICE = os.environ.get("SPECDASH_FAMILY_DEVICE")  # None: the runner's default (cpu here)
 DTYPE = os.environ.get("SPECDASH_FAMILY_DTYPE")  # None: float32 on a CPU
@@ -70,7 +72,8 @@ def test_every_family_sweeps_losslessly_with_every_kind_of_draft(family: Family,
     prompts.write_text("".join(json.dumps({"id": f"p{i}", "category": c, "prompt": prompt_text(24, i)}) + "\n"
                                for i, c in enumerate(["code", "poem"])))
     config = SweepConfig(
-        target=str(target_dir), drafts=("ngram", "layerskip:2", f"model:{draft_dir}"), ks=(1, 4),
+        target=str(target_dir), drafts=tuple(map(parse_draft, ("ngram", "layerskip:2", f"model:{draft_dir}"))),
+        ks=(1, 4),
         decodings=(GREEDY, SAMPLE), prompts=tuple(load_prompts(prompts)), max_new_tokens=NEW_TOKENS, seed=3,
         db=tmp_path / "runs.duckdb", device=DEVICE, dtype=DTYPE,
     )

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.sweep.prompts import Prompt, PromptError, load_prompts, select_prompts
+from runner.prompts import Prompt, PromptError, load_prompts, select_prompts
 
 
 def write(tmp_path: Path, *lines: str) -> Path:

@@ -21,8 +21,9 @@ from typer.testing import CliRunner
 
 from runner.cli import app
 from runner.sweep import progress
+from runner.sweep.plan import SweepConfig
 from runner.sweep.ray_cells import ROOT, run_sweep_on_ray
-from runner.sweep.run import SweepConfig, run_sweep
+from runner.sweep.run import run_sweep
 
 # Everything of a run but its identity, timings and the count of workers beside it; the baseline by its cell.
 TIMED = ("run_id", "sweep_id", "started_at", "wall_s", "prefill_s", "draft_s", "verify_s", "baseline_run_id",
@@ -129,6 +130,27 @@ def test_resume_on_ray_records_only_the_missing_cells(on_ray, local, tmp_path):
     _, _, tally = run_sweep_on_ray(cfg, Console(quiet=True), workers=2)
     assert sum(tally.done.values()) == len(gone) == 11  # c2: 2 modes × 5 cells
     assert recorded(cfg.db, sweep_id) == local
+
+
+def test_a_resumed_ray_sweep_reruns_a_stale_baseline_as_the_local_sweep_does(on_ray, tmp_path):
+    swept, sweep_id, _ = on_ray
+    cfg = SweepConfig(**{**swept.__dict__, "db": tmp_path / "runs.duckdb", "sweep_id": sweep_id})
+    cfg.db.write_bytes(swept.db.read_bytes())
+    with duckdb.connect(str(cfg.db)) as con:  # c1's greedy baseline as if fed other prompt ids; one of its runs gone
+        (old,), = con.execute("SELECT run_id FROM runs WHERE prompt_id = 'c1' AND draft = 'none' "
+                              "AND mode = 'greedy'").fetchall()
+        con.execute("UPDATE runs SET prompt_tokens = [1, 2, 3] WHERE run_id = ?", [old])
+        (gone,), = con.execute("SELECT run_id FROM runs WHERE prompt_id = 'c1' AND draft = 'ngram' AND k = 3 "
+                               "AND mode = 'greedy'").fetchall()
+        for table in ("rounds", "run_totals", "runs"):
+            con.execute(f"DELETE FROM {table} WHERE run_id = ?", [gone])
+    _, recorder, tally = run_sweep_on_ray(cfg, Console(quiet=True), workers=2)
+    assert sum(tally.done.values()) == 2 and recorder.lossless_failures == []  # the baseline, then the lost run
+    with duckdb.connect(str(cfg.db), read_only=True) as con:
+        (new,), = con.execute("SELECT run_id FROM runs WHERE prompt_id = 'c1' AND draft = 'none' AND mode = 'greedy' "
+                              "AND run_id <> ?", [old]).fetchall()
+        assert con.execute("SELECT baseline_run_id, lossless FROM runs WHERE prompt_id = 'c1' AND draft = 'ngram' "
+                           "AND k = 3 AND mode = 'greedy'").fetchall() == [(new, True)]
 
 
 def test_bad_input_on_ray_exits_2_and_records_nothing(cluster, tiny_dir, tmp_path):

@@ -12,7 +12,7 @@ import torch
 from runner.engine import models
 from runner.engine.pair import PLAIN, Pair, parse_draft
 from runner.engine.sampling import Decoding
-from runner.sweep.prompts import load_prompts
+from runner.prompts import load_prompts
 
 GREEDY = Decoding("greedy", 0.0, 1.0)
 NEW_TOKENS = 32

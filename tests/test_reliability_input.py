@@ -19,9 +19,11 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from runner.cli import app
+from runner.engine.pair import parse_draft
 from runner.engine.sampling import Decoding
-from runner.sweep.prompts import load_prompts
-from runner.sweep.run import SweepConfig, run_sweep
+from runner.prompts import load_prompts
+from runner.sweep.plan import SweepConfig
+from runner.sweep.run import run_sweep
 
 BAD_PROMPT_FILES = {
     "empty.jsonl": "",
@@ -88,9 +90,9 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def recorded(inputs: Path, tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A specdash database holding one real sweep (2 prompts × baseline + ngram k=1)."""
     db = tmp_path_factory.mktemp("recorded") / "runs.duckdb"
-    config = SweepConfig(target=str(tiny_dir), drafts=("ngram",), ks=(1,), decodings=(Decoding("greedy", 0.0, 1.0),),
-                         prompts=tuple(load_prompts(inputs / "good.jsonl")), max_new_tokens=4, seed=0, db=db,
-                         device=None, dtype=None)
+    config = SweepConfig(target=str(tiny_dir), drafts=(parse_draft("ngram"),), ks=(1,),
+                         decodings=(Decoding("greedy", 0.0, 1.0),), prompts=tuple(load_prompts(inputs / "good.jsonl")),
+                         max_new_tokens=4, seed=0, db=db, device=None, dtype=None)
     run_sweep(config, Console(quiet=True))
     return db
 

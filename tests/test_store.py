@@ -19,7 +19,16 @@ from runner.records import Generation, Round, RunRecord
 from runner.store import connect
 from runner.store.connect import init_db
 from runner.store.pending import record_from_dict, record_to_dict, spill
-from runner.store.runs import baseline_for, flush_pending, list_sweeps, recorded_runs, write_run
+from runner.store.runs import (
+    baseline_for,
+    flush_pending,
+    list_sweeps,
+    recorded_runs,
+    round_columns,
+    run_row,
+    totals_row,
+    write_run,
+)
 from runner.store.schema import FILL_RUN_TOTALS, SCHEMA_VERSION, StoreError, migrate
 
 REPO = Path(__file__).resolve().parents[1]
@@ -107,6 +116,31 @@ def test_runs_and_rounds_have_the_documented_columns(db):
         (5, "create_run_totals"), (6, "add_divergence"), (7, "add_kernels_and_threads"), (8, "define_metrics"),
         (9, "create_trainings"), (10, "add_concurrent_workers"), (11, "add_k_policy"), (12, "create_position_stats"),
         (13, "add_bench_k_policy")]
+
+
+@pytest.mark.parametrize("table, row", [("runs", run_row), ("rounds", round_columns), ("run_totals", totals_row)])
+def test_a_run_is_written_by_the_schemas_column_names(db, table, row):
+    init_db(db)
+    assert sorted(row(SPEC)) == sorted(name for name, _ in columns(db, table))  # every column, no other name
+
+
+def test_each_field_lands_in_its_own_column(db):
+    # Distinct values in neighbouring fields: a value written under the wrong name would show in one of them.
+    run = replace(SPEC, kernels="stock", threads=3, concurrent_workers=5, k_policy="auto", divergence_at=7,
+                  divergence_gap=0.25, divergence_tolerance=0.5, divergence="tie", lossless=False,
+                  provenance={"torch_version": "t", "transformers_version": "tf", "python_version": "py",
+                              "host": "h", "git_commit": "g", "device_name": "d"})
+    write_run(db, run)
+    assert query(db, "SELECT kernels, threads, concurrent_workers, k_policy, divergence_at, divergence_gap, "
+                     "divergence_tolerance, divergence, lossless, torch_version, transformers_version, "
+                     "python_version, host, git_commit, device_name, prefill_s, wall_s, stop_reason FROM runs") == [
+        ("stock", 3, 5, "auto", 7, 0.25, 0.5, "tie", False, "t", "tf", "py", "h", "g", "d", 0.1, 0.3,
+         "max_new_tokens")]
+    assert query(db, "SELECT round, k, accepted, rejected, thrown, bonus, emitted, draft_s, verify_s FROM rounds "
+                     "ORDER BY round") == [(0, 4, 4, 0, 0, True, 5, 0.004, 0.06),
+                                           (1, 4, 1, 1, 2, False, 2, 0.004, 0.06),
+                                           (2, 4, 2, 1, 1, False, 3, 0.004, 0.06)]
+    assert query(db, "SELECT accepted, rejected, thrown, drafted, emitted FROM run_totals") == [(7, 2, 3, 12, 10)]
 
 
 def schema_dump(db: Path) -> list:
@@ -424,7 +458,7 @@ def test_a_write_locked_past_its_bound_spills_and_is_flushed_exactly_once(db):
     # Readers share the file with the holder, and see the spilled run as recorded.
     assert recorded_runs(db, "s1") == {("p1", "ngram", 4, "greedy", 0.0, 1.0, 0, "fixed"),
                                              ("p1", "none", None, "greedy", 0.0, 1.0, 0, None)}
-    assert baseline_for(db, "s1", "p1", "greedy", 0.0, 1.0, 0, [1, 2, 3], "cpu", "float32") == (
+    assert baseline_for(db, "s1", ("p1", "greedy", 0.0, 1.0, 0, [1, 2, 3], "cpu", "float32")) == (
         "base", tuple(range(10, 20)))
     release(holder)
     assert flush_pending(db) == 1
@@ -450,7 +484,7 @@ def test_records_survive_the_json_round_trip():
 
 def test_reads_for_the_runner(db):
     assert recorded_runs(db, "s1") == set()
-    assert baseline_for(db, "s1", "p1", "greedy", 0.0, 1.0, 0, [1, 2, 3], "cpu", "float32") is None
+    assert baseline_for(db, "s1", ("p1", "greedy", 0.0, 1.0, 0, [1, 2, 3], "cpu", "float32")) is None
     assert list_sweeps(db).empty
     write_run(db, BASELINE)
     write_run(db, SPEC)
@@ -459,13 +493,13 @@ def test_reads_for_the_runner(db):
     write_run(db, failed)
     assert recorded_runs(db, "s1") == {("p1", "ngram", 4, "greedy", 0.0, 1.0, 0, "fixed"),
                                              ("p1", "none", None, "greedy", 0.0, 1.0, 0, None)}
-    assert baseline_for(db, "s1", "p1", "greedy", 0.0, 1.0, 0, [1, 2, 3], "cpu", "float32") == (
+    assert baseline_for(db, "s1", ("p1", "greedy", 0.0, 1.0, 0, [1, 2, 3], "cpu", "float32")) == (
         "base", tuple(range(10, 20)))
-    assert baseline_for(db, "s1", "p1", "greedy", 0.0, 1.0, 1, [1, 2, 3], "cpu", "float32") is None
+    assert baseline_for(db, "s1", ("p1", "greedy", 0.0, 1.0, 1, [1, 2, 3], "cpu", "float32")) is None
     # the same cell fed other prompt ids, or on another device or dtype, has no baseline to compare with
-    assert baseline_for(db, "s1", "p1", "greedy", 0.0, 1.0, 0, [1, 2, 4], "cpu", "float32") is None
-    assert baseline_for(db, "s1", "p1", "greedy", 0.0, 1.0, 0, [1, 2, 3], "cuda", "float32") is None
-    assert baseline_for(db, "s1", "p1", "greedy", 0.0, 1.0, 0, [1, 2, 3], "cpu", "bfloat16") is None
+    assert baseline_for(db, "s1", ("p1", "greedy", 0.0, 1.0, 0, [1, 2, 4], "cpu", "float32")) is None
+    assert baseline_for(db, "s1", ("p1", "greedy", 0.0, 1.0, 0, [1, 2, 3], "cuda", "float32")) is None
+    assert baseline_for(db, "s1", ("p1", "greedy", 0.0, 1.0, 0, [1, 2, 3], "cpu", "bfloat16")) is None
     sweeps = list_sweeps(db)
     assert list(sweeps.columns) == ["sweep_id", "started", "target", "drafts", "runs", "errors", "lossless_failures",
                                     "real_divergences"]

@@ -10,10 +10,12 @@ import pytest
 from rich.console import Console
 
 from runner.engine import pair
+from runner.engine.pair import parse_draft
 from runner.engine.sampling import Decoding
+from runner.prompts import load_prompts
 from runner.store.runs import sweep_summary
-from runner.sweep.prompts import load_prompts
-from runner.sweep.run import SweepConfig, run_sweep
+from runner.sweep.plan import SweepConfig
+from runner.sweep.run import run_sweep
 
 PROMPTS = [
     {"id": "c1", "category": "code", "prompt": "def add(a, b): return a + b. Add type hints to add(a, b)."},
@@ -27,7 +29,7 @@ def config(tiny_dir: Path, tmp_path: Path, sweep_id: str | None = None) -> Sweep
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
     return SweepConfig(
-        target=str(tiny_dir), drafts=("ngram", "layerskip:2"), ks=(1, 3), decodings=DECODINGS,
+        target=str(tiny_dir), drafts=(parse_draft("ngram"), parse_draft("layerskip:2")), ks=(1, 3), decodings=DECODINGS,
         prompts=tuple(load_prompts(prompts)), max_new_tokens=10, seed=7, db=tmp_path / "runs.duckdb",
         device=None, dtype=None, sweep_id=sweep_id,
     )

@@ -18,7 +18,7 @@ from runner.engine.decode import generate
 from runner.engine.drafters import NoDraft
 from runner.engine.pair import Pair, parse_draft
 from runner.engine.sampling import Decoding
-from runner.sweep.prompts import load_prompts
+from runner.prompts import load_prompts
 from runner.train import fit
 from runner.train.data import Sample, answer_batch
 from runner.train.fit import TrainConfig, split, vocabulary

@@ -12,68 +12,79 @@ from typing import TypeVar
 import duckdb
 import pandas as pd
 
-from runner.records import CELL_KEY, RunRecord
+from runner.records import BASELINE_KEY, CELL_KEY, RunRecord
 from runner.store import metrics, pending
 from runner.store.connect import Locked, open_for_write, read, upgrade
 from runner.store.schema import StoreError, migrate
 
 T = TypeVar("T")
 
-_RUN_COLUMNS = (
-    "run_id", "sweep_id", "started_at", "target", "draft", "draft_kind", "category", "prompt_id", "prompt_text", "k",
-    "mode", "temperature", "top_p", "seed", "max_new_tokens", "device", "dtype", "new_tokens", "n_rounds",
-    "target_passes", "draft_calls", "wall_s", "prefill_s", "draft_s", "verify_s", "prompt_tokens", "output_tokens",
-    "output_text", "stop_reason", "baseline_run_id", "lossless", "status", "error", "torch_version",
-    "transformers_version", "python_version", "host", "git_commit", "device_name", "divergence_at",
-    "divergence_gap", "divergence_tolerance", "divergence", "kernels", "threads", "concurrent_workers", "k_policy",
-)
-_INSERT_RUN = f"INSERT INTO runs ({', '.join(_RUN_COLUMNS)}) VALUES ({', '.join('?' * len(_RUN_COLUMNS))})"
 # One statement for all rounds: unnest zips the column lists (~10x faster than executemany).
-_ROUND_TYPES = ("TEXT", "INTEGER", "INTEGER", "INTEGER", "INTEGER", "INTEGER", "BOOLEAN", "INTEGER", "DOUBLE",
-                "DOUBLE", "INTEGER[]", "INTEGER[]")
-_INSERT_ROUNDS = "INSERT INTO rounds SELECT " + ", ".join(f"unnest(?::{t}[])" for t in _ROUND_TYPES)
+_ROUND_TYPES = {"run_id": "TEXT", "round": "INTEGER", "k": "INTEGER", "accepted": "INTEGER", "rejected": "INTEGER",
+                "thrown": "INTEGER", "bonus": "BOOLEAN", "emitted": "INTEGER", "draft_s": "DOUBLE",
+                "verify_s": "DOUBLE", "draft_tokens": "INTEGER[]", "target_tokens": "INTEGER[]"}
+_PROVENANCE = ("torch_version", "transformers_version", "python_version", "host", "git_commit", "device_name")
 
 
+def run_row(record: RunRecord) -> dict[str, object]:
+    """The run's row of `runs`, by column name (`tests/test_store.py` holds the names to the schema)."""
+    gen = record.generation
+    fields = ("run_id", "sweep_id", "target", "draft", "draft_kind", "category", "prompt_id", "prompt_text", "k",
+              "mode", "temperature", "top_p", "seed", "max_new_tokens", "device", "dtype", "output_text",
+              "baseline_run_id", "lossless", "status", "error", "divergence_at", "divergence_gap",
+              "divergence_tolerance", "divergence", "kernels", "threads", "concurrent_workers", "k_policy")
+    row = {name: getattr(record, name) for name in fields}
+    row["started_at"] = datetime.fromisoformat(record.started_at)
+    row |= {name: record.provenance.get(name) for name in _PROVENANCE}
+    generated = {"new_tokens": None, "n_rounds": None, "target_passes": None, "draft_calls": None, "wall_s": None,
+                 "prefill_s": None, "draft_s": None, "verify_s": None, "prompt_tokens": None, "output_tokens": None,
+                 "stop_reason": None}
+    if gen is not None:
+        generated = {"new_tokens": len(gen.output_tokens), "n_rounds": len(gen.rounds),
+                     "target_passes": gen.target_passes, "draft_calls": gen.draft_calls, "wall_s": gen.wall_s,
+                     "prefill_s": gen.prefill_s, "draft_s": gen.draft_s, "verify_s": gen.verify_s,
+                     "prompt_tokens": list(gen.prompt_tokens), "output_tokens": list(gen.output_tokens),
+                     "stop_reason": gen.stop_reason}
+    return row | generated
 
-def _run_row(record: RunRecord) -> list:
-    gen, prov = record.generation, record.provenance
-    generated = ([len(gen.output_tokens), len(gen.rounds), gen.target_passes, gen.draft_calls, gen.wall_s,
-                  gen.prefill_s, gen.draft_s, gen.verify_s, list(gen.prompt_tokens), list(gen.output_tokens)]
-                 if gen else [None] * 10)
-    return [record.run_id, record.sweep_id, datetime.fromisoformat(record.started_at), record.target, record.draft,
-            record.draft_kind, record.category, record.prompt_id, record.prompt_text, record.k, record.mode,
-            record.temperature, record.top_p, record.seed, record.max_new_tokens, record.device, record.dtype,
-            *generated, record.output_text, gen.stop_reason if gen else None, record.baseline_run_id,
-            record.lossless, record.status, record.error,
-            *(prov.get(key) for key in ("torch_version", "transformers_version", "python_version", "host",
-                                        "git_commit", "device_name")),
-            record.divergence_at, record.divergence_gap, record.divergence_tolerance, record.divergence,
-            record.kernels, record.threads, record.concurrent_workers, record.k_policy]
 
-
-def _totals_row(record: RunRecord) -> list:
-    """run_totals: accepted, rejected, thrown, drafted (Σ k) and emitted, summed over the rounds."""
+def round_columns(record: RunRecord) -> dict[str, list]:
+    """The run's rows of `rounds`, as one list per column, by column name."""
     rounds = record.generation.rounds
-    return [record.run_id, sum(r.accepted for r in rounds), sum(r.rejected for r in rounds),
-            sum(r.thrown for r in rounds), sum(r.k for r in rounds), sum(r.emitted for r in rounds)]
+    return {"run_id": [record.run_id] * len(rounds), "round": list(range(len(rounds))),
+            "k": [r.k for r in rounds], "accepted": [r.accepted for r in rounds],
+            "rejected": [r.rejected for r in rounds], "thrown": [r.thrown for r in rounds],
+            "bonus": [r.bonus for r in rounds], "emitted": [r.emitted for r in rounds],
+            "draft_s": [r.draft_s for r in rounds], "verify_s": [r.verify_s for r in rounds],
+            "draft_tokens": [list(r.draft_tokens) for r in rounds],
+            "target_tokens": [list(r.target_tokens) for r in rounds]}
 
 
-def _round_columns(record: RunRecord) -> list[list]:
-    rows = [(record.run_id, i, r.k, r.accepted, r.rejected, r.thrown, r.bonus, r.emitted, r.draft_s, r.verify_s,
-             list(r.draft_tokens), list(r.target_tokens)) for i, r in enumerate(record.generation.rounds)]
-    return [list(column) for column in zip(*rows, strict=True)]
+def totals_row(record: RunRecord) -> dict[str, object]:
+    """The run's row of `run_totals`: accepted, rejected, thrown, drafted (Σ k) and emitted, summed over the rounds."""
+    rounds = record.generation.rounds
+    return {"run_id": record.run_id, "accepted": sum(r.accepted for r in rounds),
+            "rejected": sum(r.rejected for r in rounds), "thrown": sum(r.thrown for r in rounds),
+            "drafted": sum(r.k for r in rounds), "emitted": sum(r.emitted for r in rounds)}
+
+
+def _insert_sql(table: str, names: list[str], unnest: dict[str, str] | None = None) -> str:
+    values = (", ".join(f"unnest(?::{unnest[n]}[])" for n in names) if unnest
+              else "VALUES (" + ", ".join("?" * len(names)) + ")")
+    return f"INSERT INTO {table} ({', '.join(names)}) " + (f"SELECT {values}" if unnest else values)
 
 
 def _insert(con: duckdb.DuckDBPyConnection, record: RunRecord) -> None:
     """The run row and all its rounds in one transaction: a reader sees all of it or none."""
-    run_row = _run_row(record)
-    rounds = _round_columns(record) if record.generation and record.generation.rounds else None
+    run = run_row(record)
+    rounds = round_columns(record) if record.generation and record.generation.rounds else None
     con.begin()
     try:
-        con.execute(_INSERT_RUN, run_row)
+        con.execute(_insert_sql("runs", list(run)), list(run.values()))
         if rounds:
-            con.execute(_INSERT_ROUNDS, rounds)
-            con.execute("INSERT INTO run_totals VALUES (?, ?, ?, ?, ?, ?)", _totals_row(record))
+            con.execute(_insert_sql("rounds", list(rounds), _ROUND_TYPES), list(rounds.values()))
+            totals = totals_row(record)
+            con.execute(_insert_sql("run_totals", list(totals)), list(totals.values()))
         con.commit()
     except duckdb.Error as error:
         con.rollback()
@@ -142,23 +153,21 @@ def recorded_runs(db_path: str | os.PathLike, sweep_id: str, lock_timeout_s: flo
     return set(rows) | spilled
 
 
-def baseline_for(db_path: str | os.PathLike, sweep_id: str, prompt_id: str, mode: str, temperature: float,
-                 top_p: float, seed: int, prompt_tokens: list[int], device: str, dtype: str,
+def baseline_for(db_path: str | os.PathLike, sweep_id: str, key: tuple,
                  lock_timeout_s: float = 30.0) -> tuple[str, tuple[int, ...]] | None:
-    """The sweep's newest 'ok' plain-decoding run for this cell, fed the same prompt ids on the same device and
-    dtype: (run_id, output_tokens), or None."""
+    """The sweep's newest 'ok' plain-decoding run with these `BASELINE_KEY` values: (run_id, output_tokens), or
+    None."""
     path = Path(db_path)
-    key = (sweep_id, prompt_id, mode, temperature, top_p, seed, list(prompt_tokens), device, dtype)
-    rows = read(path, "SELECT run_id, output_tokens FROM runs WHERE sweep_id = ? AND prompt_id = ? "
-                       "AND mode = ? AND temperature = ? AND top_p = ? AND seed = ? AND prompt_tokens = ? "
-                       "AND device = ? AND dtype = ? AND draft = 'none' AND status = 'ok' "
-                       "ORDER BY started_at DESC LIMIT 1",
-                 list(key), lock_timeout_s)
+    key = tuple(tuple(v) if name == "prompt_tokens" else v for name, v in zip(BASELINE_KEY, key, strict=True))
+    where = " AND ".join(f"{name} = ?" for name in BASELINE_KEY)
+    params = [list(v) if name == "prompt_tokens" else v for name, v in zip(BASELINE_KEY, key, strict=True)]
+    rows = read(path, f"SELECT run_id, output_tokens FROM runs WHERE sweep_id = ? AND {where} "
+                      "AND draft = 'none' AND status = 'ok' ORDER BY started_at DESC LIMIT 1",
+                [sweep_id, *params], lock_timeout_s)
     if rows:
         return rows[0][0], tuple(rows[0][1])
     for _, r in pending.pending(path):
-        if (r.sweep_id, r.prompt_id, r.mode, r.temperature, r.top_p, r.seed, list(r.generation.prompt_tokens)
-                if r.generation else None, r.device, r.dtype) == key and r.draft == "none" and r.status == "ok":
+        if r.sweep_id == sweep_id and r.baseline_key() == key and r.draft == "none" and r.status == "ok":
             return r.run_id, r.generation.output_tokens
     return None
 

@@ -1,2 +1,2 @@
-"""Sweeps: the prompt suite, the plan of cells (prompt × mode × draft × k, baselines first), and recording
-each cell as one run."""
+"""Sweeps: the plan of cells (prompt × mode × draft × k, baselines first), where the cells run (here or on Ray),
+and the one loop that records each cell as one run."""

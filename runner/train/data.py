@@ -23,7 +23,7 @@ from torch import Tensor
 from transformers import DynamicCache
 
 from runner.engine import models
-from runner.sweep.prompts import Prompt
+from runner.prompts import Prompt
 
 FEATURE_DTYPE = torch.bfloat16  # half the memory of fp32 for (tokens × 3 layers × H) features; training upcasts
 CACHE_VERSION = 2  # bump when the corpus format or the way it is made changes

@@ -21,7 +21,7 @@ from transformers import PretrainedConfig
 
 from runner.engine import head_files, models
 from runner.engine.heads import EagleHead, HeadConfig
-from runner.sweep.prompts import Prompt, load_prompts
+from runner.prompts import Prompt, load_prompts
 from runner.train.data import Sample
 from runner.train.unroll import acceptance_counts, batches, unrolled, weighted_loss
 

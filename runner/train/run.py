@@ -14,10 +14,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from runner.cells import provenance
 from runner.engine import head_files, models
 from runner.store.connect import check_db
 from runner.store.trainings import TrainingLog
-from runner.sweep.run import provenance
 from runner.train import data
 from runner.train.fit import (
     Epoch,

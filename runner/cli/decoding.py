@@ -1,0 +1,181 @@
+"""`generate` (one prompt, speculative against plain) and `sweep` (every prompt × draft × k, recorded)."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated
+
+import torch
+import typer
+
+from runner.cells import Cell, RunContext, judge
+from runner.cli.common import (
+    POLICY_HELP,
+    Device,
+    Dtype,
+    Kernels,
+    Mode,
+    Target,
+    Threads,
+    TrustRemoteCode,
+    UsageError,
+    check_run,
+    csv,
+    decoding_for,
+    fail,
+    ints,
+    parse_drafts,
+    stderr,
+    stdout,
+)
+from runner.engine import models
+from runner.engine.kernels import SKINNY
+from runner.engine.pair import PLAIN, Pair, check_drafts
+from runner.engine.policies import FIXED, warm_ks
+from runner.prompts import Prompt, load_prompts, select_prompts
+from runner.records import RunRecord
+from runner.report import print_divergences, print_generation, sweep_table
+from runner.store.runs import in_scratch, list_sweeps, sweep_summary
+from runner.store.schema import StoreError
+from runner.sweep import progress
+from runner.sweep.plan import SweepConfig, skipped
+from runner.sweep.record import Recorder
+from runner.sweep.run import run_sweep
+
+
+def generate(
+    prompt: Annotated[str, typer.Option(help="the user message")],
+    target: Target = models.DEFAULT_MODEL,
+    draft: Annotated[str, typer.Option(help="ngram[:n[:match]], layerskip:<L>, model:<spec>, eagle:<head>")] = "ngram",
+    k: Annotated[int, typer.Option(help="drafts per round (where a policy starts)")] = 4,
+    k_policy: Annotated[str, typer.Option(help=POLICY_HELP)] = FIXED.text,
+    mode: Mode = "greedy",
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    max_new_tokens: int = 64,
+    device: Device = None,
+    dtype: Dtype = None,
+    trust_remote_code: TrustRemoteCode = False,
+    kernels: Kernels = SKINNY,
+    threads: Threads = None,
+) -> None:
+    """Decode one prompt speculatively and plainly; print the text, every round and the summary."""
+    try:
+        torch.set_num_threads(check_run(kernels, threads, max_new_tokens))
+        (spec,), (policy,) = parse_drafts([draft], [k], [k_policy], "generate compares a draft against plain "
+                                          "decoding: give a draft, not none")
+        decoding = decoding_for(mode, temperature, top_p)
+        if not prompt.strip():
+            raise UsageError("the prompt is empty")
+        check_drafts(target, [spec], trust_remote_code)
+        pair = Pair(models.load(target, device, dtype, trust_remote_code), [spec], kernels)
+        cell = Cell(Prompt("prompt", "", prompt), decoding, spec, k, policy)
+        records = _generate(pair, target, cell, seed, max_new_tokens)
+    except ValueError as exc:  # ModelError, UsageError and the engine's checks are all ValueErrors
+        fail(str(exc))
+    baseline, run = records
+    summary = in_scratch(list(records), lambda con: con.execute(
+        "SELECT * FROM run_stats WHERE run_id = ?", [run.run_id]).df()).iloc[0]
+    tokenizer = pair.target.tokenizer
+    text = tokenizer.decode(list(run.generation.output_tokens), skip_special_tokens=True)
+    print_generation(stdout, text, run.generation, baseline.generation, summary, tokenizer)
+    if run.mismatch is not None:
+        print_divergences(stderr, [("this run", run.mismatch)], run.dtype)
+
+
+def _generate(pair: Pair, target: str, cell: Cell, seed: int, max_new_tokens: int) -> tuple[RunRecord, RunRecord]:
+    """The cell and its baseline, warmed up, run and recorded as a sweep would (in no file): (baseline, run)."""
+    ids = models.encode_chat(pair.target, cell.prompt.text)
+    if len(ids) + max_new_tokens > pair.target.max_context:
+        raise UsageError(f"prompt ({len(ids)} tokens) + max-new-tokens ({max_new_tokens}) exceeds the model's "
+                         f"context of {pair.target.max_context} tokens")
+    pair.warm_up([PLAIN, cell.draft], ids, warm_ks([cell.k], [cell.policy]), cell.decoding, max_new_tokens)
+    context = RunContext(pair, target, "generate", seed, max_new_tokens, provenance={})
+    started = datetime.now(UTC).isoformat()
+    baseline = context.record(cell.baseline, pair.run(PLAIN, ids, None, cell.decoding, max_new_tokens, seed),
+                              None, started)
+    run = context.record(cell, pair.run(cell.draft, ids, cell.k, cell.decoding, max_new_tokens, seed, cell.policy),
+                         None, started)
+    return baseline, judge(run, (baseline.run_id, baseline.generation.output_tokens), context.classify)
+
+
+def sweep(
+    draft: Annotated[list[str], typer.Option(help="a drafter to compare; repeat for several")],
+    target: Target = models.DEFAULT_MODEL,
+    k: Annotated[str, typer.Option(help="draft lengths, comma-separated (where a policy starts)")] = "1,2,4,8",
+    k_policy: Annotated[list[str], typer.Option(help=POLICY_HELP + "; repeat for several")] = [FIXED.text],  # noqa: B006
+    categories: Annotated[str | None, typer.Option(help="comma-separated; default: all")] = None,
+    prompts: Annotated[Path | None, typer.Option(help="a JSONL file of {id, category, prompt}")] = None,
+    prompts_per_category: Annotated[int | None, typer.Option(help="the first N prompts of each category")] = None,
+    mode: Annotated[list[str], typer.Option(help="greedy and/or sample; repeat for both")] = ["greedy"],  # noqa: B006
+    temperature: Annotated[float, typer.Option(help="for sample mode")] = 0.7,
+    top_p: Annotated[float, typer.Option(help="for sample mode")] = 1.0,
+    seed: int = 0,
+    max_new_tokens: int = 64,
+    db: Annotated[Path, typer.Option(help="the DuckDB file to record into")] = Path("runs.duckdb"),
+    resume: Annotated[str | None, typer.Option(
+        help="a sweep id: record only its missing cells; 'last': finish the last sweep if it was interrupted and "
+             "had this plan, else start a new one")] = None,
+    device: Device = None,
+    dtype: Dtype = None,
+    trust_remote_code: TrustRemoteCode = False,
+    kernels: Kernels = SKINNY,
+    threads: Threads = None,
+    ray: Annotated[str | None, typer.Option(
+        help="run the cells on Ray actors: auto (the cluster this machine is in), local (a new one here) or the "
+             "cluster's address")] = None,
+    workers: Annotated[int | None, typer.Option(help="with --ray: actors (default: one per GPU, else one per node)")]
+    = None,
+) -> None:
+    """Record baseline and speculative runs for every prompt × draft × k into the database."""
+    try:
+        all_threads = check_run(kernels, threads, max_new_tokens)
+        if workers is not None and (ray is None or workers < 1):
+            raise UsageError("--workers needs --ray and must be >= 1")
+        ks = ints(k, "k")
+        specs, policies = parse_drafts(draft, ks, k_policy, "every sweep records its baselines; give only drafts")
+        chosen = select_prompts(load_prompts(prompts), csv(categories, "categories") if categories else None,
+                                prompts_per_category)
+        config = SweepConfig(
+            target=target, drafts=specs, ks=tuple(ks),
+            decodings=tuple(dict.fromkeys(decoding_for(m, temperature, top_p) for m in mode)),
+            prompts=tuple(chosen), max_new_tokens=max_new_tokens, seed=seed, db=db, device=device, dtype=dtype,
+            sweep_id=resume, trust_remote_code=trust_remote_code, kernels=kernels, threads=all_threads,
+            policies=policies,
+        )
+        sweep_id, recorder = _record(config, resume, ray, workers)
+    except (ValueError, StoreError, ConnectionError) as exc:  # ConnectionError: no Ray cluster at --ray
+        fail(str(exc))
+    _report(config.db, sweep_id, recorder)
+
+
+def _record(config: SweepConfig, resume: str | None, ray: str | None, workers: int | None) -> tuple[str, Recorder]:
+    """The sweep recorded, here or on Ray, after saying which draft × policy pairs it leaves out."""
+    for line in skipped(config):
+        stderr.print(f"skipped: {line}", markup=False, highlight=False, soft_wrap=True)
+    if resume == "last":
+        config = dataclasses.replace(config, sweep_id=progress.resumable(config.db, config.plan_id()))
+    elif resume and resume not in set(list_sweeps(config.db)["sweep_id"]):
+        raise UsageError(f'no sweep "{resume}" in {config.db}')
+    if not ray:
+        return run_sweep(config, stderr)
+    from runner.sweep.ray_cells import run_sweep_on_ray  # only here: a local sweep never imports Ray
+
+    sweep_id, recorder, _ = run_sweep_on_ray(config, stderr, ray, workers)
+    return sweep_id, recorder
+
+
+def _report(db: Path, sweep_id: str, recorder: Recorder) -> None:
+    """The sweep's summary on stdout; its errors, lossless failures and a device error's stop on stderr."""
+    stdout.print(sweep_table(sweep_summary(db, sweep_id), sweep_id))
+    for problem in recorder.errors:
+        stderr.print(f"[red]error run:[/] {problem}", highlight=False)
+    print_divergences(stderr, recorder.divergences, recorder.dtype)
+    if recorder.device_error:
+        stderr.print(f"[bold red]sweep stopped by a device error[/] ({recorder.device_error}): the runs recorded "
+                     f"before it are kept; record the rest with --resume {sweep_id}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1)
+

@@ -1,0 +1,50 @@
+"""`train-draft`: an EAGLE-style draft head trained for a target on its own answers."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from runner.cli.common import Device, Target, fail, stderr, stdout
+from runner.engine import models
+from runner.store.schema import StoreError
+from runner.train.fit import TrainConfig
+from runner.train.run import default_prompts, epoch_table, train_draft
+
+
+def train_draft_command(
+    out: Annotated[Path, typer.Option(help="the head's directory (config.json + model.safetensors), written last")],
+    target: Target = models.DEFAULT_MODEL,
+    prompts: Annotated[Path | None, typer.Option(help="JSONL of {id, category, prompt}; default: the shipped "
+                                                      "training prompts")] = None,
+    max_tokens: Annotated[int, typer.Option(help="answer tokens of training data the target writes")] = 60_000,
+    epochs: int = 6,
+    draft_vocab: Annotated[int, typer.Option(help="the head's vocabulary: the most frequent answer tokens")] = 8192,
+    unroll: Annotated[int, typer.Option(help="draft positions trained on the head's own outputs")] = 3,
+    lr: Annotated[float, typer.Option(help="AdamW's peak learning rate")] = 2e-3,
+    max_new_tokens: Annotated[int, typer.Option(help="the longest answer per training prompt")] = 192,
+    seed: int = 0,
+    db: Annotated[Path, typer.Option(help="the DuckDB file the training and its epochs go to")] = Path("runs.duckdb"),
+    device: Device = None,
+    threads: Annotated[int | None, typer.Option(help="torch threads (default: one per core); 1 is faster on a "
+                                                     "machine other jobs keep busy")] = None,
+) -> None:
+    """Train an EAGLE-style draft head for a target on its own answers; record every epoch."""
+    config = TrainConfig(
+        target=target, out=out, prompts=prompts or default_prompts(), max_tokens=max_tokens, epochs=epochs,
+        draft_vocab=draft_vocab, seed=seed, db=db, unroll=unroll, lr=lr, max_new_tokens=max_new_tokens,
+        device=device, threads=threads, command=" ".join(["python -m runner", *sys.argv[1:]]),
+    )
+    try:
+        trained = train_draft(config, stderr)
+    except (ValueError, StoreError) as exc:
+        fail(str(exc))
+    except KeyboardInterrupt:
+        stderr.print(f"interrupted: {out} was not written")
+        raise typer.Exit(130) from None
+    stdout.print(epoch_table(trained), highlight=False)
+    stdout.print(f"saved epoch {trained.saved_epoch} to {out}; compare it: python -m runner sweep --draft eagle:{out}",
+                 highlight=False, soft_wrap=True)

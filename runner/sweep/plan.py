@@ -1,0 +1,90 @@
+"""A sweep's plan: every prompt × mode × (baseline, then each draft × policy × k), and what is left of it to record."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from runner.cells import Cell
+from runner.engine.pair import PLAIN, DraftSpec, check_drafts
+from runner.engine.policies import FIXED, PolicySpec
+from runner.engine.sampling import Decoding
+from runner.prompts import Prompt
+from runner.store.connect import check_db
+from runner.store.runs import recorded_runs
+from runner.sweep import progress
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """Everything that defines a sweep, parsed; the CLI only parses into this."""
+
+    target: str  # model spec of the target
+    drafts: tuple[DraftSpec, ...]  # the drafts, each run at every k and policy it can follow
+    ks: tuple[int, ...]  # draft lengths
+    decodings: tuple[Decoding, ...]  # greedy and/or sampling settings; each gets its own baseline
+    prompts: tuple[Prompt, ...]  # already selected and validated
+    max_new_tokens: int
+    seed: int  # sampling seed, the same for a baseline and its speculative runs
+    db: Path
+    device: str | None  # None: cuda when present
+    dtype: str | None  # None: bf16 on cuda, fp32 on cpu
+    sweep_id: str | None = None  # set to resume: cells already recorded are skipped
+    trust_remote_code: bool = False  # run the model code a checkpoint ships (transformers' trust_remote_code)
+    kernels: str = "skinny"  # the linears' path on CPU: 'skinny' (measured per shape) or 'stock' (F.linear)
+    threads: int | None = None  # torch CPU threads; None leaves torch's setting as it is
+    policies: tuple[PolicySpec, ...] = (FIXED,)  # draft-length policies (--k-policy), each with every draft and k
+
+    def plan_id(self) -> str:
+        """What the sweep records, as a short hash: a sweep is resumable by a later one with the same plan."""
+        # Specs are hashed as the user wrote them; policies join the hash only when not the default, so a plan
+        # recorded before policies keeps its hash.
+        texts = tuple(p.text for p in self.policies)
+        policies = () if texts == (FIXED.text,) else (texts,)
+        return progress.fingerprint(self.target, tuple(d.text for d in self.drafts), self.ks, self.decodings,
+                                    self.prompts, self.max_new_tokens, self.seed, self.device, self.dtype, *policies)
+
+
+def interleaved(prompts: tuple[Prompt, ...]) -> list[Prompt]:
+    """The first prompt of every category, then the second of each, …: a sweep cut short still covers
+    every category."""
+    rank: dict[str, int] = {}
+    order = []
+    for position, prompt in enumerate(prompts):
+        rank[prompt.category] = rank.get(prompt.category, -1) + 1
+        order.append((rank[prompt.category], position, prompt))
+    return [prompt for *_, prompt in sorted(order, key=lambda item: item[:2])]
+
+
+def plan(config: SweepConfig) -> Iterator[Cell]:
+    """Baseline first, so each speculative run can be checked against it as soon as it finishes. A policy a draft
+    cannot follow (`skipped`) is left out for that draft."""
+    for prompt in interleaved(config.prompts):
+        for decoding in config.decodings:
+            yield Cell(prompt, decoding, PLAIN, None)
+            for draft in config.drafts:
+                for policy in (p for p in config.policies if p.applies_to(draft.kind)):
+                    yield from (Cell(prompt, decoding, draft, k, policy) for k in config.ks)
+
+
+def skipped(config: SweepConfig) -> list[str]:
+    """Why some draft × policy pairs are not in the plan, one line each."""
+    return [policy.refusal(draft.text) for draft in config.drafts for policy in config.policies
+            if not policy.applies_to(draft.kind)]
+
+
+def new_sweep_id() -> str:
+    return datetime.now(UTC).strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:4]
+
+
+def cells_to_run(config: SweepConfig) -> tuple[str, list[Cell]]:
+    """The sweep id, and the cells of the plan not yet recorded (all of them for a new sweep). Refuses a bad --db
+    or a draft head that cannot fit the target before any model is loaded."""
+    sweep_id = config.sweep_id or new_sweep_id()
+    check_db(config.db)
+    check_drafts(config.target, list(config.drafts), config.trust_remote_code)
+    done = recorded_runs(config.db, sweep_id) if config.sweep_id else set()
+    return sweep_id, [c for c in plan(config) if c.key(config.seed) not in done]
