@@ -253,8 +253,10 @@ def generate(
                 schedule.timed(read[-1])
         stop = "eos" if text.last in target.eos_ids else "max_new_tokens"
         end = clock()
+    for timed in rounds[len(read) :]:  # on CUDA the last rounds are read only now, once the device has passed them
+        read.append(timed.read(clock))
+        costs.add(read[-1].k, read[-1].verify_s)
     return Generation(
-        prompt_tokens=tuple(prompt), output_tokens=tuple(text.ids[len(prompt) :]),
-        rounds=(*read, *(r.read(clock) for r in rounds[len(read) :])), prefill_s=prefilled - start, wall_s=end - start,
-        draft_calls=drafter.calls, stop_reason=stop,
+        prompt_tokens=tuple(prompt), output_tokens=tuple(text.ids[len(prompt) :]), rounds=tuple(read),
+        prefill_s=prefilled - start, wall_s=end - start, draft_calls=drafter.calls, stop_reason=stop,
     )
