@@ -1,8 +1,11 @@
 """The schema of runs.duckdb: an ordered list of migrations, `schema_migrations` recording which ran, and the
 version check that refuses foreign and newer files.
 
-Append new migrations; never edit one that has shipped. Column names are the public SQL contract
-(README, "Schema").
+Append new migrations; never edit one that has shipped. A view's SQL is a template that more than one migration
+may create it from (`RUN_STATS`: migrations 8 and 11), so changing a template changes what those migrations make
+on a new file but not on a file that already ran them: a change to a view needs a new migration that re-creates it,
+and the template then serves the migrations before it as well (each re-creates the view whole; the newest wins).
+Column names are the public SQL contract (README, "Schema").
 """
 
 from __future__ import annotations
