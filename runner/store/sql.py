@@ -132,10 +132,10 @@ def run_query(db_path: str | os.PathLike, sql: str, max_rows: int = 10_000,
     statement = check_statement(sql)
     if not Path(db_path).is_file():
         raise QueryError(f"no database at {db_path}")
-    config = {"max_execution_time": timeout_ms, **_SANDBOX}
+    config, bound_s = {"max_execution_time": timeout_ms, **_SANDBOX}, max(timeout_ms / 1000, 1.0)
     try:
-        upgrade(db_path)  # the examples read the metric macros, which an older file lacks
-        con, _ = open_db(db_path, read_only=True, bound_s=max(timeout_ms / 1000, 1.0), config=config)
+        upgrade(db_path, bound_s)  # the examples read the metric macros, which an older file lacks
+        con, _ = open_db(db_path, read_only=True, bound_s=bound_s, config=config)
     except Locked:
         raise QueryError(f"{db_path} is busy (a run is being recorded); try again") from None
     except StoreError as error:
