@@ -20,8 +20,10 @@ setup: .venv/.installed
 browser:
 	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
 
+# Every test, the files spread over the cores (pytest-xdist); each file runs whole on one worker, so the fixtures
+# its tests share (a Ray cluster, a browser, a recorded sweep) are made once.
 test: setup browser
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto --dist loadfile
 
 # The dashboard on $(DB) at once; meanwhile a quick sweep (a few minutes on 2 CPU cores) records into the same
 # file, resuming one that an earlier Ctrl-C interrupted. Ctrl-C stops both.

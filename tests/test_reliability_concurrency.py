@@ -34,7 +34,7 @@ from runner.serve import stop
 
 DRAFTS = ["ngram", "layerskip:2"]
 KS = list(range(1, 9))
-PROMPTS = 12  # 12 × (1 baseline + 2 drafts × 8 k) = 204 runs, about a minute on a busy 2-core machine
+PROMPTS = 6  # 6 × (1 baseline + 2 drafts × 8 k) = 102 runs, half a minute on a busy 2-core machine
 READERS = ("dashboard", "dashboard", "sql", "sql")
 
 
