@@ -45,15 +45,15 @@ def depths(parents: Sequence[int]) -> list[int]:
     return out
 
 
-def children(tokens: Sequence[int], parents: Sequence[int]) -> list[list[int]]:
+def children(tokens: Sequence[int], parents: Sequence[int], distinct: bool = True) -> list[list[int]]:
     """children[row]: the nodes whose parent sits at verify row `row` (0: the root, j + 1: node j), in node order.
 
-    ValueError when two siblings carry the same token: one of them could never be accepted, and the sampled rule
-    for a point-mass draft needs each sibling's token judged once.
+    `distinct` (a deterministic draft): ValueError when two siblings carry the same token, since the second could
+    never be accepted. Sampled siblings may repeat a token: each was drawn on its own.
     """
     kids: list[list[int]] = [[] for _ in range(len(parents) + 1)]
     for j, parent in enumerate(parents):
-        if any(tokens[c] == tokens[j] for c in kids[parent + 1]):
+        if distinct and any(tokens[c] == tokens[j] for c in kids[parent + 1]):
             raise ValueError(f"node {j} repeats the token {tokens[j]} of a sibling")
         kids[parent + 1].append(j)
     return kids
@@ -94,11 +94,15 @@ def accept_sampled(kids: list[list[int]], tokens: Sequence[int], q: Tensor | Non
     """Multi-candidate speculative sampling (SpecInfer; EAGLE's recursive rejection sampling): the accepted path
     and the token drawn after it, (1,) on p's device; the emitted text follows the target's law exactly.
 
-    p: (N+1, V) the target's law at each verify row; q: (N, V) the law each node was drawn from (siblings drawn
-    independently), or None for a deterministic draft, whose q is a point mass on the node's token. At a row its
-    children are tried in order: child c is accepted with probability min(1, p(x_c) / q_c(x_c)); on a rejection
-    p becomes norm(max(0, p - q_c)) and the next sibling is tried against it; once all are rejected the
-    correction is drawn from what is left (after a leaf: from p itself, the bonus).
+    p: (N+1, V) the target's law at each verify row; q: (N, V) the law each node was drawn from, independently of
+    its siblings (drawn without replacement, they would need another rule), or None for a deterministic draft,
+    whose q is a point mass on the node's token.
+
+    1. At a row its children are tried in order: child c is accepted with probability min(1, p(x_c) / q_c(x_c)).
+    2. On a rejection p becomes norm(max(0, p - q_c)) and the next sibling is tried against that.
+    3. Once all are rejected, the correction is drawn from what is left (after a leaf: from p itself, the bonus).
+    Each step is one speculative-sampling step of the current law against an independent proposal, so the token
+    that leaves a row follows that row's p exactly.
     """
     path: list[int] = []
     row = 0
@@ -141,12 +145,12 @@ def verdict(draft: Draft, logits: Tensor, finite: Tensor, decoding: Decoding,
         choices = logits.argmax(-1)  # (N+1,)
         *read, ok = host(torch.cat([draft.tokens, choices, finite]))
         drafts, target_tokens = read[: draft.tokens.numel()], read[draft.tokens.numel() :]
-        kids = children(drafts, draft.parents)
+        kids = children(drafts, draft.parents, distinct=draft.q is None)
         path = accept_greedy(kids, drafts, target_tokens)
         token = target_tokens[path[-1] + 1 if path else 0]
     else:
         drafts = host(draft.tokens)
-        kids = children(drafts, draft.parents)
+        kids = children(drafts, draft.parents, distinct=draft.q is None)
         path, drawn = accept_sampled(kids, drafts, draft.q, probabilities(logits, decoding), generator)
         token, ok = host(torch.cat([drawn, finite]))
     emitted = [drafts[j] for j in path] + [token]
