@@ -22,8 +22,14 @@ class Round:
     draft_s: float  # seconds spent proposing the drafts
     verify_s: float  # seconds of the one target pass
     draft_tokens: tuple[int, ...]  # d1..dk
-    # greedy: the target's argmax at all k+1 positions; sample: the accepted drafts + the correction or bonus
+    # greedy: the target's argmax at all k+1 positions (a tree: at the root and each node, in node order); sample: the
+    # accepted drafts + the correction or bonus
     target_tokens: tuple[int, ...]
+    # A tree's drafts (runner/engine/trees.py): each node's parent (-1: the newest committed token); None for a chain.
+    # Then k counts the nodes, accepted the accepted path's length, rejected is 1 when the path stopped where the tree
+    # still had children to judge, and bonus means it stopped at a leaf.
+    draft_parents: tuple[int, ...] | None = None
+    accepted_path: tuple[int, ...] | None = None  # a tree's accepted nodes from the root down; None for a chain
 
 
 @dataclass(frozen=True)
@@ -77,7 +83,7 @@ class RunRecord:
     started_at: str  # ISO-8601, UTC
     target: str  # the target's model spec, as given
     draft: str  # drafter spec; 'none' for a plain-decoding baseline
-    draft_kind: str  # 'baseline' | 'model' | 'ngram' | 'layerskip' | 'eagle'
+    draft_kind: str  # 'baseline' | 'model' | 'ngram' | 'ngram-tree' | 'layerskip' | 'eagle'
     category: str
     prompt_id: str
     prompt_text: str

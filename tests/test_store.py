@@ -63,6 +63,14 @@ SPEC = record("spec", (
 ), wall_s=0.3)
 
 
+# A tree round: root → 20, 21; 20 → 22; 21 → 23, 24. The target took 21 then 24 (a leaf: the bonus 25); 20, 22, 23
+# thrown. Greedy target_tokens: the argmax at the root and each node.
+TREE = record("tree", (
+    Round(5, 2, 0, 3, True, 3, 0.004, 0.06, (20, 21, 22, 23, 24), (21, 7, 24, 7, 7, 25), (-1, -1, 0, 1, 1), (1, 4)),
+    Round(4, 3, 1, 0, False, 4, 0.004, 0.06, (26, 27, 28, 29), (26, 27, 28, 30, 31)),  # a chain in the same run
+), wall_s=0.3, draft="ngram-tree")
+
+
 def many_rounds(run_id: str, n: int) -> RunRecord:
     return record(run_id, tuple(Round(4, 2, 1, 1, False, 3, 0.001, 0.01, (1, 2, 3, 4), (1, 2, 5, 0, 0))
                                 for _ in range(n)), wall_s=1.0)
@@ -104,7 +112,7 @@ def test_runs_and_rounds_have_the_documented_columns(db):
     assert columns(db, "rounds") == [
         ("run_id", text), ("round", i), ("k", i), ("accepted", i), ("rejected", i), ("thrown", i),
         ("bonus", "BOOLEAN"), ("emitted", i), ("draft_s", f), ("verify_s", f), ("draft_tokens", ints),
-        ("target_tokens", ints)]
+        ("target_tokens", ints), ("draft_parents", ints), ("accepted_path", ints)]
     assert [name for name, _ in columns(db, "run_stats")] == [
         "run_id", "sweep_id", "target", "draft", "draft_kind", "category", "prompt_id", "k", "mode",
         "temperature", "top_p", "seed", "device", "dtype", "new_tokens", "n_rounds", "accepted", "rejected",
@@ -115,7 +123,7 @@ def test_runs_and_rounds_have_the_documented_columns(db):
         (1, "create_runs_and_rounds"), (2, "create_run_stats"), (3, "add_device_name"), (4, "create_bench_results"),
         (5, "create_run_totals"), (6, "add_divergence"), (7, "add_kernels_and_threads"), (8, "define_metrics"),
         (9, "create_trainings"), (10, "add_concurrent_workers"), (11, "add_k_policy"), (12, "create_position_stats"),
-        (13, "add_bench_k_policy")]
+        (13, "add_bench_k_policy"), (14, "add_tree_columns")]
 
 
 @pytest.mark.parametrize("table, row", [("runs", run_row), ("rounds", round_columns), ("run_totals", totals_row)])
@@ -477,8 +485,16 @@ def test_the_next_write_flushes_spills_and_skips_ones_already_stored(db):
     assert list((db.parent / "runs.duckdb.pending").iterdir()) == []
 
 
+def test_a_tree_round_keeps_its_shape_and_accepted_path_and_a_chain_leaves_them_null(db):
+    write_run(db, TREE)
+    assert query(db, "SELECT round, k, accepted, rejected, thrown, bonus, draft_parents, accepted_path FROM rounds "
+                     "ORDER BY round") == [(0, 5, 2, 0, 3, True, [-1, -1, 0, 1, 1], [1, 4]),
+                                           (1, 4, 3, 1, 0, False, None, None)]
+    assert query(db, "SELECT accepted, rejected, thrown, drafted, emitted FROM run_totals") == [(5, 1, 3, 9, 7)]
+
+
 def test_records_survive_the_json_round_trip():
-    for original in (BASELINE, SPEC):
+    for original in (BASELINE, SPEC, TREE):
         assert record_from_dict(record_to_dict(original)) == original
 
 

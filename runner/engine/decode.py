@@ -17,7 +17,8 @@ import torch
 from torch import Tensor
 from transformers.utils import ModelOutput
 
-from runner.engine.drafters import Drafter, crop_to, new_cache
+from runner.engine import trees
+from runner.engine.drafters import Draft, Drafter, crop_to, new_cache
 from runner.engine.models import Loaded
 from runner.engine.policies import FIXED, PolicySpec, VerifyCosts
 from runner.engine.sampling import Decoding, accept_greedy, accept_sampled, draw, host, probabilities
@@ -85,10 +86,18 @@ class Target:
         crop_to(self.cache, tokens.numel())  # trims sliding-window layers back to their window
         return out.logits[0, -1, : self.vocab], features_of(out, layers)
 
-    def verify(self, fed: Tensor, layers: tuple[int, ...] = ()) -> tuple[Tensor, Tensor | None]:
-        """One pass over `fed` (T,): the logits at every fed position (T, V), and `features_of` those positions."""
+    def verify(self, fed: Tensor, layers: tuple[int, ...] = (),
+               parents: tuple[int, ...] | None = None) -> tuple[Tensor, Tensor | None]:
+        """One pass over `fed` (T,): the logits at every fed position (T, V), and `features_of` those positions.
+        With `parents`, `fed` is the root and a tree's nodes, each row seeing only its own branch (trees.py); a
+        chain passes no mask, so the model runs its own causal one."""
+        mask = positions = None
+        if parents is not None:
+            trees.check_cache(self.cache)
+            mask = trees.attention_mask(parents, self.length, self.model.dtype, fed.device)  # (1, 1, T, past + T)
+            positions = trees.position_ids(parents, self.length, fed.device)  # (1, T)
         out = self.model(
-            input_ids=fed[None], cache=self.cache, use_cache=True,
+            input_ids=fed[None], attention_mask=mask, position_ids=positions, cache=self.cache, use_cache=True,
             logits_to_keep=fed.numel(), output_hidden_states=bool(layers),
         )
         return out.logits[0, :, : self.vocab], features_of(out, layers)
@@ -150,6 +159,25 @@ def _cut(tokens: list[int], budget: int, eos: frozenset[int]) -> list[int]:
     return tokens
 
 
+def _chain_verdict(draft: Draft, logits: Tensor, finite: Tensor, decoding: Decoding,
+                   generator: torch.Generator) -> trees.Verdict:
+    """Step 3 for a chain: accepted while the target agrees, left to right, with the round's one host sync."""
+    k = draft.tokens.numel()
+    if decoding.greedy:
+        choices = logits.argmax(-1)  # (k+1,)
+        *read, ok = host(torch.cat([draft.tokens, choices, finite]))
+        draft_list, target_tokens = read[:k], read[k:]
+        accepted = accept_greedy(draft_list, target_tokens)
+        token = target_tokens[accepted]
+        kept = torch.cat([draft.tokens[:accepted], choices[accepted : accepted + 1]])
+    else:
+        n, drawn = accept_sampled(draft.tokens, draft.q, probabilities(logits, decoding), generator)
+        *draft_list, accepted, token, ok = host(torch.cat([draft.tokens, n.view(1), drawn.view(1), finite]))
+        kept = torch.cat([draft.tokens[:accepted], drawn.view(1)])
+        target_tokens = draft_list[:accepted] + [token]
+    return trees.Verdict(draft_list, list(range(accepted)), token, kept, target_tokens, int(accepted < k), bool(ok))
+
+
 def speculative_round(
     target: Target, drafter: Drafter, text: Sequence, k: int, decoding: Decoding,
     generator: torch.Generator, clock: Clock, budget: int, eos: frozenset[int],
@@ -161,39 +189,34 @@ def speculative_round(
     draft = drafter.propose(text.tokens, k)
     drafted = clock.mark()
     k = draft.tokens.numel()
-    # 2. Verify: ONE target pass over the newest committed token + d1..dk gives t1..t(k+1).
+    # 2. Verify: ONE target pass over the newest committed token + d1..dk gives t1..t(k+1); in a tree each node
+    #    sees only its own branch, so its row is the target's choice after that branch.
     fed = torch.cat([text.tokens[-1:], draft.tokens])  # (k+1,)
-    logits, hidden = target.verify(fed, drafter.wants_hidden)  # (k+1, V)
+    logits, hidden = target.verify(fed, drafter.wants_hidden, draft.parents)  # (k+1, V)
     finite = logits.isfinite().all().view(1)
-    # 3. Compare, left to right: accepted while the target agrees; the first failure is rejected, the
-    #    rest are thrown (never judged); then the target's own token, the correction or the bonus.
-    if decoding.greedy:
-        choices = logits.argmax(-1)  # (k+1,)
-        *read, ok = host(torch.cat([draft.tokens, choices, finite]))  # the round's one host sync
-        draft_list, target_tokens = read[:k], read[k:]
-        accepted = accept_greedy(draft_list, target_tokens)
-        token = target_tokens[accepted]
-        kept = torch.cat([draft.tokens[:accepted], choices[accepted : accepted + 1]])
-    else:
-        n, drawn = accept_sampled(draft.tokens, draft.q, probabilities(logits, decoding), generator)
-        *draft_list, accepted, token, ok = host(torch.cat([draft.tokens, n.view(1), drawn.view(1), finite]))
-        kept = torch.cat([draft.tokens[:accepted], drawn.view(1)])
-        target_tokens = draft_list[:accepted] + [token]
+    # 3. Compare, from the root down: accepted while the target agrees; the first failure is rejected (in a tree:
+    #    every child of the last accepted node failed), the rest are thrown (never judged); then the target's
+    #    own token, the correction or the bonus.
+    judge = _chain_verdict if draft.parents is None else trees.verdict
+    verdict = judge(draft, logits, finite, decoding, generator)
     verified = clock.mark()
-    if not ok:
+    if not verdict.ok:
         raise NonFiniteLogits(logits.dtype)
     # 4. Append the kept drafts and the target's token, cut at EOS or max_new_tokens.
-    emitted = _cut(draft_list[:accepted] + [token], budget, eos)
-    text.append(emitted, kept)
-    # 5. Roll back: both caches forget the drafts that were not kept.
-    crop_to(target.cache, text.length - 1)
-    drafter.accepted(accepted, hidden[: accepted + 1] if hidden is not None else None)
+    accepted = len(verdict.path)
+    emitted = _cut([verdict.drafts[j] for j in verdict.path] + [verdict.token], budget, eos)
+    text.append(emitted, verdict.kept)
+    # 5. Roll back: both caches keep the committed text, i.e. the verify pass's rows of the root and the accepted
+    #    path (for a chain, its first rows: a crop).
+    rows = [0, *(j + 1 for j in verdict.path)]
+    trees.keep(target.cache, committed - 1, rows[: len(emitted)])
+    drafter.accepted(accepted, hidden[rows] if hidden is not None else None)
     assert target.length == text.length - 1 == committed + len(emitted) - 1
-    rejected = int(accepted < k)
     return Timed(Round(
-        k=k, accepted=accepted, rejected=rejected, thrown=k - accepted - rejected, bonus=accepted == k,
-        emitted=len(emitted), draft_s=0.0, verify_s=0.0,
-        draft_tokens=tuple(draft_list), target_tokens=tuple(target_tokens),
+        k=k, accepted=accepted, rejected=verdict.rejected, thrown=k - accepted - verdict.rejected,
+        bonus=not verdict.rejected, emitted=len(emitted), draft_s=0.0, verify_s=0.0,
+        draft_tokens=tuple(verdict.drafts), target_tokens=tuple(verdict.target_tokens), draft_parents=draft.parents,
+        accepted_path=None if draft.parents is None else tuple(verdict.path),
     ), (start, drafted, verified))
 
 

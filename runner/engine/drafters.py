@@ -38,6 +38,9 @@ class Draft:
     # (k, V) the draft's probabilities over the TARGET's V logits when sampling; None for a greedy or
     # deterministic draft
     q: Tensor | None
+    # a tree (runner/engine/trees.py): each node's parent, an earlier node or -1 for the newest committed token;
+    # None for a chain, node i following node i - 1 (`trees.as_parents` turns a chain-shaped tree into None)
+    parents: tuple[int, ...] | None = None
 
 
 class Drafter(Protocol):
@@ -56,7 +59,8 @@ class Drafter(Protocol):
         """Up to k tokens to follow `tokens`, all committed text so far (1-D ids)."""
 
     def accepted(self, n: int, hidden: Tensor | None) -> None:
-        """The target kept the first n drafts (then added its own token); `hidden` is (n+1, L·H) when asked for."""
+        """The target kept the first n drafts (then added its own token); `hidden` is (n+1, L·H) when asked for.
+        After a tree, n is the accepted path's length and `hidden` the rows of the root and that path."""
 
 
 def new_cache(model: PreTrainedModel) -> DynamicCache:

@@ -17,10 +17,13 @@ from runner.engine.drafters import (
     NgramDrafter,
     NoDraft,
     layer_skip,
+    new_cache,
 )
 from runner.engine.eagle_drafter import EagleDrafter
+from runner.engine.ngram_tree import NgramTreeDrafter
 from runner.engine.policies import FIXED, PolicySpec, VerifyCosts
 from runner.engine.sampling import Decoding
+from runner.engine.trees import check_cache
 from runner.records import Generation
 
 DEFAULT_NGRAM = 3  # longest n-gram prompt lookup tries before falling back to shorter ones
@@ -32,8 +35,9 @@ class DraftSpec:
     """A parsed `--draft` value."""
 
     text: str  # as the user wrote it, e.g. 'layerskip:24'
-    kind: str  # 'baseline' | 'ngram' | 'layerskip' | 'model' | 'eagle'
-    arg: str | None  # n for ngram, L for layerskip, the model spec for model, the head's directory or repo id for eagle
+    kind: str  # 'baseline' | 'ngram' | 'ngram-tree' | 'layerskip' | 'model' | 'eagle'
+    # n for ngram and ngram-tree, L for layerskip, the model spec for model, the head's directory or repo id for eagle
+    arg: str | None
     match: str | None = None  # ngram: which earlier occurrence it copies from (`NGRAM_MATCHES`)
 
     @property
@@ -45,19 +49,23 @@ PLAIN = DraftSpec("none", "baseline", None)  # the baseline: plain decoding, no 
 
 
 def parse_draft(text: str) -> DraftSpec:
-    """`none`, `ngram[:<n>[:<match>]]`, `layerskip:<L>`, `model:<spec>` or `eagle:<head>`; ValueError otherwise."""
+    """`none`, `ngram[:<n>[:<match>]]`, `ngram-tree[:<n>]`, `layerskip:<L>`, `model:<spec>` or `eagle:<head>`;
+    ValueError otherwise."""
     kind, _, arg = text.partition(":")
     if text == PLAIN.text:
         return PLAIN
     n, _, match = arg.partition(":")
     if kind == "ngram" and (not arg or n.isdigit() and int(n) >= 1 and (not match or match in NGRAM_MATCHES)):
         return DraftSpec(text, "ngram", n or str(DEFAULT_NGRAM), match or DEFAULT_MATCH)
+    if kind == "ngram-tree" and (not arg or arg.isdigit() and int(arg) >= 1):
+        return DraftSpec(text, "ngram-tree", arg or str(DEFAULT_NGRAM))
     if kind == "layerskip" and arg.isdigit() and int(arg) >= 1:
         return DraftSpec(text, "layerskip", arg)
     if kind in ("model", "eagle") and arg:
         return DraftSpec(text, kind, arg)
     raise ValueError(f'unknown draft "{text}"; use ngram, ngram:<n>, ngram:<n>:<match> (match: '
-                     f'{", ".join(NGRAM_MATCHES)}), layerskip:<L>, model:<spec> or eagle:<head>')
+                     f'{", ".join(NGRAM_MATCHES)}), ngram-tree, ngram-tree:<n>, layerskip:<L>, model:<spec> or '
+                     'eagle:<head>')
 
 
 def check_drafts(target: str, drafts: list[DraftSpec], trust_remote_code: bool = False) -> None:
@@ -118,6 +126,9 @@ class Pair:
             raise ValueError(policy.refusal(spec.text))
         if spec.kind == "ngram":
             return NgramDrafter(int(spec.arg), spec.match)
+        if spec.kind == "ngram-tree":
+            check_cache(new_cache(self.target.model))  # refuse a sliding-window target before it runs
+            return NgramTreeDrafter(int(spec.arg))
         if spec.kind == "eagle":
             return EagleDrafter(self.draft_models[spec.text], decoding, generator, stop_below=policy.threshold)
         return ModelDrafter(self.draft_models[spec.text], decoding, generator, self.target.vocab_size,

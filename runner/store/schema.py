@@ -202,6 +202,13 @@ def _add_bench_k_policy(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("DROP TABLE bench_results_old")
 
 
+def _add_tree_columns(con: duckdb.DuckDBPyConnection) -> None:
+    # A tree draft's shape and the branch the target accepted (README, "Tree drafts"); every round recorded before
+    # drafted a chain, for which both stay NULL.
+    con.execute("ALTER TABLE rounds ADD COLUMN draft_parents INTEGER[]")
+    con.execute("ALTER TABLE rounds ADD COLUMN accepted_path INTEGER[]")
+
+
 MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     _create_runs_and_rounds,
     _create_run_stats,
@@ -216,6 +223,7 @@ MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     _add_k_policy,
     _create_position_stats,
     _add_bench_k_policy,
+    _add_tree_columns,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
