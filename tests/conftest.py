@@ -21,6 +21,18 @@ os.environ["OMP_NUM_THREADS"] = "1"
 torch.set_num_threads(1)
 
 
+# The files that take longest, run first: `make test` hands whole files to its workers in this order, so the long
+# ones start at once and the short ones fill in around them, instead of one long file running alone at the end.
+LONGEST_FIRST = ("test_reliability_crash.py", "test_reliability_load.py", "test_reference.py",
+                 "test_kernels_lossless.py", "test_reliability_concurrency.py", "test_ray.py", "test_browser.py",
+                 "test_families.py", "test_sampling_smollm2.py", "test_heads.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file keeps its own order
+
+
 def tiny_llama(vocab_size: int, seed: int, layers: int = 2) -> LlamaForCausalLM:
     """A seeded random Llama small enough to decode in milliseconds, whose greedy text depends on the prompt.
 
