@@ -21,9 +21,10 @@ browser:
 	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
 
 # Every test, the files spread over the cores (pytest-xdist); each file runs whole on one worker, so the fixtures
-# its tests share (a Ray cluster, a browser, a recorded sweep) are made once.
+# its tests share (a Ray cluster, a browser, a recorded sweep) are made once. The files are handed out in the order
+# tests/conftest.py collects them (the longest first), not reordered by their count of tests.
 test: setup browser
-	$(PY) -m pytest -q -n auto --dist loadfile
+	$(PY) -m pytest -q -n auto --dist loadfile --no-loadscope-reorder
 
 # The dashboard on $(DB) at once; meanwhile a quick sweep (a few minutes on 2 CPU cores) records into the same
 # file, resuming one that an earlier Ctrl-C interrupted. Ctrl-C stops both.
