@@ -30,3 +30,10 @@ def pooled_chisquare(observed: torch.Tensor, law: torch.Tensor, n: int) -> tuple
     keep = expected > 0
     want, seen = expected[keep].double().numpy(), got[keep].double().numpy()
     return chisquare(seen, want / want.sum() * seen.sum()).pvalue, int(big.sum())
+
+
+def samples_p_value(samples: list[int], expected: torch.Tensor) -> float:
+    """The chi-square p-value of drawn token ids against the (unnormalised) law `expected` over the same ids."""
+    counts = torch.bincount(torch.tensor(samples), minlength=expected.numel()).double().numpy()
+    want = expected.double().numpy()
+    return chisquare(counts, want / want.sum() * counts.sum()).pvalue

@@ -6,14 +6,13 @@ import re
 
 import pytest
 import torch
-from scipy.stats import chisquare
 
 from runner.engine.decode import generate
 from runner.engine.drafters import ModelDrafter
 from runner.engine.models import Loaded
 from runner.engine.sampling import Decoding, accept_greedy, accept_sampled, probabilities, residual
 from tests.conftest import tiny_llama
-from tests.laws import pooled_chisquare, two_token_law
+from tests.laws import pooled_chisquare, samples_p_value, two_token_law
 
 
 @pytest.mark.parametrize(("mode", "temperature", "top_p", "message"), [
@@ -117,19 +116,13 @@ def _sample_rounds(q: torch.Tensor | None, n: int) -> tuple[list[int], list[int]
     return first, second
 
 
-def _p_value(samples: list[int], expected: torch.Tensor) -> float:
-    counts = torch.bincount(torch.tensor(samples), minlength=expected.numel()).double().numpy()
-    want = expected.double().numpy()
-    return chisquare(counts, want / want.sum() * counts.sum()).pvalue
-
-
 @pytest.mark.parametrize("q", [Q, None], ids=["draft-model", "point-mass-draft"])
 def test_speculative_sampling_reproduces_the_targets_distribution(q):
     first, second = _sample_rounds(q, 20_000)
-    assert _p_value(first, P[0]) > 1e-3
-    assert _p_value(second, P[1]) > 1e-3
+    assert samples_p_value(first, P[0]) > 1e-3
+    assert samples_p_value(second, P[1]) > 1e-3
     # The test has power: the draft's own distribution is rejected outright.
-    assert _p_value(first, Q[0]) < 1e-12
+    assert samples_p_value(first, Q[0]) < 1e-12
 
 
 def test_end_to_end_sampling_matches_the_targets_joint_distribution():

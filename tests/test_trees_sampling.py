@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from scipy.stats import chisquare
 
 from runner.engine import trees
 from runner.engine.decode import generate
@@ -14,7 +13,7 @@ from runner.engine.models import Loaded
 from runner.engine.ngram_tree import NgramTreeDrafter
 from runner.engine.sampling import Decoding
 from tests.conftest import tiny_llama
-from tests.laws import pooled_chisquare, two_token_law
+from tests.laws import pooled_chisquare, samples_p_value, two_token_law
 
 # The target's law at the rows [root, n0, n1, n2, n3, n4] of the tree root → n0, n1; n0 → n2, n3; n1 → n4.
 P = torch.tensor([[0.5, 0.25, 0.15, 0.1], [0.1, 0.2, 0.3, 0.4], [0.25, 0.25, 0.25, 0.25],
@@ -47,24 +46,18 @@ def _rounds(sampled: bool, n: int) -> tuple[list[int], list[int]]:
     return first, after_n0
 
 
-def _p_value(samples: list[int], expected: torch.Tensor) -> float:
-    counts = torch.bincount(torch.tensor(samples), minlength=expected.numel()).double().numpy()
-    want = expected.double().numpy()
-    return chisquare(counts, want / want.sum() * counts.sum()).pvalue
-
-
 @pytest.mark.parametrize("sampled", [False, True], ids=["point-mass-drafts", "sampled-drafts"])
 def test_sampling_over_siblings_emits_the_targets_law(sampled):
     first, after_n0 = _rounds(sampled, 6000)
-    assert _p_value(first, P[0]) > 1e-3
-    assert len(after_n0) > 500 and _p_value(after_n0, P[1]) > 1e-3  # n0's row: the law after n0's token
+    assert samples_p_value(first, P[0]) > 1e-3
+    assert len(after_n0) > 500 and samples_p_value(after_n0, P[1]) > 1e-3  # n0's row: the law after n0's token
 
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["point-mass-drafts", "sampled-drafts"])
 def test_without_the_residual_between_siblings_the_same_test_fails(monkeypatch, sampled):
     monkeypatch.setattr(trees, "residual", _no_residual)
     first, _ = _rounds(sampled, 6000)
-    assert _p_value(first, P[0]) < 1e-6
+    assert samples_p_value(first, P[0]) < 1e-6
 
 
 VOCAB = 8

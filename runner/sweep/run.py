@@ -92,9 +92,9 @@ def record_all(results: Iterable[Result], cells: list[Cell], key: Callable[[Cell
                     if ready.record is not None:
                         recorder.write(ready.cell, ready.record, k)
                         recorded += 1
-                    if ready.worker and ready.worker not in per_worker:
-                        per_worker[ready.worker] = bar.add_task(f"  {ready.worker}", total=len(cells))
-                    if ready.worker:
+                    if ready.worker:  # Ray: a bar per actor as well
+                        if ready.worker not in per_worker:
+                            per_worker[ready.worker] = bar.add_task(f"  {ready.worker}", total=len(cells))
                         bar.advance(per_worker[ready.worker])
                     bar.advance(total)
                 due[k] -= cell.k is None
