@@ -16,7 +16,7 @@ from runner.engine import lossless, models
 from runner.engine.pair import PLAIN, Pair
 from runner.engine.policies import warm_ks
 from runner.prompts import Prompt
-from runner.records import Divergence, RunRecord
+from runner.records import RunRecord
 from runner.sweep.plan import SweepConfig
 
 
@@ -77,9 +77,6 @@ class CellRunner:
             failure = error if device_error(exc) else None
         return Result(cell, self.context.record(cell, generation, error, started), device_error=failure)
 
-    def classify(self, prompt: tuple[int, ...], baseline: tuple[int, ...], ours: tuple[int, ...]) -> Divergence | None:
-        return self.context.classify(prompt, baseline, ours)
-
 
 def load_pair(config: SweepConfig, sweep_id: str) -> CellRunner:
     """The target and every draft, loaded once and warmed up at every k; ValueError for a prompt that does not fit."""
@@ -103,7 +100,7 @@ class LocalSource:
 
     def __init__(self, config: SweepConfig, sweep_id: str) -> None:
         self.runner = load_pair(config, sweep_id)
-        self.classify = self.runner.classify
+        self.classify = self.runner.context.classify
 
     def identity(self) -> Identity:
         return self.runner.identity()

@@ -61,7 +61,7 @@ class CellWorker:
         return self.runner.run(cell)
 
     def classify(self, prompt: tuple[int, ...], baseline: tuple[int, ...], ours: tuple[int, ...]) -> Divergence | None:
-        return self.runner.classify(prompt, baseline, ours)
+        return self.runner.context.classify(prompt, baseline, ours)
 
 
 def connect(address: str) -> bool:
