@@ -31,6 +31,16 @@ class Round:
     draft_parents: tuple[int, ...] | None = None
     accepted_path: tuple[int, ...] | None = None  # a tree's accepted nodes from the root down; None for a chain
 
+    @property
+    def depth(self) -> int:
+        """The draft's deepest level: k for a chain, the longest branch for a tree (`rounds.depth`)."""
+        if self.draft_parents is None:
+            return self.k
+        levels: list[int] = []
+        for parent in self.draft_parents:
+            levels.append(1 if parent < 0 else levels[parent] + 1)
+        return max(levels, default=0)
+
 
 @dataclass(frozen=True)
 class Generation:

@@ -8,7 +8,9 @@ drafted token taking 2 ms and the loop's own time given per run:
 - k2 (layerskip:2, k=2, fixed): (2, 2, 14 ms), (2, 1, 14 ms), (1, 1, 12 ms) (the budget cut the last round),
   loop 3 ms: 7 tokens in 10 + 40 + 3 = 53 ms: 132.08/s;
 - h (layerskip:2, k=1, heuristic:4): (1, 1, 12 ms), (3, 3, 16 ms), loop 2 ms: 6 tokens in 8 + 28 + 2 = 38 ms: 157.9/s;
-- ng (ngram, k=3, fixed): (3, 2), (0, 0) (no match), (3, 3); and a failed run, which counts nowhere.
+- ng (ngram, k=3, fixed): (3, 2), (0, 0) (no match), (3, 3); and a failed run, which counts nowhere;
+- tree (ngram-tree, k=3): two rounds of the 4-node tree a-b-c, d (parents -1, 0, 1, -1: depth 3): one accepts d, a
+  leaf (the bonus), one accepts a and then refuses b.
 """
 
 from __future__ import annotations
@@ -32,9 +34,14 @@ def rounds(spec: list[tuple[int, int, float]]) -> tuple[Round, ...]:
                        tuple(range(k)), tuple(range(k + 1))) for k, a, verify_s in spec)
 
 
-def run(run_id: str, draft: str, k: int | None, policy: str | None, spec: list, loop_s: float,
-        status: str = "ok") -> RunRecord:
-    made = rounds(spec)
+TREE = (-1, 0, 1, -1)
+TREE_ROUNDS = (Round(4, 1, 0, 3, True, 2, 0.008, 0.016, (5, 6, 7, 8), (8, 9), TREE, (3,)),
+               Round(4, 1, 1, 2, False, 2, 0.008, 0.016, (5, 6, 7, 8), (5, 1), TREE, (0,)))
+
+
+def run(run_id: str, draft: str, k: int | None, policy: str | None, spec: list | tuple[Round, ...],
+        loop_s: float, status: str = "ok") -> RunRecord:
+    made = spec if spec and isinstance(spec[0], Round) else rounds(spec)
     prefill = 0.1
     wall = prefill + sum(r.draft_s + r.verify_s for r in made) + loop_s
     gen = Generation((1, 2, 3), tuple(range(1 + sum(r.emitted for r in made))), made, prefill, wall,
@@ -55,6 +62,7 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
         run("h", "layerskip:2", 1, "heuristic:4", [(1, 1, 0.012), (3, 3, 0.016)], 0.002),
         run("ng", "ngram", 3, "fixed", [(3, 2, 0.016), (0, 0, 0.010), (3, 3, 0.016)], 0.0),
         run("bad", "ngram", 3, "fixed", [(3, 3, 0.016)], 0.0, status="error"),
+        run("tree", "ngram-tree", 3, "fixed", TREE_ROUNDS, 0.0),
     ):
         write_run(path, record)
     return path
@@ -80,6 +88,11 @@ def test_position_stats_by_hand(db):
         ("ngram", 3, "fixed", 1, 2, 2, 2, 0, 1.0),
         ("ngram", 3, "fixed", 2, 2, 2, 2, 0, 1.0),
         ("ngram", 3, "fixed", 3, 2, 2, 1, 1, 0.5),
+        # tree: levels 1..3 (its depth, not its 4 nodes) proposed twice; level 1 reached and accepted by both; level
+        # 2 reached only below a (d is a leaf), and refused there; level 3 never reached
+        ("ngram-tree", 3, "fixed", 1, 2, 2, 2, 0, 1.0),
+        ("ngram-tree", 3, "fixed", 2, 2, 1, 0, 1, 0.0),
+        ("ngram-tree", 3, "fixed", 3, 2, 0, 0, 0, None),
     ]
 
 

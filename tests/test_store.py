@@ -112,7 +112,7 @@ def test_runs_and_rounds_have_the_documented_columns(db):
     assert columns(db, "rounds") == [
         ("run_id", text), ("round", i), ("k", i), ("accepted", i), ("rejected", i), ("thrown", i),
         ("bonus", "BOOLEAN"), ("emitted", i), ("draft_s", f), ("verify_s", f), ("draft_tokens", ints),
-        ("target_tokens", ints), ("draft_parents", ints), ("accepted_path", ints)]
+        ("target_tokens", ints), ("draft_parents", ints), ("accepted_path", ints), ("depth", i)]
     assert [name for name, _ in columns(db, "run_stats")] == [
         "run_id", "sweep_id", "target", "draft", "draft_kind", "category", "prompt_id", "k", "mode",
         "temperature", "top_p", "seed", "device", "dtype", "new_tokens", "n_rounds", "accepted", "rejected",
@@ -123,7 +123,7 @@ def test_runs_and_rounds_have_the_documented_columns(db):
         (1, "create_runs_and_rounds"), (2, "create_run_stats"), (3, "add_device_name"), (4, "create_bench_results"),
         (5, "create_run_totals"), (6, "add_divergence"), (7, "add_kernels_and_threads"), (8, "define_metrics"),
         (9, "create_trainings"), (10, "add_concurrent_workers"), (11, "add_k_policy"), (12, "create_position_stats"),
-        (13, "add_bench_k_policy"), (14, "add_tree_columns")]
+        (13, "add_bench_k_policy"), (14, "add_tree_columns"), (15, "add_depth")]
 
 
 @pytest.mark.parametrize("table, row", [("runs", run_row), ("rounds", round_columns), ("run_totals", totals_row)])
@@ -187,6 +187,19 @@ def test_migrating_from_every_older_version_ends_identical(tmp_path, start):
         assert query(old, "SELECT run_id, accepted, rejected, thrown, drafted, alpha, tau, kernels, threads "
                           "FROM run_stats ORDER BY run_id") == [("base", 0, 0, 0, 0, None, 1.0, "stock", None),
                                                                ("spec", 2, 1, 1, 4, 2 / 3, 2.0, "stock", None)]
+
+
+def test_rounds_from_before_depth_was_recorded_get_it_from_their_shape(tmp_path):
+    db = tmp_path / "old.duckdb"
+    con = duckdb.connect(str(db))
+    migrate(con, to_version=14)
+    con.execute("INSERT INTO runs (run_id, sweep_id, draft, k, status) VALUES ('t', 's1', 'ngram-tree', 3, 'ok')")
+    con.execute("INSERT INTO rounds (run_id, round, k, accepted, rejected, thrown, bonus, emitted, draft_parents) "
+                "VALUES ('t', 0, 3, 1, 1, 1, false, 2, NULL), ('t', 1, 4, 0, 1, 3, false, 1, [-1, 0, -1, 2]), "
+                "('t', 2, 5, 2, 1, 2, false, 3, [-1, -1, 1, 2, 3])")
+    migrate(con)
+    # a chain's depth is its k; a tree's is its longest branch: 0-1 and 2-3 are 2 deep, 1-2-3-4 is 4 deep
+    assert con.execute("SELECT depth FROM rounds ORDER BY round").fetchall() == [(3,), (2,), (4,)]
 
 
 def test_bench_rows_from_before_policies_drafted_a_fixed_k_and_keep_their_order(tmp_path):

@@ -268,7 +268,7 @@ def generate(
                 model, drafter, text, min(schedule.next_k(), budget - 1), decoding, generator, clock, budget,
                 target.eos_ids,
             )
-            schedule.observe(timed.round.k, timed.round.accepted)
+            schedule.observe(timed.round.depth, timed.round.accepted)
             rounds.append(timed)
             while len(read) < len(rounds) and clock.done(rounds[len(read)].marks[-1]):
                 read.append(rounds[len(read)].read(clock))

@@ -42,7 +42,7 @@ class Schedule(Protocol):
         """Drafts to ask for in the next round (the budget may cut it)."""
 
     def observe(self, proposed: int, accepted: int) -> None:
-        """The round's outcome: drafts proposed (`rounds.k`) and accepted."""
+        """The round's outcome: how deep it drafted (`rounds.depth`: k for a chain) and how many it accepted."""
 
     def timed(self, round: Round) -> None:
         """A round's draft and verify seconds, once its clock marks can be read (on CUDA, a round or so later)."""

@@ -23,7 +23,7 @@ T = TypeVar("T")
 _ROUND_TYPES = {"run_id": "TEXT", "round": "INTEGER", "k": "INTEGER", "accepted": "INTEGER", "rejected": "INTEGER",
                 "thrown": "INTEGER", "bonus": "BOOLEAN", "emitted": "INTEGER", "draft_s": "DOUBLE",
                 "verify_s": "DOUBLE", "draft_tokens": "INTEGER[]", "target_tokens": "INTEGER[]",
-                "draft_parents": "INTEGER[]", "accepted_path": "INTEGER[]"}
+                "draft_parents": "INTEGER[]", "accepted_path": "INTEGER[]", "depth": "INTEGER"}
 _PROVENANCE = ("torch_version", "transformers_version", "python_version", "host", "git_commit", "device_name")
 
 
@@ -60,7 +60,7 @@ def round_columns(record: RunRecord) -> dict[str, list]:
             "draft_tokens": [list(r.draft_tokens) for r in rounds],
             "target_tokens": [list(r.target_tokens) for r in rounds],
             "draft_parents": [_listed(r.draft_parents) for r in rounds],
-            "accepted_path": [_listed(r.accepted_path) for r in rounds]}
+            "accepted_path": [_listed(r.accepted_path) for r in rounds], "depth": [r.depth for r in rounds]}
 
 
 def _listed(values: tuple[int, ...] | None) -> list[int] | None:

@@ -145,24 +145,26 @@ def _add_k_policy(con: duckdb.DuckDBPyConnection) -> None:
     con.execute(RUN_STATS.format(more=", k_policy"))
 
 
-# Per run and draft position i = 1..k: how many rounds drafted a token there (`proposed`), how often a round reached
-# it (drafts 1..i-1 accepted, so d_i was judged) and how often d_i was then accepted. A round with k drafts and a
-# accepted proposed 1..k, reached 1..min(a+1, k) and accepted 1..a. Rounds are counted per (run, k, accepted) before
-# positions are spread out: a few rows per run, not one per round.
+# Per run and draft position i = 1..depth (a tree's level): how many rounds drafted a token there (`proposed`), how
+# often a round reached it (drafts 1..i-1 accepted, so a d_i was judged) and how often a d_i was then accepted. A round
+# of depth d with a accepted proposed 1..d, reached 1..a + rejected (a chain: min(a + 1, d); a tree reaches level
+# a + 1 only when its last accepted node had children) and accepted 1..a. Rounds are counted per (run, depth,
+# accepted, rejected) before positions are spread out: a few rows per run, not one per round.
 POSITION_STATS = """CREATE OR REPLACE VIEW position_stats AS
-    WITH outcomes AS (SELECT run_id, k AS round_k, accepted AS a, count(*) AS n FROM rounds WHERE k > 0 GROUP BY ALL),
+    WITH outcomes AS (SELECT run_id, {depth} AS depth, accepted AS a, rejected AS r, count(*) AS n FROM rounds
+                      WHERE k > 0 GROUP BY ALL),
     spread AS (
         SELECT r.run_id, r.sweep_id, r.target, r.draft, r.category, r.mode, r.k, r.k_policy, r.device, r.kernels,
                r.threads, p.position, sum(o.n)::BIGINT AS proposed,
-               coalesce(sum(o.n) FILTER (p.position <= o.a + 1), 0)::BIGINT AS reached,
+               coalesce(sum(o.n) FILTER (p.position <= o.a + o.r), 0)::BIGINT AS reached,
                coalesce(sum(o.n) FILTER (p.position <= o.a), 0)::BIGINT AS accepted
-        FROM outcomes o JOIN runs r USING (run_id) CROSS JOIN LATERAL range(1, o.round_k + 1) p(position)
+        FROM outcomes o JOIN runs r USING (run_id) CROSS JOIN LATERAL range(1, o.depth + 1) p(position)
         WHERE r.status = 'ok' GROUP BY ALL)
     SELECT *, reached - accepted AS rejected, alpha(accepted, reached - accepted) AS rate FROM spread"""
 
 
 def _create_position_stats(con: duckdb.DuckDBPyConnection) -> None:
-    con.execute(POSITION_STATS)
+    con.execute(POSITION_STATS.format(depth="k"))  # every round was a chain then
 
 
 def _create_trainings(con: duckdb.DuckDBPyConnection) -> None:
@@ -209,6 +211,20 @@ def _add_tree_columns(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("ALTER TABLE rounds ADD COLUMN accepted_path INTEGER[]")
 
 
+def _add_depth(con: duckdb.DuckDBPyConnection) -> None:
+    # How deep each round drafted, which `position_stats` spreads it over: k for a chain (every round before trees),
+    # the longest branch for a tree (`Round.depth`).
+    con.execute("ALTER TABLE rounds ADD COLUMN depth INTEGER")
+    con.execute("UPDATE rounds SET depth = k WHERE draft_parents IS NULL")
+    trees = con.execute("SELECT rowid, draft_parents FROM rounds WHERE draft_parents IS NOT NULL").fetchall()
+    for rowid, parents in trees:
+        levels: list[int] = []
+        for parent in parents:
+            levels.append(1 if parent < 0 else levels[parent] + 1)
+        con.execute("UPDATE rounds SET depth = ? WHERE rowid = ?", [max(levels, default=0), rowid])
+    con.execute(POSITION_STATS.format(depth="depth"))
+
+
 MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     _create_runs_and_rounds,
     _create_run_stats,
@@ -224,6 +240,7 @@ MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     _create_position_stats,
     _add_bench_k_policy,
     _add_tree_columns,
+    _add_depth,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
