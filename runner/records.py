@@ -93,7 +93,7 @@ class RunRecord:
     started_at: str  # ISO-8601, UTC
     target: str  # the target's model spec, as given
     draft: str  # drafter spec; 'none' for a plain-decoding baseline
-    draft_kind: str  # 'baseline' | 'model' | 'ngram' | 'ngram-tree' | 'layerskip' | 'eagle'
+    draft_kind: str  # 'baseline' | 'model' | 'ngram' | 'layerskip' | 'eagle' | a tree kind (`pair.TREE_KINDS`)
     category: str
     prompt_id: str
     prompt_text: str

@@ -33,6 +33,7 @@ class Scripted:
 
     calls = 0
     wants_hidden = ()
+    wants_top = 0
 
     def __init__(self, script: list[list[int]]) -> None:
         self.script = iter(script)
@@ -44,7 +45,7 @@ class Scripted:
     def propose(self, tokens: torch.Tensor, k: int) -> Draft:
         return Draft(tokens=torch.tensor(next(self.script)[:k]), q=None)
 
-    def accepted(self, n: int, hidden: torch.Tensor | None) -> None:
+    def accepted(self, n: int, hidden: torch.Tensor | None, top: torch.Tensor | None) -> None:
         self.told.append(n)
 
 
@@ -138,11 +139,12 @@ def test_after_every_round_the_caches_hold_exactly_the_committed_text(tiny):
 def test_drafters_that_ask_get_the_targets_hidden_states_of_the_kept_positions(tiny):
     class Listening(Scripted):
         wants_hidden = (2, -1)  # the input of layer 2 and the final normed output, side by side
+        wants_top = 0
 
         def prefill(self, tokens: torch.Tensor, hidden: torch.Tensor | None) -> None:
             self.prompt_hidden = hidden
 
-        def accepted(self, n: int, hidden: torch.Tensor | None) -> None:
+        def accepted(self, n: int, hidden: torch.Tensor | None, top: torch.Tensor | None) -> None:
             self.hidden = hidden
 
     g = greedy_without_cache(tiny.model, PROMPT, 4)

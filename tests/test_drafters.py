@@ -141,7 +141,7 @@ def test_a_model_drafter_proposes_its_own_greedy_text_and_keeps_its_cache_at_the
         assert proposed.tokens.tolist() == greedy_without_cache(draft, text, 4) and proposed.q is None
         assert drafter.calls == 4 and drafter.cache.get_seq_length() == len(text) + 3
         # the target kept 2 drafts and added its own token (60): the cache forgets the third and fourth draft
-        drafter.accepted(2, None)
+        drafter.accepted(2, None, None)
         assert drafter.cache.get_seq_length() == len(text) + 2
         text += proposed.tokens.tolist()[:2] + [60]
         again = drafter.propose(torch.tensor(text), 3)

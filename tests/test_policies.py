@@ -26,6 +26,7 @@ class Oracle:
 
     calls = 0
     wants_hidden = ()
+    wants_top = 0
 
     def __init__(self, truth: tuple[int, ...], prompt_length: int, correct: list[int | None]) -> None:
         self.truth, self.start, self.correct = truth, prompt_length, iter(correct)
@@ -43,7 +44,7 @@ class Oracle:
             drafts[right] = (drafts[right] + 1) % 1000  # the first wrong draft; the rest are thrown
         return Draft(tokens=torch.tensor(drafts, dtype=torch.long), q=None)
 
-    def accepted(self, n: int, hidden: torch.Tensor | None) -> None:
+    def accepted(self, n: int, hidden: torch.Tensor | None, top: torch.Tensor | None) -> None:
         pass
 
 

@@ -45,6 +45,7 @@ class Scripted:
 
     calls = 0
     wants_hidden = ()
+    wants_top = 0
 
     def __init__(self, truth: list[int], script: list[list[int | None]]) -> None:
         self.truth, self.script = truth, iter(script)
@@ -60,7 +61,7 @@ class Scripted:
         drafts = [copied if c is None else c for copied, c in zip(copy, plan, strict=True)]
         return Draft(tokens=torch.tensor(drafts, dtype=torch.long), q=None)
 
-    def accepted(self, n: int, hidden: torch.Tensor | None) -> None:
+    def accepted(self, n: int, hidden: torch.Tensor | None, top: torch.Tensor | None) -> None:
         self.told.append(n)
 
 
@@ -110,6 +111,7 @@ class RandomDrafts:
 
     calls = 0
     wants_hidden = ()
+    wants_top = 0
 
     def __init__(self, rounds: list[tuple[list[int], bool]], generator: torch.Generator) -> None:
         self.rounds, self.generator = iter(rounds), generator
@@ -124,7 +126,7 @@ class RandomDrafts:
         q = None if q is None else q / q.sum(-1, keepdim=True)
         return Draft(tokens=torch.tensor(drafts, dtype=torch.long), q=q)
 
-    def accepted(self, n: int, hidden: torch.Tensor | None) -> None:
+    def accepted(self, n: int, hidden: torch.Tensor | None, top: torch.Tensor | None) -> None:
         pass
 
 

@@ -75,6 +75,7 @@ class ScriptedTree:
 
     calls = 0
     wants_hidden = ()
+    wants_top = 0
 
     def __init__(self, g: list[int], vocab: int) -> None:
         self.g, self.vocab, self.told = g, vocab, []
@@ -90,7 +91,7 @@ class ScriptedTree:
         nodes, parents = [wrong[0], right[0], wrong[1], right[1], right[1]], [-1, -1, 1, 1, 0]
         return Draft(torch.tensor(nodes[:k + 3]), None, trees.as_parents(parents[:k + 3]))
 
-    def accepted(self, n: int, hidden: torch.Tensor | None) -> None:
+    def accepted(self, n: int, hidden: torch.Tensor | None, top: torch.Tensor | None) -> None:
         self.told.append(n)
 
 
@@ -157,7 +158,7 @@ def test_ngram_tree_merges_the_continuations_of_every_earlier_match_as_a_trie():
     capped.prefill(text, None)
     assert capped.propose(text, 2).tokens.tolist() == [6, 2, 3, 5]
     # one match only: a chain, as `ngram` would propose it
-    alone = NgramTreeDrafter(2)
+    alone = NgramTreeDrafter(2, nodes=16)
     alone.prefill(torch.tensor([4, 1, 2, 3, 1]), None)
     chain = alone.propose(torch.tensor([4, 1, 2, 3, 1]), 3)
     assert (chain.tokens.tolist(), chain.parents) == ([2, 3, 1], None)
@@ -207,6 +208,6 @@ def test_a_sliding_window_target_refuses_trees():
 
 def test_generate_with_ngram_tree_counts_one_lookup_a_round(tiny):
     prompt = list(range(100, 120)) * 3
-    run = generate(tiny, NgramTreeDrafter(3), prompt, 4, GREEDY, 24, torch.Generator())
+    run = generate(tiny, NgramTreeDrafter(3, nodes=16), prompt, 4, GREEDY, 24, torch.Generator())
     assert list(run.output_tokens) == greedy_without_cache(tiny.model, prompt, 24)
     assert run.draft_calls == len(run.rounds)

@@ -82,7 +82,7 @@ def _two_token_counts(target: Loaded, decoding: Decoding, n: int) -> tuple[torch
     counts, branching = torch.zeros(VOCAB, VOCAB), 0
     for seed in range(n):
         gen = torch.Generator().manual_seed(seed)
-        run = generate(target, NgramTreeDrafter(1), PROMPT, 2, decoding, 3, gen)
+        run = generate(target, NgramTreeDrafter(1, nodes=16), PROMPT, 2, decoding, 3, gen)
         counts[run.output_tokens[1], run.output_tokens[2]] += 1
         branching += run.rounds[0].draft_parents is not None
     return counts.view(-1), branching

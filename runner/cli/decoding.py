@@ -48,8 +48,9 @@ from runner.sweep.run import run_sweep
 def generate(
     prompt: Annotated[str, typer.Option(help="the user message")],
     target: Target = models.DEFAULT_MODEL,
-    draft: Annotated[str, typer.Option(help="ngram[:n[:match]], ngram-tree[:n], layerskip:<L>, model:<spec>, "
-                                            "eagle:<head>")] = "ngram",
+    draft: Annotated[str, typer.Option(help="ngram[:n[:match]], layerskip:<L>, model:<spec>, "
+                                            "eagle:<head>, or a tree: ngram-tree[:n], eagle-tree:<head>, "
+                                            "hybrid:<head>, recycling (each [:nodes=N])")] = "ngram",
     k: Annotated[int, typer.Option(help="drafts per round (where a policy starts; a tree's depth)")] = 4,
     k_policy: Annotated[str, typer.Option(help=POLICY_HELP)] = FIXED.text,
     mode: Mode = "greedy",

@@ -210,7 +210,8 @@ def speculative_round(
     #    path (for a chain, its first rows: a crop).
     rows = [0, *(j + 1 for j in verdict.path)]
     trees.keep(target.cache, committed - 1, rows[: len(emitted)])
-    drafter.accepted(accepted, hidden[rows] if hidden is not None else None)
+    top = logits.topk(drafter.wants_top, dim=-1).indices if drafter.wants_top else None
+    drafter.accepted(accepted, hidden[rows] if hidden is not None else None, top)
     assert target.length == text.length - 1 == committed + len(emitted) - 1
     return Timed(Round(
         k=k, accepted=accepted, rejected=verdict.rejected, thrown=k - accepted - verdict.rejected,

@@ -50,6 +50,9 @@ class Drafter(Protocol):
     # Indices into the target's hidden_states (0: embeddings, i: input of layer i, -1: the final normed output)
     # whose rows the drafter gets at the committed positions, side by side; () asks for nothing and costs nothing.
     wants_hidden: tuple[int, ...]
+    # How many of the target's likeliest tokens at every verify row the drafter reads (token recycling); 0 asks for
+    # none and costs nothing.
+    wants_top: int
 
     def prefill(self, tokens: Tensor, hidden: Tensor | None) -> None:
         """Start a new sequence: the prompt and the prefill's first new token (1-D ids); when asked for, `hidden`
@@ -58,9 +61,11 @@ class Drafter(Protocol):
     def propose(self, tokens: Tensor, k: int) -> Draft:
         """Up to k tokens to follow `tokens`, all committed text so far (1-D ids)."""
 
-    def accepted(self, n: int, hidden: Tensor | None) -> None:
+    def accepted(self, n: int, hidden: Tensor | None, top: Tensor | None) -> None:
         """The target kept the first n drafts (then added its own token); `hidden` is (n+1, L·H) when asked for.
-        After a tree, n is the accepted path's length and `hidden` the rows of the root and that path."""
+        After a tree, n is the accepted path's length and `hidden` the rows of the root and that path. `top`, when
+        asked for, is (T, wants_top): the target's likeliest tokens at every verify row (the root, then each draft
+        in order), whether kept or not."""
 
 
 def new_cache(model: PreTrainedModel) -> DynamicCache:
@@ -85,6 +90,7 @@ class NoDraft:
 
     calls = 0
     wants_hidden = ()
+    wants_top = 0
 
     def prefill(self, tokens: Tensor, hidden: Tensor | None) -> None:
         pass
@@ -92,7 +98,7 @@ class NoDraft:
     def propose(self, tokens: Tensor, k: int) -> Draft:
         return Draft(tokens=tokens[:0], q=None)
 
-    def accepted(self, n: int, hidden: Tensor | None) -> None:
+    def accepted(self, n: int, hidden: Tensor | None, top: Tensor | None) -> None:
         pass
 
 
@@ -106,6 +112,7 @@ class ModelDrafter:
     """
 
     wants_hidden = ()
+    wants_top = 0
 
     def __init__(self, model: PreTrainedModel, decoding: Decoding, generator: torch.Generator, vocab: int,
                  stop_below: float | None = None) -> None:
@@ -153,7 +160,7 @@ class ModelDrafter:
                 break
         return Draft(tokens=torch.cat(drafted), q=torch.stack(qs) if qs else None)
 
-    def accepted(self, n: int, hidden: Tensor | None) -> None:
+    def accepted(self, n: int, hidden: Tensor | None, top: Tensor | None) -> None:
         # The cache holds the committed text + d1..d(k-1); keep only what the target kept.
         crop_to(self.cache, min(self.cache.get_seq_length(), self.committed + n))
 
@@ -171,6 +178,7 @@ class NgramDrafter:
     """
 
     wants_hidden = ()
+    wants_top = 0
     CANDIDATES = 16  # occurrences `longest` compares: bounded, so a lookup costs the same however long the text
     LOOKBACK = 64  # tokens of agreement `longest` counts before calling two occurrences equal
 
@@ -229,7 +237,7 @@ class NgramDrafter:
                 return Draft(tokens=tokens[start : start + k], q=None)
         return Draft(tokens=tokens[:0], q=None)
 
-    def accepted(self, n: int, hidden: Tensor | None) -> None:
+    def accepted(self, n: int, hidden: Tensor | None, top: Tensor | None) -> None:
         pass  # the committed text arrives with the next proposal
 
 

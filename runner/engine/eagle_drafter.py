@@ -46,6 +46,8 @@ class EagleDrafter:
     """Drafts with an `EagleHead`; sampling draws from q over the target's full vocabulary, zero outside the
     draft vocabulary, so speculative sampling stays exact."""
 
+    wants_top = 0
+
     def __init__(self, head: EagleHead, decoding: Decoding, generator: torch.Generator,
                  stop_below: float | None = None) -> None:
         self.head = head
@@ -64,7 +66,7 @@ class EagleDrafter:
     def prefill(self, tokens: Tensor, hidden: Tensor | None) -> None:
         self.cache, self.settled, self.features = KVBuffer(), 0, hidden
 
-    def accepted(self, n: int, hidden: Tensor | None) -> None:
+    def accepted(self, n: int, hidden: Tensor | None, top: Tensor | None) -> None:
         # Read on the next proposal, so that its cost counts as drafting time.
         self.features = hidden
 

@@ -13,7 +13,6 @@ from runner.engine.drafters import Draft, NgramDrafter
 from runner.engine.sampling import host
 from runner.engine.trees import ROOT, as_parents
 
-DEFAULT_NODES = 16  # a verify pass of 17 rows costs ~1.6x a one-token pass on this CPU (DESIGN §13)
 
 
 class NgramTreeDrafter(NgramDrafter):
@@ -24,7 +23,7 @@ class NgramTreeDrafter(NgramDrafter):
     same however long the text. A trie that is a single branch is proposed as a chain.
     """
 
-    def __init__(self, n: int, nodes: int = DEFAULT_NODES) -> None:
+    def __init__(self, n: int, nodes: int) -> None:
         super().__init__(n, match="longest")
         if nodes < 1:
             raise ValueError(f"a tree needs at least one node, got {nodes}")
@@ -38,8 +37,11 @@ class NgramTreeDrafter(NgramDrafter):
                 branches.append(self.seen[start : start + k])
         return branches
 
-    def _trie(self, k: int) -> tuple[list[int], list[int]]:
-        """The nodes' tokens and parents, in the order they were added (a parent before its children)."""
+    def trie(self, committed: Tensor, k: int) -> tuple[list[int], list[int]]:
+        """The trie after the `committed` tokens: its nodes' tokens and parents, in the order they were added (a parent
+        before its children)."""
+        self._extend(host(committed[len(self.seen) :]))  # the text committed since
+        self.calls += 1
         tokens: list[int] = []
         parents: list[int] = []
         child: dict[tuple[int, int], int] = {}  # (parent, token) -> node
@@ -56,8 +58,6 @@ class NgramTreeDrafter(NgramDrafter):
         return tokens, parents
 
     def propose(self, tokens: Tensor, k: int) -> Draft:
-        self._extend(host(tokens[len(self.seen) :]))  # the text committed since
-        self.calls += 1
-        drafts, parents = self._trie(k) if k > 0 else ([], [])
+        drafts, parents = self.trie(tokens, k)
         ids = torch.tensor(drafts, dtype=tokens.dtype, device=tokens.device)
         return Draft(tokens=ids, q=None, parents=as_parents(parents))

@@ -20,13 +20,20 @@ from runner.engine.drafters import (
     new_cache,
 )
 from runner.engine.eagle_drafter import EagleDrafter
+from runner.engine.eagle_tree import EagleTreeDrafter
+from runner.engine.hybrid import HybridDrafter
 from runner.engine.ngram_tree import NgramTreeDrafter
+from runner.engine.recycling import RecyclingDrafter
 from runner.engine.policies import FIXED, PolicySpec, VerifyCosts
 from runner.engine.sampling import Decoding
 from runner.engine.trees import check_cache
 from runner.records import Generation
 
 DEFAULT_NGRAM = 3  # longest n-gram prompt lookup tries before falling back to shorter ones
+DEFAULT_NODES = 15  # a tree's nodes per round: 16 verify rows, the widest the skinny kernels cover (~1.6x one row)
+MAX_NODES = 63  # verify passes of up to 64 rows: the root and 63 nodes
+TREE_KINDS = ("ngram-tree", "eagle-tree", "hybrid", "recycling")
+HEAD_KINDS = ("eagle", "eagle-tree", "hybrid")  # drafts made by a draft head
 WARMUP_TOKENS = 8  # plain decoding's warm-up
 
 
@@ -35,10 +42,14 @@ class DraftSpec:
     """A parsed `--draft` value."""
 
     text: str  # as the user wrote it, e.g. 'layerskip:24'
-    kind: str  # 'baseline' | 'ngram' | 'ngram-tree' | 'layerskip' | 'model' | 'eagle'
-    # n for ngram and ngram-tree, L for layerskip, the model spec for model, the head's directory or repo id for eagle
+    # 'baseline' | 'ngram' | 'layerskip' | 'model' | 'eagle', or a tree: 'ngram-tree' | 'eagle-tree' | 'hybrid' |
+    # 'recycling'
+    kind: str
+    # n for ngram and ngram-tree, L for layerskip, the model spec for model, the head's directory or repo id for
+    # eagle, eagle-tree and hybrid; None for recycling
     arg: str | None
     match: str | None = None  # ngram: which earlier occurrence it copies from (`NGRAM_MATCHES`)
+    nodes: int | None = None  # a tree: its nodes per round
 
     @property
     def baseline(self) -> bool:
@@ -49,28 +60,47 @@ PLAIN = DraftSpec("none", "baseline", None)  # the baseline: plain decoding, no 
 
 
 def parse_draft(text: str) -> DraftSpec:
-    """`none`, `ngram[:<n>[:<match>]]`, `ngram-tree[:<n>]`, `layerskip:<L>`, `model:<spec>` or `eagle:<head>`;
-    ValueError otherwise."""
-    kind, _, arg = text.partition(":")
+    """`none`, `ngram[:<n>[:<match>]]`, `layerskip:<L>`, `model:<spec>`, `eagle:<head>`, or a tree, each taking
+    `:nodes=<N>`: `ngram-tree[:<n>]`, `eagle-tree:<head>`, `hybrid:<head>`, `recycling`; ValueError otherwise."""
     if text == PLAIN.text:
         return PLAIN
+    base, nodes = _nodes(text)
+    kind, _, arg = base.partition(":")
     n, _, match = arg.partition(":")
+    if nodes is not None and kind not in TREE_KINDS:
+        raise ValueError(f'"{text}": only a tree ({", ".join(TREE_KINDS)}) takes :nodes=<N>')
     if kind == "ngram" and (not arg or n.isdigit() and int(n) >= 1 and (not match or match in NGRAM_MATCHES)):
         return DraftSpec(text, "ngram", n or str(DEFAULT_NGRAM), match or DEFAULT_MATCH)
     if kind == "ngram-tree" and (not arg or arg.isdigit() and int(arg) >= 1):
-        return DraftSpec(text, "ngram-tree", arg or str(DEFAULT_NGRAM))
+        return DraftSpec(text, "ngram-tree", arg or str(DEFAULT_NGRAM), nodes=nodes or DEFAULT_NODES)
+    if kind == "recycling" and not arg:
+        return DraftSpec(text, "recycling", None, nodes=nodes or DEFAULT_NODES)
+    if kind in ("eagle-tree", "hybrid") and arg:
+        return DraftSpec(text, kind, arg, nodes=nodes or DEFAULT_NODES)
     if kind == "layerskip" and arg.isdigit() and int(arg) >= 1:
         return DraftSpec(text, "layerskip", arg)
     if kind in ("model", "eagle") and arg:
         return DraftSpec(text, kind, arg)
     raise ValueError(f'unknown draft "{text}"; use ngram, ngram:<n>, ngram:<n>:<match> (match: '
-                     f'{", ".join(NGRAM_MATCHES)}), ngram-tree, ngram-tree:<n>, layerskip:<L>, model:<spec> or '
-                     'eagle:<head>')
+                     f'{", ".join(NGRAM_MATCHES)}), layerskip:<L>, model:<spec>, eagle:<head>, or a tree: '
+                     'ngram-tree[:<n>], eagle-tree:<head>, hybrid:<head> or recycling, each with an optional '
+                     ':nodes=<N>')
+
+
+def _nodes(text: str) -> tuple[str, int | None]:
+    """A draft's text without its `:nodes=<N>` suffix, and N (None when absent). ValueError for a bad N."""
+    base, _, last = text.rpartition(":")
+    if not last.startswith("nodes="):
+        return text, None
+    n = last.removeprefix("nodes=")
+    if not (n.isdigit() and 1 <= int(n) <= MAX_NODES):
+        raise ValueError(f'"{text}": nodes must be a whole number from 1 to {MAX_NODES}, got "{n}"')
+    return base, int(n)
 
 
 def check_drafts(target: str, drafts: list[DraftSpec], trust_remote_code: bool = False) -> None:
     """Refuse an unusable draft head (missing or corrupt files, a head for another target) before any model loads."""
-    heads = [spec for spec in drafts if spec.kind == "eagle"]
+    heads = [spec for spec in drafts if spec.kind in HEAD_KINDS]
     if heads:
         config = models.load_config(target, trust_remote_code)
         for spec in heads:
@@ -105,7 +135,7 @@ class Pair:
                 _check_embeds(loaded, target)
                 self.draft_models[spec.text] = loaded.model
                 separate.append(loaded.model)
-            elif spec.kind == "eagle":
+            elif spec.kind in HEAD_KINDS:
                 checked = head_files.check(spec.arg, target.model.config)
                 self.draft_models[spec.text] = head_files.load(
                     checked, target.model.get_input_embeddings(), target.device, target.dtype)
@@ -126,9 +156,16 @@ class Pair:
             raise ValueError(policy.refusal(spec.text))
         if spec.kind == "ngram":
             return NgramDrafter(int(spec.arg), spec.match)
-        if spec.kind == "ngram-tree":
+        if spec.kind in TREE_KINDS:
             check_cache(new_cache(self.target.model))  # refuse a sliding-window target before it runs
-            return NgramTreeDrafter(int(spec.arg))
+        if spec.kind == "ngram-tree":
+            return NgramTreeDrafter(int(spec.arg), spec.nodes)
+        if spec.kind == "recycling":
+            return RecyclingDrafter(spec.nodes)
+        if spec.kind == "eagle-tree":
+            return EagleTreeDrafter(self.draft_models[spec.text], decoding, generator, spec.nodes)
+        if spec.kind == "hybrid":
+            return HybridDrafter(self.draft_models[spec.text], decoding, generator, DEFAULT_NGRAM, spec.nodes)
         if spec.kind == "eagle":
             return EagleDrafter(self.draft_models[spec.text], decoding, generator, stop_below=policy.threshold)
         return ModelDrafter(self.draft_models[spec.text], decoding, generator, self.target.vocab_size,

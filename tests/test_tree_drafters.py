@@ -1,0 +1,134 @@
+"""The tree drafters beyond prompt lookup: `eagle-tree` (EAGLE-2's dynamic tree from a head), `recycling` (token
+recycling) and `hybrid` (both trees in one). Their trees worked by hand where they are rules, against the head run
+as a chain where they are a head's, and greedy output equal to plain decoding on SmolLM2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from runner.engine import head_files
+from runner.engine.decode import Target, generate
+from runner.engine.drafters import NoDraft
+from runner.engine.eagle_drafter import EagleDrafter
+from runner.engine.eagle_tree import EagleTreeDrafter
+from runner.engine.hybrid import merge
+from runner.engine.models import encode_chat
+from runner.engine.pair import Pair, parse_draft
+from runner.engine.recycling import RecyclingDrafter, rank_tree
+from runner.engine.sampling import Decoding
+from runner.engine.trees import depths
+
+GREEDY = Decoding("greedy", 0.0, 1.0)
+HEAD = Path(__file__).resolve().parent.parent / "heads" / "smollm2-135m"
+
+
+def test_the_rank_tree_keeps_the_likeliest_rank_paths_under_the_prior():
+    # -log2 of the prior: (0,) 1; (0, 0) and (1,) 2; (0, 0, 0), (0, 1), (1, 0), (2,) 3: six fit, (2,) is the 7th
+    assert rank_tree(6, 3, 8) == ((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0))
+    assert rank_tree(3, 1, 8) == ((0,), (1,), (2,))  # one level deep: the three best first candidates
+    assert rank_tree(5, 2, 2) == ((0,), (1,), (0, 0), (0, 1), (1, 0))  # two candidates a token: (2,) never exists
+
+
+def test_recycling_expands_the_table_and_refills_it_from_every_verify_row():
+    drafter = RecyclingDrafter(nodes=6, width=2)
+    drafter.prefill(torch.tensor([1, 5]), None)
+    assert drafter.propose(torch.tensor([1, 5]), 3).tokens.tolist() == []  # an empty table: nothing to draft
+    drafter.table = {5: [7, 8], 7: [9, 5], 9: [4, 4]}
+    draft = drafter.propose(torch.tensor([1, 5]), 3)
+    # rank_tree(6, 3, 2): (0,) 7, (1,) 8, (0, 0) 9, (0, 1) 5, (1, 0) left out (8 has no row), (0, 0, 0) 4
+    assert draft.tokens.tolist() == [7, 8, 9, 5, 4]
+    assert draft.parents == (-1, -1, 0, 0, 2)
+    # the target's top-2 at each verify row (root 5, then each node): every fed token's row is replaced
+    top = torch.tensor([[7, 3], [9, 1], [2, 6], [4, 0], [7, 8], [1, 2]])
+    drafter.accepted(1, None, top)
+    assert drafter.table == {5: [7, 8], 7: [9, 1], 8: [2, 6], 9: [4, 0], 4: [1, 2]}
+
+
+def test_merging_two_trees_shares_the_nodes_of_common_branches():
+    lookup = ([3, 4, 6], [-1, 0, -1])  # 3-4, 6
+    head = ([3, 6, 5, 4, 9], [-1, -1, 0, 0, 3])  # 3-5, 3-4-9, 6
+    # 3, 4 (under 3) and 6 are the lookup's; 5 joins under 3, 9 under the lookup's 4
+    assert merge(lookup, head) == ([3, 4, 6, 5, 9], [-1, 0, -1, 0, 1])
+
+
+@pytest.fixture(scope="module")
+def head(smollm2):
+    return head_files.load(head_files.check(str(HEAD), smollm2.model.config), smollm2.model.get_input_embeddings(),
+                           smollm2.device, smollm2.dtype)
+
+
+def _ready(drafter, smollm2, text: str) -> torch.Tensor:
+    """The drafter after a prefill of `text` and its first new token, as the decode loop leaves it."""
+    prompt = torch.tensor(encode_chat(smollm2, text))
+    with torch.inference_mode():
+        logits, features = Target(smollm2).prefill(prompt, drafter.wants_hidden)
+    tokens = torch.cat([prompt, logits.argmax().view(1)])
+    drafter.prefill(tokens, features)
+    return tokens
+
+
+def test_a_one_wide_eagle_tree_is_the_heads_chain(smollm2, head):
+    text = "Explain why the sky is blue in two sentences."
+    chain = EagleDrafter(head, GREEDY, torch.Generator())
+    tree = EagleTreeDrafter(head, GREEDY, torch.Generator(), nodes=5, width=1)
+    with torch.inference_mode():
+        expected = chain.propose(_ready(chain, smollm2, text), 5)
+        got = tree.propose(_ready(tree, smollm2, text), 5)
+    assert got.parents is None and got.tokens.tolist() == expected.tokens.tolist()
+
+
+def test_each_eagle_tree_node_is_among_the_heads_best_after_its_own_branch(smollm2, head):
+    tree = EagleTreeDrafter(head, GREEDY, torch.Generator(), nodes=12, width=3)
+    with torch.inference_mode():
+        tokens = _ready(tree, smollm2, "List three uses of copper and say why.")
+        draft = tree.propose(tokens, 4)
+        nodes, parents = draft.tokens.tolist(), draft.parents
+        assert len(nodes) == 12 and max(depths(parents)) <= 4
+        for j, parent in enumerate(parents):
+            branch = []
+            while parent != -1:
+                branch.insert(0, nodes[parent])
+                parent = parents[parent]
+            chain = EagleDrafter(head, GREEDY, torch.Generator())  # the head fed this branch alone, as a chain
+            chain._catch_up(_ready(chain, smollm2, "List three uses of copper and say why."))
+            for i, token in enumerate(branch):
+                chain._forward(chain.hidden, torch.tensor([[token]]), chain.settled + i)
+            best = chain.draft_ids[chain.next_logits.topk(3).indices].tolist()
+            assert nodes[j] in best, (j, branch)
+        assert len({(p, t) for p, t in zip(parents, nodes)}) == len(nodes)  # siblings differ
+
+
+@pytest.mark.parametrize("draft", [f"eagle-tree:{HEAD}", f"hybrid:{HEAD}", "recycling", f"eagle-tree:{HEAD}:nodes=5"])
+def test_greedy_tree_drafters_equal_plain_greedy_on_smollm2(smollm2, draft):
+    spec = parse_draft(draft)
+    pair = Pair(smollm2, [spec])
+    prompt = encode_chat(smollm2, "Summarise: the river rose, the town moved uphill, and the river fell again.")
+    expected = generate(smollm2, NoDraft(), prompt, 0, GREEDY, 32, torch.Generator()).output_tokens
+    for k in (2, 4):
+        run = pair.run(spec, prompt, k, GREEDY, 32, seed=0)
+        assert run.output_tokens == expected, k
+        assert all(r.accepted + r.rejected + r.thrown == r.k <= spec.nodes and r.depth <= k for r in run.rounds)
+    assert any(r.draft_parents is not None for r in run.rounds)  # real trees were drafted
+
+
+def test_sampled_tree_drafters_keep_the_counts_and_nodes_per_round(smollm2):
+    spec = parse_draft(f"hybrid:{HEAD}:nodes=6")
+    run = Pair(smollm2, [spec]).run(spec, encode_chat(smollm2, "Name a colour."), 3, Decoding("sample", 0.7, 1.0),
+                                    16, seed=1)
+    assert len(run.output_tokens) == 16 or run.stop_reason == "eos"
+    assert all(r.accepted + r.rejected + r.thrown == r.k <= 6 for r in run.rounds)
+
+
+def test_tree_drafts_are_parsed_with_their_node_counts():
+    specs = [parse_draft(t) for t in ("recycling", "recycling:nodes=8", "ngram-tree:2:nodes=4", "eagle-tree:h",
+                                      "hybrid:some/dir:nodes=32")]
+    assert [(s.kind, s.arg, s.nodes) for s in specs] == [
+        ("recycling", None, 15), ("recycling", None, 8), ("ngram-tree", "2", 4), ("eagle-tree", "h", 15),
+        ("hybrid", "some/dir", 32)]
+    with pytest.raises(ValueError, match="nodes must be a whole number from 1 to 63"):
+        parse_draft("recycling:nodes=0")
+    with pytest.raises(ValueError, match="only a tree"):
+        parse_draft("ngram:3:nodes=4")
