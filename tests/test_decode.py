@@ -39,7 +39,7 @@ class Scripted:
         self.script = iter(script)
         self.told: list[int] = []
 
-    def prefill(self, tokens: torch.Tensor, hidden: torch.Tensor | None) -> None:
+    def prefill(self, tokens: torch.Tensor, hidden: torch.Tensor | None, top: torch.Tensor | None) -> None:
         pass
 
     def propose(self, tokens: torch.Tensor, k: int) -> Draft:
@@ -122,10 +122,10 @@ def test_after_every_round_the_caches_hold_exactly_the_committed_text(tiny):
     drafter = self_draft(tiny)
     target, text = Target(tiny), Sequence(PROMPT, len(PROMPT) + 40, tiny.device)
     with torch.inference_mode():
-        logits, _ = target.prefill(text.tokens)
+        logits, _, _ = target.prefill(text.tokens)
         first = logits.argmax().view(1)
         text.append(first.tolist(), first)
-        drafter.prefill(text.tokens, None)
+        drafter.prefill(text.tokens, None, None)
         assert target.length == len(PROMPT) == text.length - 1
         for _ in range(6):
             clock = Clock(tiny.device)
@@ -141,7 +141,7 @@ def test_drafters_that_ask_get_the_targets_hidden_states_of_the_kept_positions(t
         wants_hidden = (2, -1)  # the input of layer 2 and the final normed output, side by side
         wants_top = 0
 
-        def prefill(self, tokens: torch.Tensor, hidden: torch.Tensor | None) -> None:
+        def prefill(self, tokens: torch.Tensor, hidden: torch.Tensor | None, top: torch.Tensor | None) -> None:
             self.prompt_hidden = hidden
 
         def accepted(self, n: int, hidden: torch.Tensor | None, top: torch.Tensor | None) -> None:

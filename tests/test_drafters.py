@@ -21,7 +21,7 @@ GREEDY = Decoding("greedy", 0.0, 1.0)
 
 def lookup(n: int, text: list[int], k: int) -> list[int]:
     drafter = NgramDrafter(n)
-    drafter.prefill(torch.tensor(text), None)
+    drafter.prefill(torch.tensor(text), None, None)
     draft = drafter.propose(torch.tensor(text), k)
     assert draft.q is None and draft.tokens.dtype == torch.long
     return draft.tokens.tolist()
@@ -53,7 +53,7 @@ def test_prompt_lookup_proposes_what_followed_the_latest_longest_match(n, text, 
 
 def test_prompt_lookup_reads_new_text_as_it_is_committed():
     drafter = NgramDrafter(2)
-    drafter.prefill(torch.tensor([5, 6, 7, 1]), None)
+    drafter.prefill(torch.tensor([5, 6, 7, 1]), None, None)
     assert drafter.propose(torch.tensor([5, 6, 7, 1]), 3).tokens.tolist() == []
     # two more committed tokens: the text ends with (5, 6) again, followed before by 7, 1
     assert drafter.propose(torch.tensor([5, 6, 7, 1, 5, 6]), 3).tokens.tolist() == [7, 1, 5]
@@ -97,7 +97,7 @@ def test_layer_skip_leaves_the_target_as_it_was_and_shares_its_weights(target):
         before = target(input_ids=TEXT[None]).logits.clone()
         draft = layer_skip(target, 2)
         drafter = ModelDrafter(draft, GREEDY, None, VOCAB)
-        drafter.prefill(TEXT, None)
+        drafter.prefill(TEXT, None, None)
         drafter.propose(TEXT, 4)
         assert torch.equal(target(input_ids=TEXT[None]).logits, before)
     assert target.config.num_hidden_layers == 4 and len(target.model.layers) == 4
@@ -135,7 +135,7 @@ def test_a_model_drafter_proposes_its_own_greedy_text_and_keeps_its_cache_at_the
     drafter = ModelDrafter(draft, GREEDY, None, VOCAB)
     text = TEXT.tolist()
     with torch.inference_mode():
-        drafter.prefill(TEXT, None)
+        drafter.prefill(TEXT, None, None)
         assert drafter.cache.get_seq_length() == len(text) - 1  # the newest token is fed with the first proposal
         proposed = drafter.propose(TEXT, 4)
         assert proposed.tokens.tolist() == greedy_without_cache(draft, text, 4) and proposed.q is None
@@ -153,7 +153,7 @@ def test_a_sampling_model_drafter_returns_the_probabilities_it_drew_from(target)
     draft = layer_skip(target, 3)
     drafter = ModelDrafter(draft, decoding, torch.Generator().manual_seed(3), VOCAB)
     with torch.inference_mode():
-        drafter.prefill(TEXT, None)
+        drafter.prefill(TEXT, None, None)
         proposed = drafter.propose(TEXT, 3)
         assert proposed.q.shape == (3, 64)
         for i in range(3):
@@ -171,7 +171,7 @@ def test_a_model_drafter_fed_a_one_token_prompt_caches_that_token():
     draft = tiny_llama(64, seed=6)
     drafter = ModelDrafter(draft, GREEDY, None, VOCAB)
     with torch.inference_mode():
-        drafter.prefill(torch.tensor([9, 4]), None)  # a one-token prompt and the prefill's token
+        drafter.prefill(torch.tensor([9, 4]), None, None)  # a one-token prompt and the prefill's token
         assert drafter.cache.get_seq_length() == 1
         assert drafter.propose(torch.tensor([9, 4]), 2).tokens.tolist() == greedy_without_cache(draft, [9, 4], 2)
 

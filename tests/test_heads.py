@@ -185,7 +185,7 @@ def test_the_training_time_test_computes_what_the_drafter_drafts(tiny, published
     features = torch.cat([hidden[i][0] for i in head.layers], dim=-1)  # (P, 3H): every prompt position
     drafter = EagleDrafter(head, Decoding("sample", 1.0, 1.0), torch.Generator().manual_seed(0))
     tokens = torch.tensor(prompt + [7])  # + the prefill's token
-    drafter.prefill(tokens, features)
+    drafter.prefill(tokens, features, None)
     with torch.inference_mode():
         draft = drafter.propose(tokens, 3)
         text = torch.cat([tokens, draft.tokens])

@@ -18,7 +18,7 @@ TEXT = [1, 2, 3, 9, 4, 1, 2, 3, 8, 5, 2, 3, 7, 6, 4, 1, 2, 3]
 def proposed(text: list[int], n: int, match: str, k: int = 3) -> list[int]:
     drafter = NgramDrafter(n, match)
     tokens = torch.tensor(text)
-    drafter.prefill(tokens, None)
+    drafter.prefill(tokens, None, None)
     return drafter.propose(tokens, k).tokens.tolist()
 
 

@@ -32,7 +32,7 @@ class Oracle:
         self.truth, self.start, self.correct = truth, prompt_length, iter(correct)
         self.asked: list[int] = []
 
-    def prefill(self, tokens: torch.Tensor, hidden: torch.Tensor | None) -> None:
+    def prefill(self, tokens: torch.Tensor, hidden: torch.Tensor | None, top: torch.Tensor | None) -> None:
         pass
 
     def propose(self, tokens: torch.Tensor, k: int) -> Draft:

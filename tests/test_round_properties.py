@@ -51,7 +51,7 @@ class Scripted:
         self.truth, self.script = truth, iter(script)
         self.told: list[int] = []
 
-    def prefill(self, tokens: torch.Tensor, hidden: torch.Tensor | None) -> None:
+    def prefill(self, tokens: torch.Tensor, hidden: torch.Tensor | None, top: torch.Tensor | None) -> None:
         self.start = tokens.numel() - 1  # where the output begins
 
     def propose(self, tokens: torch.Tensor, k: int) -> Draft:
@@ -116,7 +116,7 @@ class RandomDrafts:
     def __init__(self, rounds: list[tuple[list[int], bool]], generator: torch.Generator) -> None:
         self.rounds, self.generator = iter(rounds), generator
 
-    def prefill(self, tokens: torch.Tensor, hidden: torch.Tensor | None) -> None:
+    def prefill(self, tokens: torch.Tensor, hidden: torch.Tensor | None, top: torch.Tensor | None) -> None:
         pass
 
     def propose(self, tokens: torch.Tensor, k: int) -> Draft:

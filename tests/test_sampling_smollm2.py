@@ -73,7 +73,7 @@ def first_tokens(smollm2, pair: Pair, draft: str, prefix: list[int]) -> tuple[li
             generator = torch.Generator().manual_seed(seed)
             drafter = pair.drafter(spec, DECODING, generator)
             text = Sequence(prefix, len(prefix) + K + 1, smollm2.device)
-            drafter.prefill(text.tokens, None)
+            drafter.prefill(text.tokens, None, None)
             r = speculative_round(target, drafter, text, K, DECODING, generator, clock, K + 1, frozenset()).read(clock)
             firsts.append(int(text.tokens[len(prefix)]))
             outcomes.append((r.accepted, r.k))

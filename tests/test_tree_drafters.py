@@ -34,9 +34,11 @@ def test_the_rank_tree_keeps_the_likeliest_rank_paths_under_the_prior():
 
 def test_recycling_expands_the_table_and_refills_it_from_every_verify_row():
     drafter = RecyclingDrafter(nodes=6, width=2)
-    drafter.prefill(torch.tensor([1, 5]), None)
-    assert drafter.propose(torch.tensor([1, 5]), 3).tokens.tolist() == []  # an empty table: nothing to draft
-    drafter.table = {5: [7, 8], 7: [9, 5], 9: [4, 4]}
+    # the prompt [1] and the prefill's token 5: the prefill ranked the tokens after 1, none after 5 yet
+    drafter.prefill(torch.tensor([1, 5]), None, torch.tensor([[5, 9]]))
+    assert drafter.table == {1: [5, 9]}
+    assert drafter.propose(torch.tensor([1, 5]), 3).tokens.tolist() == []
+    drafter.table |= {5: [7, 8], 7: [9, 5], 9: [4, 4]}
     draft = drafter.propose(torch.tensor([1, 5]), 3)
     # rank_tree(6, 3, 2): (0,) 7, (1,) 8, (0, 0) 9, (0, 1) 5, (1, 0) left out (8 has no row), (0, 0, 0) 4
     assert draft.tokens.tolist() == [7, 8, 9, 5, 4]
@@ -44,7 +46,7 @@ def test_recycling_expands_the_table_and_refills_it_from_every_verify_row():
     # the target's top-2 at each verify row (root 5, then each node): every fed token's row is replaced
     top = torch.tensor([[7, 3], [9, 1], [2, 6], [4, 0], [7, 8], [1, 2]])
     drafter.accepted(1, None, top)
-    assert drafter.table == {5: [7, 8], 7: [9, 1], 8: [2, 6], 9: [4, 0], 4: [1, 2]}
+    assert drafter.table == {1: [5, 9], 5: [7, 8], 7: [9, 1], 8: [2, 6], 9: [4, 0], 4: [1, 2]}
 
 
 def test_merging_two_trees_shares_the_nodes_of_common_branches():
@@ -60,13 +62,14 @@ def head(smollm2):
                            smollm2.device, smollm2.dtype)
 
 
-def _ready(drafter, smollm2, text: str) -> torch.Tensor:
-    """The drafter after a prefill of `text` and its first new token, as the decode loop leaves it."""
-    prompt = torch.tensor(encode_chat(smollm2, text))
+def _ready(drafter, smollm2, text: str, chat: bool = True) -> torch.Tensor:
+    """The drafter after a prefill of `text` (as a chat, or as plain text) and its first new token, as the decode
+    loop leaves it."""
+    prompt = torch.tensor(encode_chat(smollm2, text) if chat else smollm2.tokenizer.encode(text))
     with torch.inference_mode():
-        logits, features = Target(smollm2).prefill(prompt, drafter.wants_hidden)
+        logits, features, top = Target(smollm2).prefill(prompt, drafter.wants_hidden, drafter.wants_top)
     tokens = torch.cat([prompt, logits.argmax().view(1)])
-    drafter.prefill(tokens, features)
+    drafter.prefill(tokens, features, top)
     return tokens
 
 
@@ -132,3 +135,23 @@ def test_tree_drafts_are_parsed_with_their_node_counts():
         parse_draft("recycling:nodes=0")
     with pytest.raises(ValueError, match="only a tree"):
         parse_draft("ngram:3:nodes=4")
+
+
+def test_hybrid_drafts_with_prompt_lookup_alone_after_a_full_match_and_merges_otherwise(smollm2, head):
+    from runner.engine.hybrid import HybridDrafter
+    from runner.engine.ngram_tree import NgramTreeDrafter
+
+    text = "Repeat after me: the quick brown fox, the quick brown fox, the quick brown"
+    hybrid, lookup = HybridDrafter(head, GREEDY, torch.Generator(), n=3, nodes=8), NgramTreeDrafter(3, nodes=8)
+    with torch.inference_mode():
+        tokens = _ready(hybrid, smollm2, text, chat=False)  # ... and the target goes on with " fox"
+        lookup.prefill(tokens, None, None)
+        expected = lookup.propose(tokens, 3)
+        got = hybrid.propose(tokens, 3)
+        # the last 3 tokens occurred before: the lookup's trie with all 8 nodes, and no head pass
+        assert lookup.matched == 3 and hybrid.head.calls == 0
+        assert (got.tokens.tolist(), got.parents) == (expected.tokens.tolist(), expected.parents)
+        fresh = HybridDrafter(head, GREEDY, torch.Generator(), n=3, nodes=8)
+        plain = _ready(fresh, smollm2, "Name one planet.")
+        merged = fresh.propose(plain, 3)  # no full match: the head drafts (its catch-up and k - 1 tree passes)
+        assert fresh.head.calls == 3 and merged.tokens.numel() <= 8

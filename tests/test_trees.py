@@ -80,7 +80,7 @@ class ScriptedTree:
     def __init__(self, g: list[int], vocab: int) -> None:
         self.g, self.vocab, self.told = g, vocab, []
 
-    def prefill(self, tokens: torch.Tensor, hidden: torch.Tensor | None) -> None:
+    def prefill(self, tokens: torch.Tensor, hidden: torch.Tensor | None, top: torch.Tensor | None) -> None:
         self.start = tokens.numel()
 
     def propose(self, tokens: torch.Tensor, k: int) -> Draft:
@@ -102,7 +102,7 @@ def test_after_tree_rounds_the_cache_equals_a_fresh_prefill_of_the_committed_tex
     with torch.inference_mode():
         first = target.prefill(text.tokens)[0].argmax().view(1)
         text.append(first.tolist(), first)
-        drafter.prefill(text.tokens, None)
+        drafter.prefill(text.tokens, None, None)
         for _ in range(4):
             clock = Clock(tiny.device)
             r = speculative_round(target, drafter, text, 2, GREEDY, None, clock, 20, frozenset()).read(clock)
@@ -148,20 +148,21 @@ def test_one_tree_pass_equals_its_branches_fed_one_by_one_on_smollm2(smollm2):
 def test_ngram_tree_merges_the_continuations_of_every_earlier_match_as_a_trie():
     drafter = NgramTreeDrafter(2, nodes=16)
     text = torch.tensor([7, 1, 2, 3, 4, 9, 1, 2, 3, 5, 8, 1, 2, 6, 2, 0, 1, 2])
-    drafter.prefill(text[:4], None)
+    drafter.prefill(text[:4], None, None)
     draft = drafter.propose(text, 2)
     # (1, 2) was followed by 6 2 (latest), 3 5, then 3 4; then the 1-gram (2,): by 0 1, 6 2, 3 5, 3 4
     assert draft.tokens.tolist() == [6, 2, 3, 5, 4, 0, 1]
     assert draft.parents == (-1, 0, -1, 2, 2, -1, 5)
-    assert draft.q is None and drafter.calls == 1
+    assert draft.q is None and drafter.calls == 1 and drafter.matched == 2
     capped = NgramTreeDrafter(2, nodes=4)
-    capped.prefill(text, None)
+    capped.prefill(text, None, None)
     assert capped.propose(text, 2).tokens.tolist() == [6, 2, 3, 5]
     # one match only: a chain, as `ngram` would propose it
     alone = NgramTreeDrafter(2, nodes=16)
-    alone.prefill(torch.tensor([4, 1, 2, 3, 1]), None)
+    alone.prefill(torch.tensor([4, 1, 2, 3, 1]), None, None)
     chain = alone.propose(torch.tensor([4, 1, 2, 3, 1]), 3)
     assert (chain.tokens.tolist(), chain.parents) == ([2, 3, 1], None)
+    assert alone.matched == 1  # (3, 1) never occurred before; (1,) did
     assert alone.propose(torch.tensor([4, 1, 2, 3, 1]), 0).tokens.tolist() == []
 
 

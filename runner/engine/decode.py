@@ -79,12 +79,15 @@ class Target:
         self.vocab = loaded.vocab_size  # logits past the tokenizer's ids (a padded head) are cut
         self.cache = new_cache(loaded.model)
 
-    def prefill(self, tokens: Tensor, layers: tuple[int, ...] = ()) -> tuple[Tensor, Tensor | None]:
-        """One pass over the whole prompt: the logits (V,) of the first new token, and `features_of` its positions."""
-        out = self.model(input_ids=tokens[None], cache=self.cache, use_cache=True, logits_to_keep=1,
-                         output_hidden_states=bool(layers))
+    def prefill(self, tokens: Tensor, layers: tuple[int, ...] = (),
+                top: int = 0) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """One pass over the whole prompt: the logits (V,) of the first new token, `features_of` its positions, and
+        with `top` the target's `top` likeliest tokens at every prompt position (P, top), else None."""
+        out = self.model(input_ids=tokens[None], cache=self.cache, use_cache=True,
+                         logits_to_keep=tokens.numel() if top else 1, output_hidden_states=bool(layers))
         crop_to(self.cache, tokens.numel())  # trims sliding-window layers back to their window
-        return out.logits[0, -1, : self.vocab], features_of(out, layers)
+        logits = out.logits[0, :, : self.vocab]
+        return logits[-1], features_of(out, layers), logits.topk(top, dim=-1).indices if top else None
 
     def verify(self, fed: Tensor, layers: tuple[int, ...] = (),
                parents: tuple[int, ...] | None = None) -> tuple[Tensor, Tensor | None]:
@@ -253,10 +256,10 @@ def generate(
         text = Sequence(prompt, len(prompt) + max_new_tokens, target.device)
         # The prefill: one target pass over the prompt makes the first new token, as in plain decoding. The
         # drafter reads the prompt too; the new token is fed with round 0's drafts, like every later one.
-        logits, features = model.prefill(text.tokens, drafter.wants_hidden)
+        logits, features, top = model.prefill(text.tokens, drafter.wants_hidden, drafter.wants_top)
         first, on_device = _first_token(logits, decoding, generator)
         text.append([first], on_device)
-        drafter.prefill(text.tokens, features)
+        drafter.prefill(text.tokens, features, top)
         prefilled = clock()
         rounds: list[Timed] = []
         read: list[Round] = []  # the rounds with their times read, each once the device has passed it

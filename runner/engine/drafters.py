@@ -54,9 +54,10 @@ class Drafter(Protocol):
     # none and costs nothing.
     wants_top: int
 
-    def prefill(self, tokens: Tensor, hidden: Tensor | None) -> None:
+    def prefill(self, tokens: Tensor, hidden: Tensor | None, top: Tensor | None) -> None:
         """Start a new sequence: the prompt and the prefill's first new token (1-D ids); when asked for, `hidden`
-        is (P, L·H) for the P prompt positions, L = len(wants_hidden)."""
+        is (P, L·H) for the P prompt positions, L = len(wants_hidden), and `top` (P, wants_top) the target's
+        likeliest tokens there."""
 
     def propose(self, tokens: Tensor, k: int) -> Draft:
         """Up to k tokens to follow `tokens`, all committed text so far (1-D ids)."""
@@ -92,7 +93,7 @@ class NoDraft:
     wants_hidden = ()
     wants_top = 0
 
-    def prefill(self, tokens: Tensor, hidden: Tensor | None) -> None:
+    def prefill(self, tokens: Tensor, hidden: Tensor | None, top: Tensor | None) -> None:
         pass
 
     def propose(self, tokens: Tensor, k: int) -> Draft:
@@ -134,7 +135,7 @@ class ModelDrafter:
         q = probabilities(logits, self.decoding)
         return torch.nn.functional.pad(q, (0, self.vocab - q.numel()))  # (V,) in the target's vocabulary
 
-    def prefill(self, tokens: Tensor, hidden: Tensor | None) -> None:
+    def prefill(self, tokens: Tensor, hidden: Tensor | None, top: Tensor | None) -> None:
         self.cache = new_cache(self.model)
         # All but the newest token: the first proposal feeds it, like every later correction or bonus.
         if tokens.numel() > 1:
@@ -223,7 +224,7 @@ class NgramDrafter:
             return found
         return max(reversed(found), key=lambda start: self._agreement(start, m))  # max keeps the first: the latest
 
-    def prefill(self, tokens: Tensor, hidden: Tensor | None) -> None:
+    def prefill(self, tokens: Tensor, hidden: Tensor | None, top: Tensor | None) -> None:
         self.seen, self.follows = [], [{} for _ in range(self.n)]
         self._extend(host(tokens))
 

@@ -63,12 +63,13 @@ class EagleDrafter:
         self.hidden: Tensor | None = None  # (1, 1, h) the head's output at its newest position
         self.next_logits: Tensor | None = None  # (Vd,) its scores for the token that follows
 
-    def prefill(self, tokens: Tensor, hidden: Tensor | None) -> None:
+    def prefill(self, tokens: Tensor, hidden: Tensor | None, top: Tensor | None) -> None:
         self.cache, self.settled, self.features = KVBuffer(), 0, hidden
 
     def accepted(self, n: int, hidden: Tensor | None, top: Tensor | None) -> None:
-        # Read on the next proposal, so that its cost counts as drafting time.
-        self.features = hidden
+        # Read on the next proposal, so that its cost counts as drafting time; a round that drafted without the head
+        # (`hybrid`) leaves the features of earlier rounds unread, and these follow them.
+        self.features = hidden if self.features is None else torch.cat([self.features, hidden])
 
     def propose(self, tokens: Tensor, k: int) -> Draft:
         self._catch_up(tokens)

@@ -28,13 +28,17 @@ class NgramTreeDrafter(NgramDrafter):
         if nodes < 1:
             raise ValueError(f"a tree needs at least one node, got {nodes}")
         self.nodes = nodes
+        self.matched = 0  # how many of the last tokens the latest trie's longest match spans
 
     def _branches(self, k: int) -> list[list[int]]:
-        """The continuations to merge, most recent occurrence of the longest n-gram first."""
+        """The continuations to merge, most recent occurrence of the longest n-gram first; `matched` becomes the
+        longest m whose last m tokens occurred before (0: none)."""
         branches = []
+        self.matched = 0
         for m in range(self.n, 0, -1):
             for start in reversed(self.follows[m - 1].get(tuple(self.seen[-m:]), ())):
                 branches.append(self.seen[start : start + k])
+                self.matched = max(self.matched, m)
         return branches
 
     def trie(self, committed: Tensor, k: int) -> tuple[list[int], list[int]]:

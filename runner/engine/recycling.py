@@ -8,8 +8,8 @@ candidate after node (r1, …, r(d-1)). The fixed tree holds the `nodes` rank pa
 the r-th candidate is kept with chance 2^-(r+1), at most k deep; a node whose token has no row yet is left out,
 with its subtree.
 
-The table starts empty with each generation (the paper keeps it across requests), so a run depends on its own text
-alone.
+The table starts with each generation from the prefill's ranking at every prompt position (the paper keeps it
+across requests instead), so a run depends on its own text alone.
 """
 
 from __future__ import annotations
@@ -57,8 +57,9 @@ class RecyclingDrafter:
         self.table: dict[int, list[int]] = {}  # token -> the target's likeliest tokens after it, best first
         self.fed: list[int] = []  # the last verify pass's tokens: the root, then the drafts
 
-    def prefill(self, tokens: Tensor, hidden: Tensor | None) -> None:
-        self.table, self.fed = {}, []
+    def prefill(self, tokens: Tensor, hidden: Tensor | None, top: Tensor | None) -> None:
+        self.table, self.fed = {}, host(tokens[:-1])  # the prompt, whose every position the prefill ranked
+        self.accepted(0, None, top)
 
     def propose(self, tokens: Tensor, k: int) -> Draft:
         self.calls += 1
