@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 from dashboard_fixtures import add_trees, build
 
-from dashboard import charts, fates, frames, queries
-from runner.store import metrics
+from dashboard import charts, fates, frames, queries, trees
+from runner.store import advisor, metrics
 from runner.store.metrics import Filters
 
 
@@ -256,3 +256,85 @@ def test_text_html_escapes_and_marks_every_token():
     assert '<span class="tok-prefill" data-fate="prefill" title="prefill · id 0">hi</span>' in html
     assert '<span class="tok-accepted" data-fate="accepted" title="round 0 · accepted draft · id 1">&lt;b&gt;' in html
     assert 'data-fate="correction" title="round 0 · correction · id 3">⏎\n</span>' in html
+
+
+def test_a_tree_runs_levels_in_position_stats(tree_db):
+    # Depths 3, 3, 2, 2 with (accepted, rejected) (2, 1), (3, 0), (0, 1), (2, 0). Level 1: all four reached it,
+    # three went on; level 2: three reached it (not the round that stopped at the root), all three accepted;
+    # level 3: two rounds of depth 3 reached it, one accepted.
+    rates = queries.read(tree_db, advisor.positions, Filters(draft=("ngram-tree",)))
+    assert rows(rates, ["position", "proposed", "reached", "accepted"]) == [[1, 4, 4, 3], [2, 4, 3, 3], [3, 2, 2, 1]]
+    assert rates["rate"].tolist() == pytest.approx([3 / 4, 1.0, 1 / 2])
+    assert charts.position_title({"ngram-tree"}, {"ngram-tree"}) == "depth (level of the tree)"
+    assert charts.position_title({"ngram", "ngram-tree"}, {"ngram-tree"}) == "draft position / tree depth"
+    assert charts.position_title({"ngram"}, {"ngram-tree"}) == "draft position"
+
+
+def test_a_tree_runs_tokens_follow_its_accepted_paths(tree_db):
+    rounds = queries.read(tree_db, queries.run_rounds, "c2-tree-k3")
+    tokens = fates.text_tokens(list(range(200, 212)), rounds)
+    assert [(t.token_id, t.fate, t.round) for t in tokens] == [
+        (200, "accepted", 0), (201, "accepted", 0), (202, "correction", 0), (203, "accepted", 1),
+        (204, "accepted", 1), (205, "accepted", 1), (206, "bonus", 1), (207, "correction", 2), (208, "plain", 3),
+        (209, "accepted", 4), (210, "accepted", 4), (211, "bonus", 4)]
+    # In node order: 902, the only child of the last accepted node, refused; 950 beside the path, thrown.
+    assert [(t.token_id, t.fate) for t in fates.drafts(rounds.iloc[0])] == [
+        (200, "accepted"), (201, "accepted"), (902, "rejected"), (950, "thrown")]
+    assert [(t.token_id, t.fate) for t in fates.drafts(rounds.iloc[2])] == [
+        (907, "rejected"), (208, "thrown"), (209, "thrown")]
+    assert fates.roots(tokens) == {1: 202, 2: 206, 3: 207, 4: 208}
+
+
+def test_a_sampled_tree_round_keeps_its_path_and_its_own_token():
+    # Sampling records only the path's tokens and the target's own: here 5 (node 0) accepted, then 42 drawn.
+    row = pd.Series({"round": 0, "k": 3, "accepted": 1, "rejected": 1, "thrown": 1, "emitted": 2,
+                     "draft_tokens": [5, 6, 7], "draft_parents": [-1, -1, 0], "accepted_path": [0],
+                     "target_tokens": [5, 42]})
+    assert [(t.token_id, t.fate) for t in fates.emitted(row)] == [(5, "accepted"), (42, "correction")]
+    assert fates.target_after(row) == {-1: 5, 0: 42}
+    assert [t.fate for t in fates.drafts(row)] == ["accepted", "thrown", "rejected"]
+
+
+LAYOUT = ["node", "parent", "depth", "row", "fate", "stop", "wanted_token", "target_token"]
+
+
+def test_tree_layout_places_nodes_by_depth_with_their_fates(tree_db):
+    rounds = queries.read(tree_db, queries.run_rounds, "c2-tree-k3").set_index("round")
+    shown = {t: f"w{t}" for t in range(1000)}.__getitem__
+    # Round 0, drawn by hand:       root ─ 200 ─ 201 ─ 902      (row 0)
+    #                                    └ 950                  (row 1)
+    # leaves take rows 0 and 1 depth first, 200 and 201 sit at their one child's row, the root between its two.
+    first = trees.layout(rounds.loc[0].to_dict(), shown, root_token=7)
+    assert rows(first, LAYOUT) == [
+        [-1, None, 0, 0.5, "root", False, None, 200],
+        [0, -1, 1, 0.0, "accepted", False, 200, 201],
+        [1, 0, 2, 0.0, "accepted", True, 201, 202],
+        [2, 1, 3, 0.0, "rejected", False, 202, 803],
+        [3, -1, 1, 1.0, "thrown", False, 200, 851]]
+    assert first["text"].tolist() == ["w7", "w200", "w201", "w902", "w950"]
+    assert rows(first, ["parent_depth", "parent_row"])[1:] == [[0, 0.5], [1, 0.0], [2, 0.0], [0, 0.5]]
+    # Round 1: root ─ 903 (row 0) and root ─ 203 ─ 204 ─ 205 (row 1); the path ends at the leaf 205: no rejection,
+    # and 903, which the target passed over for 203, is thrown.
+    second = trees.layout(rounds.loc[1].to_dict(), shown)
+    assert rows(second, ["node", "depth", "row", "fate", "stop"]) == [
+        [-1, 0, 0.5, "root", False], [0, 1, 0.0, "thrown", False], [1, 1, 1.0, "accepted", False],
+        [2, 2, 1.0, "accepted", False], [3, 3, 1.0, "accepted", True]]
+    assert pd.isna(second["text"].iloc[0])  # no root token given
+    # Round 2: the path stopped at the root: 907, its only child, refused; 907's children thrown.
+    third = trees.layout(rounds.loc[2].to_dict(), shown)
+    assert rows(third, ["node", "depth", "row", "fate", "stop"]) == [
+        [-1, 0, 0.5, "root", True], [0, 1, 0.5, "rejected", False], [1, 2, 0.0, "thrown", False],
+        [2, 2, 1.0, "thrown", False]]
+    with pytest.raises(ValueError, match="chain"):
+        trees.layout(rounds.loc[4].to_dict(), shown)
+
+
+def test_tree_chart_draws_edges_nodes_the_stop_and_labels(tree_db):
+    rounds = queries.read(tree_db, queries.run_rounds, "c2-tree-k3").set_index("round")
+    spec = charts.tree_round(trees.layout(rounds.loc[0].to_dict(), str)).to_dict()
+    assert [layer["mark"]["type"] for layer in spec["layer"]] == ["rule", "circle", "point", "text"]
+    assert spec["layer"][1]["encoding"]["x"]["title"] == "depth (level of the tree)"
+    assert spec["layer"][2]["transform"] == [{"filter": "datum.stop"}]
+    data = pd.DataFrame(spec["datasets"][spec["data"]["name"]])
+    assert data.set_index("node")["fate"].to_dict() == {
+        -1: "root", 0: "accepted", 1: "accepted", 2: "rejected", 3: "thrown"}
