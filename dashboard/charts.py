@@ -168,15 +168,18 @@ def tree_round(frame: pd.DataFrame) -> alt.LayerChart:
     """One tree round (`trees.layout`): root at the left, a column per depth; edges and nodes coloured by fate,
     the accepted path drawn thick, thrown nodes grey; a ring on the node where the path stopped."""
     base = alt.Chart(frame)
-    x = alt.X("depth:Q", title="depth (level of the tree)", axis=alt.Axis(tickMinStep=1, format="d"),
-              scale=alt.Scale(padding=30))
-    y = alt.Y("row:Q", axis=None, scale=alt.Scale(reverse=True, padding=20))
+    # The edges' layer spells out the same scales: layers whose x or y scales differ fail to draw in Streamlit.
+    depth_scale, lane_scale = alt.Scale(padding=30), alt.Scale(reverse=True, padding=20)
+    depth_axis = alt.Axis(tickMinStep=1, format="d")
+    x = alt.X("depth:Q", title="depth (level of the tree)", axis=depth_axis, scale=depth_scale)
+    y = alt.Y("lane:Q", axis=None, scale=lane_scale)
     fate = alt.Color("fate:N", title="node", scale=_TREE_FATES)
     tooltip = ["node:Q", "depth:Q", alt.Tooltip("text:N", title="token"), "fate:N",
                alt.Tooltip("wanted_text:N", title="target's token here"),
                alt.Tooltip("target_text:N", title="target's token after it"), alt.Tooltip("token:Q", title="id")]
     edges = base.transform_filter("datum.fate != 'root'").mark_rule().encode(
-        alt.X("parent_depth:Q"), alt.Y("parent_row:Q"), x2="depth:Q", y2="row:Q", color=fate,
+        alt.X("parent_depth:Q", title="depth (level of the tree)", axis=depth_axis, scale=depth_scale),
+        alt.Y("parent_lane:Q", axis=None, scale=lane_scale), x2="depth:Q", y2="lane:Q", color=fate,
         strokeWidth=alt.condition("datum.fate == 'accepted'", alt.value(4), alt.value(1.5)))
     nodes = base.mark_circle(size=260, opacity=1).encode(x, y, color=fate, tooltip=tooltip)
     stop = base.transform_filter("datum.stop").mark_point(size=700, shape="circle", filled=False, color="black",
@@ -184,7 +187,8 @@ def tree_round(frame: pd.DataFrame) -> alt.LayerChart:
     labels = base.mark_text(align="left", dx=12, fontSize=12).encode(
         x, y, text="text:N", color=alt.condition("datum.fate == 'thrown'", alt.value("#9e9e9e"), alt.value("black")),
         tooltip=tooltip)
-    height = max(120, 34 * (int(frame["row"].max()) + 1))
+    # Streamlit fits the axis, title and legend inside the height: 150 px for them, then 40 per lane.
+    height = 150 + 40 * (int(frame["lane"].max()) + 1)
     return alt.layer(edges, nodes, stop, labels).properties(
         width=560, height=height, title="the round's tree: the accepted path thick, ○ where it stopped")
 

@@ -1,7 +1,7 @@
 """One tree round laid out for drawing: every node at its depth, with its fate and the target's token; pure.
 
 The root (depth 0) is the newest committed token; a node's depth is its level, 1 for the root's children. Leaves
-take rows 0, 1, 2, … in depth-first order (children in node order) and a parent sits at the mean row of its
+take lanes 0, 1, 2, … in depth-first order (children in node order) and a parent sits at the mean lane of its
 children, so no two branches cross.
 """
 
@@ -13,25 +13,25 @@ import pandas as pd
 
 from dashboard.fates import ROOT, Decode, node_fates, target_after, tree_parents
 
-COLUMNS = ["node", "parent", "depth", "row", "parent_depth", "parent_row", "token", "text", "fate", "stop",
+COLUMNS = ["node", "parent", "depth", "lane", "parent_depth", "parent_lane", "token", "text", "fate", "stop",
            "wanted_token", "wanted_text", "target_token", "target_text"]
 
 
-def _rows(children: dict[int, list[int]]) -> dict[int, float]:
-    rows: dict[int, float] = {}
+def _lanes(children: dict[int, list[int]]) -> dict[int, float]:
+    lanes: dict[int, float] = {}
     leaves = 0
 
     def place(node: int) -> None:
         nonlocal leaves
         if not children[node]:
-            rows[node], leaves = float(leaves), leaves + 1
+            lanes[node], leaves = float(leaves), leaves + 1
             return
         for child in children[node]:
             place(child)
-        rows[node] = sum(rows[child] for child in children[node]) / len(children[node])
+        lanes[node] = sum(lanes[child] for child in children[node]) / len(children[node])
 
     place(ROOT)
-    return rows
+    return lanes
 
 
 def _shown(decode: Decode, token: int | None) -> str | None:
@@ -40,9 +40,9 @@ def _shown(decode: Decode, token: int | None) -> str | None:
 
 def layout(row: Mapping, decode: Decode, root_token: int | None = None) -> pd.DataFrame:
     """A tree round (a `rounds` row with `draft_parents`) as one row per node, the root first (node ROOT): its
-    depth and row, its parent's, its token and text, its fate (root, accepted, rejected, thrown), whether the
-    accepted path stopped there, the target's own token in its place (after its parent) and after it, where the
-    round recorded them."""
+    depth and lane, its parent's, its token and text ("root" where the root's token is not given), its fate (root,
+    accepted, rejected, thrown), whether the accepted path stopped there, and the target's own token in its place
+    (after its parent) and after it, where the round recorded them."""
     parents = tree_parents(row)
     if parents is None:
         raise ValueError("a chain round has no tree to lay out")
@@ -53,15 +53,16 @@ def layout(row: Mapping, decode: Decode, root_token: int | None = None) -> pd.Da
     for node, parent in enumerate(parents):  # parents precede their children
         children[parent].append(node)
         depth[node] = depth[parent] + 1
-    rows, after = _rows(children), target_after(row)
+    lanes, after = _lanes(children), target_after(row)
     fates = ["root", *node_fates(parents, path)]
     stop = path[-1] if path else ROOT
     records = []
     for node, parent, token, fate in zip([ROOT, *range(len(parents))], [None, *parents], tokens, fates, strict=True):
         records.append({
-            "node": node, "parent": parent, "depth": depth[node], "row": rows[node],
+            "node": node, "parent": parent, "depth": depth[node], "lane": lanes[node],
             "parent_depth": None if parent is None else depth[parent],
-            "parent_row": None if parent is None else rows[parent], "token": token, "text": _shown(decode, token),
+            "parent_lane": None if parent is None else lanes[parent], "token": token,
+            "text": "root" if token is None else _shown(decode, token),
             "fate": fate, "stop": node == stop, "wanted_token": after.get(parent),
             "wanted_text": _shown(decode, after.get(parent)), "target_token": after.get(node),
             "target_text": _shown(decode, after.get(node))})

@@ -204,7 +204,7 @@ def test_replay_draws_a_tree_round(monkeypatch, tree_db):
     assert at.selectbox(key="tree_round").options == ["0", "1", "2"]  # round 4's two nodes made a chain
     spec, tree = chart_data(at.get("vega_lite_chart")[0])
     assert spec["layer"][1]["encoding"]["x"]["title"] == "depth (level of the tree)"
-    assert tree[["node", "depth", "row", "fate", "stop"]].values.tolist() == [
+    assert tree[["node", "depth", "lane", "fate", "stop"]].values.tolist() == [
         [-1, 0, 0.5, "root", False], [0, 1, 0.0, "accepted", False], [1, 2, 0.0, "accepted", True],
         [2, 3, 0.0, "rejected", False], [3, 1, 1.0, "thrown", False]]
     assert tree["text"].tolist()[1:] == ["[200]", "[201]", "[902]", "[950]"]

@@ -295,7 +295,7 @@ def test_a_sampled_tree_round_keeps_its_path_and_its_own_token():
     assert [t.fate for t in fates.drafts(row)] == ["accepted", "thrown", "rejected"]
 
 
-LAYOUT = ["node", "parent", "depth", "row", "fate", "stop", "wanted_token", "target_token"]
+LAYOUT = ["node", "parent", "depth", "lane", "fate", "stop", "wanted_token", "target_token"]
 
 
 def test_tree_layout_places_nodes_by_depth_with_their_fates(tree_db):
@@ -312,17 +312,17 @@ def test_tree_layout_places_nodes_by_depth_with_their_fates(tree_db):
         [2, 1, 3, 0.0, "rejected", False, 202, 803],
         [3, -1, 1, 1.0, "thrown", False, 200, 851]]
     assert first["text"].tolist() == ["w7", "w200", "w201", "w902", "w950"]
-    assert rows(first, ["parent_depth", "parent_row"])[1:] == [[0, 0.5], [1, 0.0], [2, 0.0], [0, 0.5]]
+    assert rows(first, ["parent_depth", "parent_lane"])[1:] == [[0, 0.5], [1, 0.0], [2, 0.0], [0, 0.5]]
     # Round 1: root ─ 903 (row 0) and root ─ 203 ─ 204 ─ 205 (row 1); the path ends at the leaf 205: no rejection,
     # and 903, which the target passed over for 203, is thrown.
     second = trees.layout(rounds.loc[1].to_dict(), shown)
-    assert rows(second, ["node", "depth", "row", "fate", "stop"]) == [
+    assert rows(second, ["node", "depth", "lane", "fate", "stop"]) == [
         [-1, 0, 0.5, "root", False], [0, 1, 0.0, "thrown", False], [1, 1, 1.0, "accepted", False],
         [2, 2, 1.0, "accepted", False], [3, 3, 1.0, "accepted", True]]
-    assert pd.isna(second["text"].iloc[0])  # no root token given
+    assert second["text"].iloc[0] == "root"  # no root token given
     # Round 2: the path stopped at the root: 907, its only child, refused; 907's children thrown.
     third = trees.layout(rounds.loc[2].to_dict(), shown)
-    assert rows(third, ["node", "depth", "row", "fate", "stop"]) == [
+    assert rows(third, ["node", "depth", "lane", "fate", "stop"]) == [
         [-1, 0, 0.5, "root", True], [0, 1, 0.5, "rejected", False], [1, 2, 0.0, "thrown", False],
         [2, 2, 1.0, "thrown", False]]
     with pytest.raises(ValueError, match="chain"):
