@@ -118,26 +118,29 @@ def training_acceptance(frame: pd.DataFrame) -> alt.Chart:
     ).properties(width=340, height=240, title="held-out acceptance per epoch (given the earlier drafts were right)")
 
 
-def position_acceptance(frame: pd.DataFrame) -> alt.Chart:
-    """Acceptance by draft position per `series` (a category's runs, or the training's held-out score, dashed)."""
+def position_acceptance(frame: pd.DataFrame, position: str = "draft position") -> alt.Chart:
+    """Acceptance by draft position per `series` (a category's runs, or the training's held-out score, dashed);
+    `position` titles the axis (`position_title`)."""
     return alt.Chart(frame).mark_line(point=True).encode(
-        alt.X("position:Q", title="draft position", axis=alt.Axis(tickMinStep=1, format="d")), _ACCEPTANCE,
+        alt.X("position:Q", title=position, axis=alt.Axis(tickMinStep=1, format="d")), _ACCEPTANCE,
         color=alt.Color("series:N", title=None, scale=_SCHEME),
         strokeDash=alt.StrokeDash("source:N", title=None),
         tooltip=["series:N", "position:Q", "judged:Q", "accepted:Q", alt.Tooltip("acceptance:Q", format=".3f")],
     ).properties(width=420, height=240, title="acceptance by draft position: recorded runs and held-out prompts")
 
 
-def position_rates(frame: pd.DataFrame) -> alt.FacetChart:
-    """Per category: the acceptance rate of each draft position among the rounds that reached it."""
-    position = alt.X("position:Q", title="draft position i", axis=alt.Axis(tickMinStep=1, format="d"))
+def position_rates(frame: pd.DataFrame, position_axis: str = "draft position") -> alt.FacetChart:
+    """Per category: the acceptance rate of each draft position (a tree's: each level) among the rounds that reached
+    it; `position_axis` titles the axis (`position_title`)."""
+    position = alt.X("position:Q", title=position_axis, axis=alt.Axis(tickMinStep=1, format="d"))
     rate = alt.Y("rate:Q", title="accepted / reached", scale=alt.Scale(domain=[0, 1]))
     lines = alt.Chart(frame).mark_line(point=True).encode(
         position, rate, color=alt.Color("series:N", title="draft · mode", scale=_SCHEME),
         tooltip=["series:N", "category:N", "position:Q", "reached:Q", "accepted:Q",
                  alt.Tooltip("rate:Q", format=".3f", title="rate")]).properties(**PANEL)
     return lines.facet(facet=alt.Facet("category:N", title=None), columns=FACET_COLUMNS).properties(
-        title="acceptance per draft position (of the rounds that reached it: drafts 1..i−1 accepted)")
+        title="acceptance per draft position (of the rounds that reached it: the drafts before it accepted; in a "
+              "tree, the path reached that level)")
 
 
 def k_advisor(frame: pd.DataFrame) -> alt.FacetChart:
@@ -154,3 +157,44 @@ def k_advisor(frame: pd.DataFrame) -> alt.FacetChart:
     return alt.layer(lines, points).properties(**PANEL).facet(
         facet=alt.Facet("category:N", title=None), columns=FACET_COLUMNS).properties(
         title="tokens/s against k: the advisor (measured acceptance per position and verify curve) and measured")
+
+
+# A tree round's fates in the replay's colours, darker so a small node stands out on white.
+_TREE_FATES = alt.Scale(domain=["root", "accepted", "rejected", "thrown"],
+                        range=["#7e57c2", "#2e7d32", "#c62828", "#bdbdbd"])
+
+
+def tree_round(frame: pd.DataFrame) -> alt.LayerChart:
+    """One tree round (`trees.layout`): root at the left, a column per depth; edges and nodes coloured by fate,
+    the accepted path drawn thick, thrown nodes grey; a ring on the node where the path stopped."""
+    base = alt.Chart(frame)
+    # The edges' layer spells out the same scales: layers whose x or y scales differ fail to draw in Streamlit.
+    depth_scale, lane_scale = alt.Scale(padding=30), alt.Scale(reverse=True, padding=20)
+    depth_axis = alt.Axis(tickMinStep=1, format="d")
+    x = alt.X("depth:Q", title="depth (level of the tree)", axis=depth_axis, scale=depth_scale)
+    y = alt.Y("lane:Q", axis=None, scale=lane_scale)
+    fate = alt.Color("fate:N", title="node", scale=_TREE_FATES)
+    tooltip = ["node:Q", "depth:Q", alt.Tooltip("text:N", title="token"), "fate:N",
+               alt.Tooltip("wanted_text:N", title="target's token here"),
+               alt.Tooltip("target_text:N", title="target's token after it"), alt.Tooltip("token:Q", title="id")]
+    edges = base.transform_filter("datum.fate != 'root'").mark_rule().encode(
+        alt.X("parent_depth:Q", title="depth (level of the tree)", axis=depth_axis, scale=depth_scale),
+        alt.Y("parent_lane:Q", axis=None, scale=lane_scale), x2="depth:Q", y2="lane:Q", color=fate,
+        strokeWidth=alt.condition("datum.fate == 'accepted'", alt.value(4), alt.value(1.5)))
+    nodes = base.mark_circle(size=260, opacity=1).encode(x, y, color=fate, tooltip=tooltip)
+    stop = base.transform_filter("datum.stop").mark_point(size=700, shape="circle", filled=False, color="black",
+                                                          strokeWidth=2).encode(x, y, tooltip=tooltip)
+    labels = base.mark_text(align="left", dx=12, fontSize=12).encode(
+        x, y, text="text:N", color=alt.condition("datum.fate == 'thrown'", alt.value("#9e9e9e"), alt.value("black")),
+        tooltip=tooltip)
+    # Streamlit fits the axis, title and legend inside the height: 150 px for them, then 40 per lane.
+    height = 150 + 40 * (int(frame["lane"].max()) + 1)
+    return alt.layer(edges, nodes, stop, labels).properties(
+        width=560, height=height, title="the round's tree: the accepted path thick, ○ where it stopped")
+
+
+def position_title(drafts: set[str], trees: set[str]) -> str:
+    """The position axis: a tree's positions are its levels, so the axis says which the drafts shown are."""
+    if drafts and drafts <= trees:
+        return "depth (level of the tree)"
+    return "draft position / tree depth" if drafts & trees else "draft position"

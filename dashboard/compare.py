@@ -15,7 +15,8 @@ FILTERS = ("target", "category", "mode", "device", "host", "concurrent_workers",
 
 def _leaderboard_config(table: pd.DataFrame) -> dict:
     """Formats by the metric each column ends with ('code α', 'code best k', …)."""
-    formats = {" α": "%.3f", " τ": "%.2f", " speedup": "%.2f×", " (geo-mean)": "%.2f×", "best k": "%d"}
+    formats = {" α": "%.3f", " τ": "%.2f", " nodes/round": "%.2f", " speedup": "%.2f×", " (geo-mean)": "%.2f×",
+               "best k": "%d"}
     config = {column: st.column_config.NumberColumn(column, format=fmt)
               for column in table.columns for suffix, fmt in formats.items() if column.endswith(suffix)}
     config["lossless_rate"] = st.column_config.TextColumn(
@@ -49,7 +50,7 @@ def _head_to_head(cells: pd.DataFrame, drafts: list[str], filters: metrics.Filte
 
 
 def render() -> None:
-    if (start := common.filtered("Compare drafts", FILTERS, metrics.draft_categories)) is None:
+    if (start := common.filtered("Compare drafts", FILTERS, queries.draft_categories)) is None:
         return
     filters, per_category = start
     st.subheader("Leaderboard")
@@ -58,9 +59,10 @@ def render() -> None:
                               rates[["lossless_rate", "numeric_ties", "real_divergences"]].itertuples(index=False)]
     table = frames.leaderboard(per_category, rates)
     st.dataframe(table, hide_index=True, column_config=_leaderboard_config(table))
-    st.caption("Per category: α over every k, then the k with the best measured speedup (geometric mean over "
-               "prompts), its speedup and its τ. Ranked by the geometric mean of those best speedups.")
-    cells = common.load(metrics.cells, filters)
+    st.caption("Per category: α and nodes per round (drafted tokens, a tree's nodes, per round that drafted) over "
+               "every k, then the k with the best measured speedup (geometric mean over prompts), its speedup and "
+               "its τ. Ranked by the geometric mean of those best speedups.")
+    cells = common.load(queries.cells, filters)
     _head_to_head(cells, sorted(cells["draft"].unique()), filters)
     k_advice.render(filters)
 

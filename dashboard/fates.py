@@ -5,16 +5,21 @@ to right while the target agrees), then at most one rejected, then thrown (never
 emits the accepted drafts plus one target token: the correction after a rejection, the bonus when all k
 were accepted, or a plain token when nothing was drafted (k = 0: a baseline, or prompt lookup finding
 no match). EOS or max_new_tokens can cut it.
+
+A tree round (`draft_parents` recorded) keeps the tokens of its accepted path, from the root down; the children
+of the node where the path stopped were all refused (rejected), and every other node was thrown.
 """
 
 from __future__ import annotations
 
 import html
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import pandas as pd
+from pandas.api.types import is_list_like
 
+ROOT = -1  # a node's parent when it hangs from the newest committed token
 Decode = Callable[[int], str]
 LABELS = {"prefill": "from the prefill", "accepted": "accepted draft", "correction": "correction", "bonus": "bonus",
           "plain": "plain (no draft)", "rejected": "rejected draft", "thrown": "thrown draft"}
@@ -42,17 +47,53 @@ class Token:
     round: int
 
 
+def tree_parents(row: Mapping) -> list[int] | None:
+    """A tree round's parent of every node (ROOT: the newest committed token); None for a chain."""
+    parents = row.get("draft_parents")
+    return [int(parent) for parent in parents] if is_list_like(parents) else None
+
+
+def node_fates(parents: Sequence[int], path: Sequence[int]) -> list[str]:
+    """Each node's fate: accepted on the path; rejected, a child of the node where the path stopped (the target
+    refused them all; a leaf has none: the bonus); thrown, the rest."""
+    stop = path[-1] if len(path) else ROOT
+    return ["accepted" if node in path else "rejected" if parent == stop else "thrown"
+            for node, parent in enumerate(parents)]
+
+
+def target_after(row: Mapping) -> dict[int, int]:
+    """A tree round's target token after each node it was recorded for (ROOT: after the root). Greedy records the
+    target's argmax at every row, the root's then each node's; sampling only the path's tokens and its own."""
+    target, path = [int(t) for t in row["target_tokens"]], [int(node) for node in row["accepted_path"]]
+    if len(target) == len(row["draft_tokens"]) + 1:
+        return {node: token for node, token in enumerate(target, start=ROOT)}
+    return dict(zip([ROOT, *path], target, strict=True))
+
+
+def _kept(row: Mapping) -> list[int]:
+    """The accepted drafts, then the target's own token after them."""
+    if tree_parents(row) is None:
+        return list(row["draft_tokens"][: row["accepted"]]) + list(row["target_tokens"][row["accepted"]:][:1])
+    path = [int(node) for node in row["accepted_path"]]
+    return [row["draft_tokens"][node] for node in path] + [target_after(row)[path[-1] if path else ROOT]]
+
+
 def emitted(row: pd.Series) -> list[Token]:
     """The tokens one round appended to the text, with their fates."""
-    kept = list(row["draft_tokens"][: row["accepted"]]) + list(row["target_tokens"][row["accepted"]:][:1])
+    kept = _kept(row)
     own = "plain" if row["k"] == 0 else "correction" if row["rejected"] else "bonus"
     return [Token(int(t), "accepted" if i < row["accepted"] else own, int(row["round"]))
             for i, t in enumerate(kept[: row["emitted"]])]
 
 
 def drafts(row: pd.Series) -> list[Token]:
-    """The round's k drafts where they were proposed: accepted, rejected (at most one), thrown."""
-    fates = ["accepted"] * row["accepted"] + ["rejected"] * row["rejected"] + ["thrown"] * row["thrown"]
+    """The round's k drafts where they were proposed (a tree's nodes in node order): accepted, rejected (a chain's
+    one, or a tree's refused children at its stop), thrown."""
+    parents = tree_parents(row)
+    if parents is None:
+        fates = ["accepted"] * row["accepted"] + ["rejected"] * row["rejected"] + ["thrown"] * row["thrown"]
+    else:
+        fates = node_fates(parents, [int(node) for node in row["accepted_path"]])
     return [Token(int(t), fate, int(row["round"])) for t, fate in zip(row["draft_tokens"], fates, strict=True)]
 
 
@@ -60,6 +101,15 @@ def text_tokens(output: Sequence[int], rounds: pd.DataFrame) -> list[Token]:
     """The run's output, token by token, in order: what no round emitted came from the prefill."""
     made = [token for _, row in rounds.iterrows() for token in emitted(row)]
     return [Token(int(t), "prefill", -1) for t in output[: len(output) - len(made)]] + made
+
+
+def roots(tokens: Sequence[Token]) -> dict[int, int]:
+    """Each round's root, the newest committed token before it: the text's token before the round's first."""
+    found = {}
+    for before, token in zip(tokens, tokens[1:], strict=False):
+        if token.round != before.round:
+            found.setdefault(token.round, before.token_id)
+    return found
 
 
 def _span(token: Token, decode: Decode, breaks: bool = True) -> str:

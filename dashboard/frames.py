@@ -57,10 +57,11 @@ def speedup_by_k(cells: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
 
 
 def leaderboard(per_category: pd.DataFrame, lossless: pd.DataFrame) -> pd.DataFrame:
-    """One row per target × mode × draft: per category α, τ at the best k, the best k and its speedup;
-    the lossless rate; ranked by the geometric mean of the best speedups over categories."""
+    """One row per target × mode × draft: per category α and nodes per round over every k, τ at the best k, the
+    best k and its speedup; the lossless rate; ranked by the geometric mean of the best speedups over categories."""
     keys = ["target", "mode", "draft"]
-    metrics = {"alpha": "α", "tau_at_best_k": "τ", "best_k": "best k", "best_speedup": "speedup"}
+    metrics = {"alpha": "α", "nodes_per_round": "nodes/round", "tau_at_best_k": "τ", "best_k": "best k",
+               "best_speedup": "speedup"}
     wide = per_category.pivot(index=keys, columns="category", values=list(metrics))
     categories = sorted(per_category["category"].unique())
     wide = wide[[(metric, category) for category in categories for metric in metrics]]
@@ -76,9 +77,10 @@ def leaderboard(per_category: pd.DataFrame, lossless: pd.DataFrame) -> pd.DataFr
 
 
 def head_to_head(cells: pd.DataFrame, a: str, b: str) -> pd.DataFrame:
-    """Per target × mode × category × k × policy: α, τ and measured speedup of draft a next to draft b."""
+    """Per target × mode × category × k × policy: α, nodes per round, τ and measured speedup of draft a next to
+    draft b."""
     keys = ["target", "mode", "category", "k", "k_policy"]
-    metrics = {"alpha": "α", "tau": "τ", "measured_speedup": "speedup"}
+    metrics = {"alpha": "α", "nodes_per_round": "nodes/round", "tau": "τ", "measured_speedup": "speedup"}
     two = cells[cells["draft"].isin([a, b])]
     wide = two.pivot(index=keys, columns="draft", values=list(metrics))
     wide = wide.reindex(columns=[(metric, draft) for metric in metrics for draft in (a, b)])

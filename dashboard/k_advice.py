@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from dashboard import charts, common, frames
+from dashboard import charts, common, frames, queries
 from runner.store import advisor
 from runner.store.metrics import Filters
 
@@ -45,7 +45,8 @@ def render(filters: Filters) -> None:
     st.subheader("Which k")
     rates = common.load(advisor.positions, filters)
     if len(rates):
-        st.altair_chart(charts.position_rates(rates.assign(series=frames.series_label(rates))))
+        axis = charts.position_title(set(rates["draft"]), set(common.load(queries.tree_drafts)))
+        st.altair_chart(charts.position_rates(rates.assign(series=frames.series_label(rates)), axis))
     advice = common.load(advisor.k_advice, filters)
     if advice.empty:
         st.info("The advisor needs fixed-k runs and their baselines on one target, device, kernels and threads.")

@@ -1,4 +1,5 @@
-"""Overview: acceptance, thrown drafts, τ and speedup per category × draft × k, against the theory."""
+"""Overview: acceptance, τ, nodes per round, thrown drafts and speedup per category × draft × k, against the
+theory."""
 
 from __future__ import annotations
 
@@ -15,9 +16,13 @@ CELL_COLUMNS = {
     "category": st.column_config.TextColumn("category"),
     "draft": st.column_config.TextColumn("draft"),
     "k": st.column_config.NumberColumn("k"),
+    "tree": st.column_config.CheckboxColumn("tree", help="the draft proposed trees: k is the tree's depth"),
     "k_policy": st.column_config.TextColumn("policy", help="how each round's k was chosen from k"),
     "alpha": st.column_config.NumberColumn("α", format="%.3f", help="accepted / (accepted + rejected)"),
     "tau": st.column_config.NumberColumn("τ", format="%.2f", help="tokens emitted per round, mean over runs"),
+    "nodes_per_round": st.column_config.NumberColumn(
+        "nodes/round", format="%.2f", help="drafted tokens (a tree's nodes) per round that drafted, over all its "
+        "rounds: a chain's drafts per round, a tree's size"),
     "thrown": st.column_config.NumberColumn("thrown", help="drafts after a rejection, never judged"),
     "thrown_share": st.column_config.NumberColumn("thrown share", format="percent", help="thrown / all drafts"),
     "measured_speedup": st.column_config.NumberColumn("measured ×", format="%.2f", help="geometric mean over runs"),
@@ -76,7 +81,7 @@ def _runs_table(runs: pd.DataFrame) -> None:
 
 
 def render() -> None:
-    if (start := common.filtered("Overview", FILTERS, metrics.cells)) is None:
+    if (start := common.filtered("Overview", FILTERS, queries.cells)) is None:
         return
     filters, cells = start
     _headline(common.load(metrics.cells, filters, ()).iloc[0])

@@ -15,8 +15,9 @@ from typing import TypeVar
 import duckdb
 import pandas as pd
 
+from runner.store import metrics
 from runner.store.connect import reading
-from runner.store.metrics import RUNS_ONLY, Filters
+from runner.store.metrics import CELL, RUNS_ONLY, Filters
 from runner.store.schema import schema_version
 
 T = TypeVar("T")
@@ -59,6 +60,41 @@ def runs(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
             s.alpha, s.tau, s.thrown_share, s.c, s.measured_speedup, s.theoretical_speedup, s.lossless
         FROM run_stats s JOIN runs r USING (run_id)
         WHERE s.draft <> 'none' AND {where} ORDER BY r.started_at DESC, s.run_id""", params)
+
+
+def nodes_per_round(con: duckdb.DuckDBPyConnection, filters: Filters, keys: tuple[str, ...]) -> pd.DataFrame:
+    """Per value of `keys` over the selected speculative runs: nodes per round, Σ k over the rounds that drafted
+    divided by their count (for a chain: drafts per round; for a tree: its size), and whether any of them drafted a
+    tree (`draft_parents` recorded)."""
+    where, params = filters.where(alias="s.")
+    picked = ", ".join(f"s.{key}" for key in keys)
+    # Summed per run first, as in verify_growth: one pass over rounds, then a join of one row per run.
+    return _frame(con, f"""
+        WITH per_run AS (SELECT run_id, sum(k) AS nodes, count(*) AS drafting,
+                             bool_or(draft_parents IS NOT NULL) AS tree
+                         FROM rounds WHERE k > 0 GROUP BY run_id)
+        SELECT {picked}, sum(p.nodes) / sum(p.drafting) AS nodes_per_round, coalesce(bool_or(p.tree), false) AS tree
+        FROM run_stats s LEFT JOIN per_run p USING (run_id)
+        WHERE s.draft <> 'none' AND {where} GROUP BY ALL ORDER BY ALL""", params)
+
+
+def cells(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
+    """The Overview's cells (`metrics.cells`), each with its nodes per round and whether it drafted trees."""
+    return metrics.cells(con, filters).merge(nodes_per_round(con, filters, CELL), on=list(CELL), how="left")
+
+
+def draft_categories(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
+    """The leaderboard's rows (`metrics.draft_categories`), each with its nodes per round over every k."""
+    keys = ("target", "mode", "draft", "category")
+    return metrics.draft_categories(con, filters).merge(nodes_per_round(con, filters, keys), on=list(keys),
+                                                        how="left")
+
+
+def tree_drafts(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """The drafts that proposed a tree in at least one round: their draft positions are the tree's levels."""
+    return [draft for (draft,) in con.execute("""
+        SELECT DISTINCT draft FROM runs WHERE run_id IN (SELECT run_id FROM rounds WHERE draft_parents IS NOT NULL)
+        ORDER BY draft""").fetchall()]
 
 
 def verify_growth(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
@@ -123,7 +159,7 @@ def run_rounds(con: duckdb.DuckDBPyConnection, run_id: str) -> pd.DataFrame:
     """The run's rounds in order."""
     return _frame(con, """
         SELECT round, k, accepted, rejected, thrown, bonus, emitted, draft_s, verify_s, draft_tokens,
-            target_tokens
+            target_tokens, draft_parents, accepted_path
         FROM rounds WHERE run_id = ? ORDER BY round""", [run_id])
 
 

@@ -7,7 +7,7 @@ import functools
 import pandas as pd
 import streamlit as st
 
-from dashboard import common, fates, queries, tokenizer
+from dashboard import charts, common, fates, queries, tokenizer, trees
 
 PICKER_COLUMNS = ["run_id", "started_at", "category", "prompt_id", "draft", "k", "mode", "status"]
 
@@ -128,8 +128,27 @@ def _tokens(run: pd.Series, rounds: pd.DataFrame) -> None:
         at = fates.first_difference(list(run["output_tokens"]), list(run["baseline_tokens"]))
         why = f" It is {_divergence(run)}." if _divergence(run) else ""
         st.warning(f"This output differs from its baseline's from token {at} on.{why}")
-    st.markdown("**Round by round**: the drafts as proposed, then the target's own token")
+    st.markdown("**Round by round**: the drafts as proposed (a tree's nodes in node order), then the target's own "
+                "token")
     st.html(fates.rounds_html(rounds, decode))
+    _tree(run, rounds, decode)
+
+
+def _tree(run: pd.Series, rounds: pd.DataFrame, decode: fates.Decode) -> None:
+    """One tree round drawn, for a run that drafted trees; a chain's rounds have no tree to draw."""
+    tree_rounds = [int(row["round"]) for _, row in rounds.iterrows() if fates.tree_parents(row) is not None]
+    if not tree_rounds:
+        return
+    st.markdown("**A tree round**")
+    picked = st.selectbox("round", tree_rounds, key="tree_round", bind="query-params",
+                          help="the rounds that drafted a tree (a round whose nodes formed one chain is shown above)")
+    row = rounds.set_index("round").loc[picked].to_dict()
+    root = fates.roots(fates.text_tokens(list(run["output_tokens"]), rounds)).get(picked)
+    st.altair_chart(charts.tree_round(trees.layout(row, decode, root)))
+    st.caption(f"Round {picked}: {int(row['k'])} nodes, {int(row['accepted'])} accepted, "
+               f"{int(row['rejected'])} rejected, {int(row['thrown'])} thrown. The root is the newest committed "
+               "token; the target followed the thick path, and where it stopped either every child was refused "
+               "(red) or it was a leaf (the bonus). Hover a node for its token and the target's.")
 
 
 def render() -> None:

@@ -64,7 +64,8 @@ def _drafted(t: pd.Series, epochs: pd.DataFrame) -> None:
         "best_speedup": st.column_config.NumberColumn("speedup at best k", format="%.2f×"),
         "tau_at_best_k": st.column_config.NumberColumn("τ at best k", format="%.2f")})
     recorded = common.load(queries.draft_positions, t["target"], t["draft"])
-    st.altair_chart(charts.position_acceptance(positions_frame(recorded, epochs, int(t["saved_epoch"]))))
+    axis = charts.position_title({t["draft"]}, set(common.load(queries.tree_drafts)))
+    st.altair_chart(charts.position_acceptance(positions_frame(recorded, epochs, int(t["saved_epoch"])), axis))
     st.markdown(f"Side by side with the other drafts: [Compare drafts](compare?a={t['draft']}&b=ngram).")
 
 

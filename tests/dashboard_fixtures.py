@@ -24,7 +24,7 @@ TARGET = "tiny-target"  # not a loadable model: the replay falls back to token i
 PROMPTS = {"code-01": ("code", list(range(100, 112))), "code-02": ("code", list(range(200, 212))),
            "poem-01": ("poem", list(range(300, 312)))}
 ONE_PASS_S = 0.05
-DRAFT_TOKEN_S = {"ngram": 0.0025, "layerskip:2": 0.02}
+DRAFT_TOKEN_S = {"ngram": 0.0025, "layerskip:2": 0.02, "ngram-tree": 0.0025}
 
 # (run_id, prompt_id, draft, k, accepted per round, wall_s, lossless)
 SPECULATIVE = [
@@ -63,10 +63,18 @@ def speculative_rounds(truth: list[int], k: int, schedule: list[int | None], dra
     return rounds
 
 
+def _kept(r: Round) -> tuple[int, ...]:
+    """What a round appends: the accepted drafts (a tree: its path's nodes), then the target's own token."""
+    if r.draft_parents is None:
+        return r.draft_tokens[:r.accepted] + r.target_tokens[r.accepted:][:1]
+    after = r.accepted_path[-1] + 1 if r.accepted_path else 0  # greedy: the target's token at the root, then per node
+    return tuple(r.draft_tokens[node] for node in r.accepted_path) + (r.target_tokens[after],)
+
+
 def _record(run_id: str, prompt_id: str, draft: str, k: int | None, rounds: list[Round], wall_s: float,
             baseline: str | None, lossless: bool | None, target: str, minute: int) -> RunRecord:
     category, _ = PROMPTS[prompt_id]
-    output = tuple(t for r in rounds for t in (r.draft_tokens[:r.accepted] + r.target_tokens[r.accepted:][:1]))
+    output = tuple(t for r in rounds for t in _kept(r))
     gen = Generation((1, 2, 3), output, tuple(rounds), 0.1, wall_s, sum(r.k > 0 for r in rounds), "max_new_tokens")
     kind = "baseline" if draft == "none" else draft.split(":")[0]
     return RunRecord(run_id, SWEEP, f"2026-01-01T12:{minute:02d}:00", target, draft, kind, category, prompt_id,
@@ -99,6 +107,35 @@ def build(db: Path, target: str = TARGET) -> Path:
                        "code-01", "write some code", 8, "greedy", 0.0, 1.0, 0, 12, "cpu", "float32", "error",
                        "out of memory", None, None, None, None)
     write_run(db, failed)
+    return db
+
+
+def _tree_round(parents: tuple[int, ...], drafts: tuple[int, ...], path: tuple[int, ...], rejected: int,
+                target: tuple[int, ...]) -> Round:
+    k, accepted = len(drafts), len(path)
+    return Round(k, accepted, rejected, k - accepted - rejected, not rejected, accepted + 1,
+                 k * DRAFT_TOKEN_S["ngram-tree"], ONE_PASS_S * (1 + 0.1 * k), drafts, target, parents, path)
+
+
+# code-02 (truth 200..211) drafted as trees at depth 3. Wrong tokens are 900+, the target's other choices 800+.
+TREE_ROUNDS = [
+    # 200 → 201 → 902, and 950 beside 200: the path 200, 201; 902, 201's only child, refused; 950 thrown; 202 added
+    _tree_round((-1, 0, 1, -1), (200, 201, 902, 950), (0, 1), 1, (200, 201, 202, 803, 851)),
+    # 903 and 203 at the root, 203 → 204 → 205: the path ends at the leaf 205, so 206 comes free; 903 thrown
+    _tree_round((-1, -1, 1, 2), (903, 203, 204, 205), (1, 2, 3), 0, (203, 804, 204, 205, 206)),
+    # 907 at the root with two children: 907 refused, its children thrown; the correction 207
+    _tree_round((-1, 0, 0), (907, 208, 209), (), 1, (207, 808, 809, 810)),
+    # no match: a plain token
+    Round(0, 0, 0, 0, False, 1, 0.0, ONE_PASS_S, (), (208,)),
+    # two tokens left to draft, as one chain: recorded as a chain (draft_parents NULL), bonus 211
+    Round(2, 2, 0, 0, True, 3, 2 * DRAFT_TOKEN_S["ngram-tree"], ONE_PASS_S * 1.2, (209, 210), (209, 210, 211)),
+]
+
+
+def add_trees(db: Path) -> Path:
+    """One greedy `ngram-tree` run at depth 3 (`c2-tree-k3`) on code-02, of TREE_ROUNDS, in 0.8 s."""
+    write_run(db, _record("c2-tree-k3", "code-02", "ngram-tree", 3, TREE_ROUNDS, 0.8, "code-02-base", True, TARGET,
+                          58))
     return db
 
 

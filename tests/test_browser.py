@@ -12,7 +12,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
-from dashboard_fixtures import add_benches, build
+from dashboard_fixtures import add_benches, add_trees, build
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from bench.load import CHROMIUM, LAUNCH_ARGS, READY, serve
@@ -29,7 +29,8 @@ WAIT_MS = 30_000
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The app over the fixture database, given with `-- --db` (the AppTest tests use SPECDASH_DB)."""
     folder = tmp_path_factory.mktemp("browser")
-    with serve(add_benches(build(folder / "runs.duckdb")), folder / "streamlit.log", timeout_s=60) as url:
+    db = add_trees(add_benches(build(folder / "runs.duckdb")))
+    with serve(db, folder / "streamlit.log", timeout_s=60) as url:
         yield url
 
 
@@ -91,7 +92,8 @@ def test_every_page_shows_real_content(server, browser):
     page = _open(browser, f"{server}/", '[data-testid="stVegaLiteChart"]')
     expect(page.locator('[data-testid="stVegaLiteChart"]')).to_have_count(3)
     expect(page.locator('[data-testid="stDataFrame"]').first).to_be_visible()
-    assert _metric(page, "speculative runs") == "9" and _metric(page, "thrown drafts") == "52 of 140"
+    # the 9 chain runs and the tree run c2-tree-k3 (4 thrown of 13 nodes)
+    assert _metric(page, "speculative runs") == "10" and _metric(page, "thrown drafts") == "56 of 153"
     _screenshot(page, "overview")
 
     page = _open(browser, f"{server}/compare", '[data-testid="stVegaLiteChart"]')
@@ -119,10 +121,15 @@ def test_every_page_shows_real_content(server, browser):
     _wait_for_param(page, "run", "poem-01-base")
     expect(page.get_by_text("poem/poem-01 · none · greedy")).to_be_visible()
 
+    page = _open(browser, f"{server}/replay?run=c2-tree-k3", '[data-testid="stVegaLiteChart"]')
+    expect(page.get_by_text("A tree round")).to_be_visible()
+    expect(page.locator('[data-testid="stVegaLiteChart"]')).to_have_count(1)
+    _screenshot(page, "replay_tree")
+
     page = _open(browser, f"{server}/sql", '.st-key-sql textarea')
     page.get_by_role("button", name="thrown-away drafts").click()
     _settle(page, '[data-testid="stDataFrame"]')
-    expect(page.get_by_text("4 rows in")).to_be_visible()
+    expect(page.get_by_text("5 rows in")).to_be_visible()  # (draft, k): four of chains, one of the tree
     _screenshot(page, "sql")
 
 
@@ -152,7 +159,7 @@ def test_a_copied_url_reopens_the_same_view(server, browser):
     expect(shared.locator('[data-testid="stDataFrame"]')).to_have_count(0)  # it runs only on a click
     shared.get_by_role("button", name="Run").click()
     _settle(shared, '[data-testid="stDataFrame"]')
-    expect(shared.get_by_text("3 rows in")).to_be_visible()
+    expect(shared.get_by_text("4 rows in")).to_be_visible()  # none, layerskip:2, ngram, ngram-tree
 
 
 def test_sql_result_downloads_as_csv(server, browser):

@@ -18,7 +18,7 @@ import duckdb
 import pandas as pd
 import pyarrow as pa
 import pytest
-from dashboard_fixtures import add_benches, build, speculative_record
+from dashboard_fixtures import add_benches, add_trees, build, speculative_record
 from streamlit.testing.v1 import AppTest
 from tokenizers import Tokenizer, pre_tokenizers
 from tokenizers import models as tok_models
@@ -35,6 +35,11 @@ SPAN = re.compile(r'<span class="tok-(\w+)" data-fate="\w+" title="[^"]*">([^<]*
 @pytest.fixture(scope="module")
 def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build(tmp_path_factory.mktemp("app") / "runs.duckdb")
+
+
+@pytest.fixture(scope="module")
+def tree_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return add_trees(build(tmp_path_factory.mktemp("app_trees") / "runs.duckdb"))
 
 
 def app(monkeypatch: pytest.MonkeyPatch, db_path: Path, page: str | None = None, **params: str) -> AppTest:
@@ -162,9 +167,53 @@ def test_replay_colours_every_token_by_its_fate(monkeypatch, db):
     assert fates_in(first_round) == [("accepted", "[300]"), ("accepted", "[301]"), ("accepted", "[302]"),
                                      ("rejected", "[900]"), ("correction", "[303]")]
     assert at.warning[0].value == "This output differs from its baseline's from token 6 on."
+    assert not at.get("vega_lite_chart")  # a chain has no tree to draw
     at.button(key="open_baseline").click().run()
     assert at.selectbox(key="run").value == "poem-01-base"
     assert at.get("html")[1].proto.body.count('data-fate="plain"') == 12
+
+
+def test_overview_and_compare_show_a_trees_nodes_per_round(monkeypatch, tree_db):
+    # c2-tree-k3: 13 nodes in the 4 rounds that drafted, 12 tokens in 5 rounds (tests/test_dashboard_queries.py)
+    at = app(monkeypatch, tree_db)
+    cells = at.dataframe[0].value.set_index(["category", "draft", "k"])
+    assert cells.loc[("code", "ngram-tree", 3), ["alpha", "tau", "nodes_per_round"]].tolist() == pytest.approx(
+        [7 / 9, 12 / 5, 13 / 4])
+    assert cells["tree"].to_dict() == {cell: cell[1] == "ngram-tree" for cell in cells.index}
+    assert cells.loc[("code", "ngram", 4), "nodes_per_round"] == pytest.approx(11 / 3)
+    at = app(monkeypatch, tree_db, "compare.py")
+    assert not at.exception
+    board = at.dataframe[0].value.set_index("draft")
+    assert board.loc["ngram-tree", ["code α", "code nodes/round", "code τ"]].tolist() == pytest.approx(
+        [7 / 9, 13 / 4, 12 / 5])
+    spec, positions = chart_data(at.get("vega_lite_chart")[1])
+    assert spec["spec"]["encoding"]["x"]["title"] == "draft position / tree depth"  # chains and a tree
+    tree = positions[positions["series"] == "ngram-tree · greedy"]
+    assert tree[["position", "reached", "accepted"]].values.tolist() == [[1, 4, 3], [2, 3, 3], [3, 2, 1]]
+
+
+def test_replay_draws_a_tree_round(monkeypatch, tree_db):
+    at = app(monkeypatch, tree_db, "replay.py", run="c2-tree-k3")
+    assert not at.exception
+    assert [fate for fate, _ in fates_in(at.get("html")[1].proto.body)] == [
+        "accepted", "accepted", "correction", "accepted", "accepted", "accepted", "bonus", "correction", "plain",
+        "accepted", "accepted", "bonus"]
+    first_round = at.get("html")[2].proto.body.split('<tr data-round="0">')[1].split("</tr>")[0]
+    assert fates_in(first_round) == [("accepted", "[200]"), ("accepted", "[201]"), ("rejected", "[902]"),
+                                     ("thrown", "[950]"), ("correction", "[202]")]
+    assert at.selectbox(key="tree_round").options == ["0", "1", "2"]  # round 4's two nodes made a chain
+    spec, tree = chart_data(at.get("vega_lite_chart")[0])
+    assert spec["layer"][1]["encoding"]["x"]["title"] == "depth (level of the tree)"
+    assert tree[["node", "depth", "lane", "fate", "stop"]].values.tolist() == [
+        [-1, 0, 0.5, "root", False], [0, 1, 0.0, "accepted", False], [1, 2, 0.0, "accepted", True],
+        [2, 3, 0.0, "rejected", False], [3, 1, 1.0, "thrown", False]]
+    assert tree["text"].tolist()[1:] == ["[200]", "[201]", "[902]", "[950]"]
+    at = app(monkeypatch, tree_db, "replay.py", run="c2-tree-k3", tree_round="2")  # the round is in the URL
+    _, tree = chart_data(at.get("vega_lite_chart")[0])
+    # the path stopped at the root, whose token is 206, the round before's bonus
+    assert tree[["node", "fate", "stop"]].values.tolist() == [
+        [-1, "root", True], [0, "rejected", False], [1, "thrown", False], [2, "thrown", False]]
+    assert tree["text"].iloc[0] == "[206]" and tree["target_text"].iloc[0] == "[207]"
 
 
 def test_replay_of_a_failed_run_and_of_a_draftless_round(monkeypatch, db):

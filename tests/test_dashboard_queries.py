@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from dashboard_fixtures import build
+from dashboard_fixtures import add_trees, build
 
-from dashboard import charts, fates, frames, queries
-from runner.store import metrics
+from dashboard import charts, fates, frames, queries, trees
+from runner.store import advisor, metrics
 from runner.store.metrics import Filters
 
 
@@ -26,6 +26,12 @@ def formula(alpha: float, k: int, c: float) -> float:
 @pytest.fixture(scope="module")
 def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build(tmp_path_factory.mktemp("dash") / "runs.duckdb")
+
+
+@pytest.fixture(scope="module")
+def tree_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The fixture with one more run, `c2-tree-k3`: tree drafts (dashboard_fixtures.TREE_ROUNDS)."""
+    return add_trees(build(tmp_path_factory.mktemp("trees") / "runs.duckdb"))
 
 
 def rows(frame: pd.DataFrame, columns: list[str]) -> list[list]:
@@ -115,28 +121,70 @@ def test_verify_growth_is_relative_to_the_one_token_pass(db):
     assert ngram["relative"].tolist() == pytest.approx([1.0, 1.1, 1.2, 1.3, 1.4])
 
 
+# Nodes per round: Σ k over the rounds that drafted / their count. The last round of a run often has no room left to
+# draft (k = 0), and prompt lookup's `None` rounds drafted nothing: neither counts.
+NODES = {
+    ("code", "layerskip:2", 2): 14 / 7,  # 7 rounds of k=2, then k=0
+    ("code", "layerskip:2", 4): 20 / 5,  # 5 rounds of k=4, then k=0
+    ("code", "ngram", 2): (8 + 8) / (4 + 4),  # code-01: 4 rounds of k=2 then k=0; code-02: 4 rounds of k=2
+    ("code", "ngram", 4): 11 / 3,  # k = 4, 4, 3
+    ("poem", "layerskip:2", 2): 13 / 7,  # 6 rounds of k=2, one of k=1, then k=0
+    ("poem", "layerskip:2", 4): 13 / 4,  # k = 4, 4, 4, 1
+    ("poem", "ngram", 2): 15 / 8,  # two None rounds; 7 rounds of k=2, one of k=1, then k=0
+    ("poem", "ngram", 4): 38 / 11,  # 8 rounds of k=4, then k=3, 2, 1 (and 0)
+}
+
+
+def test_cells_carry_nodes_per_round_and_mark_no_chain_as_a_tree(db):
+    cells = queries.read(db, queries.cells, Filters()).set_index(["category", "draft", "k"])
+    assert cells["nodes_per_round"].to_dict() == pytest.approx(NODES)
+    assert not cells["tree"].any()
+    # Everything metrics.cells says, unchanged.
+    assert cells["alpha"].to_dict() == pytest.approx({cell: expected[5] for cell, expected in CELLS.items()})
+
+
+def test_a_tree_runs_tau_and_nodes_per_round(db, tree_db):
+    # c2-tree-k3 (TREE_ROUNDS): 4, 4, 3 nodes, a draftless round, then a 2-node chain: 13 nodes in 4 rounds that
+    # drafted; accepted 2 + 3 + 0 + 2 of 2 + 3 + 1 + 2 judged; 12 tokens in 5 rounds; 0.2 / (0.8 / 12) = 3×.
+    cells = queries.read(tree_db, queries.cells, Filters(draft=("ngram-tree",)))
+    assert rows(cells, ["category", "draft", "k", "runs", "tree", "accepted", "rejected", "thrown", "drafted"]) == [
+        ["code", "ngram-tree", 3, 1, True, 7, 2, 4, 13]]
+    assert cells[["nodes_per_round", "tau", "alpha", "measured_speedup"]].iloc[0].tolist() == pytest.approx(
+        [13 / 4, 12 / 5, 7 / 9, 3.0])
+    per_category = queries.read(tree_db, queries.draft_categories, Filters(category=("code",)))
+    assert per_category.set_index("draft")["nodes_per_round"].to_dict() == pytest.approx(
+        {"layerskip:2": (14 + 20) / (7 + 5), "ngram": (16 + 11) / (8 + 3), "ngram-tree": 13 / 4})
+    assert queries.read(tree_db, queries.tree_drafts) == ["ngram-tree"]
+    assert queries.read(db, queries.tree_drafts) == []
+
+
 def test_leaderboard_ranks_drafts_with_best_k_and_lossless_rate(db):
-    per_category = queries.read(db, metrics.draft_categories, Filters())
+    per_category = queries.read(db, queries.draft_categories, Filters())
     table = frames.leaderboard(per_category, queries.read(db, queries.lossless_rates, Filters()))
     assert table.columns.tolist() == [
-        "target", "mode", "draft", "speedup (geo-mean)", "lossless_rate", "runs", "code α", "code τ", "code best k",
-        "code speedup", "poem α", "poem τ", "poem best k", "poem speedup"]
+        "target", "mode", "draft", "speedup (geo-mean)", "lossless_rate", "runs", "code α", "code nodes/round",
+        "code τ", "code best k", "code speedup", "poem α", "poem nodes/round", "poem τ", "poem best k",
+        "poem speedup"]
     ngram, layerskip = table.to_dict("records")
     assert ngram["draft"] == "ngram" and layerskip["draft"] == "layerskip:2"
-    # ngram: code α (15 + 9) / (16 + 10); best k 2 (√8 ≈ 2.83× beats 2.4×) with τ 2.7; poem α 1/20, best k 2 (1.2×)
+    # ngram: code α (15 + 9) / (16 + 10), 27 drafts in 11 rounds; best k 2 (√8 ≈ 2.83× beats 2.4×) with τ 2.7;
+    # poem α 1/20, 53 drafts in 19 rounds, best k 2 (1.2×)
     assert [ngram[c] for c in table.columns[3:]] == pytest.approx(
-        [math.sqrt(math.sqrt(8) * 1.2), 1.0, 5, 24 / 26, 2.7, 2, math.sqrt(8), 1 / 20, 12 / 11, 2, 1.2])
-    # layerskip: code α 10/22, best k 2 (0.8×); poem α 12/20, best k 4 (1.0× beats 0.5×); 3 of 4 runs lossless
+        [math.sqrt(math.sqrt(8) * 1.2), 1.0, 5, 24 / 26, 27 / 11, 2.7, 2, math.sqrt(8), 1 / 20, 53 / 19, 12 / 11, 2,
+         1.2])
+    # layerskip: code α 10/22, 34 drafts in 12 rounds, best k 2 (0.8×); poem α 12/20, 26 in 11, best k 4 (1.0× beats
+    # 0.5×); 3 of 4 runs lossless
     assert [layerskip[c] for c in table.columns[3:]] == pytest.approx(
-        [math.sqrt(0.8 * 1.0), 0.75, 4, 10 / 22, 1.5, 2, 0.8, 12 / 20, 3.0, 4, 1.0])
+        [math.sqrt(0.8 * 1.0), 0.75, 4, 10 / 22, 34 / 12, 1.5, 2, 0.8, 12 / 20, 26 / 11, 3.0, 4, 1.0])
 
 
 def test_head_to_head_puts_two_drafts_side_by_side(db):
-    table = frames.head_to_head(queries.read(db, metrics.cells, Filters()), "ngram", "layerskip:2")
-    assert table.columns.tolist() == ["target", "mode", "category", "k", "k_policy", "α · ngram", "α · layerskip:2",
-                                      "τ · ngram", "τ · layerskip:2", "speedup · ngram", "speedup · layerskip:2"]
+    table = frames.head_to_head(queries.read(db, queries.cells, Filters()), "ngram", "layerskip:2")
+    assert table.columns.tolist() == [
+        "target", "mode", "category", "k", "k_policy", "α · ngram", "α · layerskip:2", "nodes/round · ngram",
+        "nodes/round · layerskip:2", "τ · ngram", "τ · layerskip:2", "speedup · ngram", "speedup · layerskip:2"]
     code_k4 = table[(table["category"] == "code") & (table["k"] == 4)].iloc[0]
-    assert code_k4.iloc[5:].tolist() == pytest.approx([9 / 10, 6 / 11, 4.0, 2.0, 2.4, 0.6])
+    assert code_k4.iloc[5:].tolist() == pytest.approx([9 / 10, 6 / 11, 11 / 3, 4.0, 4.0, 2.0, 2.4, 0.6])
 
 
 def test_speedup_by_k_marks_the_formulas_best_k(db):
@@ -208,3 +256,85 @@ def test_text_html_escapes_and_marks_every_token():
     assert '<span class="tok-prefill" data-fate="prefill" title="prefill · id 0">hi</span>' in html
     assert '<span class="tok-accepted" data-fate="accepted" title="round 0 · accepted draft · id 1">&lt;b&gt;' in html
     assert 'data-fate="correction" title="round 0 · correction · id 3">⏎\n</span>' in html
+
+
+def test_a_tree_runs_levels_in_position_stats(tree_db):
+    # Depths 3, 3, 2, 2 with (accepted, rejected) (2, 1), (3, 0), (0, 1), (2, 0). Level 1: all four reached it,
+    # three went on; level 2: three reached it (not the round that stopped at the root), all three accepted;
+    # level 3: two rounds of depth 3 reached it, one accepted.
+    rates = queries.read(tree_db, advisor.positions, Filters(draft=("ngram-tree",)))
+    assert rows(rates, ["position", "proposed", "reached", "accepted"]) == [[1, 4, 4, 3], [2, 4, 3, 3], [3, 2, 2, 1]]
+    assert rates["rate"].tolist() == pytest.approx([3 / 4, 1.0, 1 / 2])
+    assert charts.position_title({"ngram-tree"}, {"ngram-tree"}) == "depth (level of the tree)"
+    assert charts.position_title({"ngram", "ngram-tree"}, {"ngram-tree"}) == "draft position / tree depth"
+    assert charts.position_title({"ngram"}, {"ngram-tree"}) == "draft position"
+
+
+def test_a_tree_runs_tokens_follow_its_accepted_paths(tree_db):
+    rounds = queries.read(tree_db, queries.run_rounds, "c2-tree-k3")
+    tokens = fates.text_tokens(list(range(200, 212)), rounds)
+    assert [(t.token_id, t.fate, t.round) for t in tokens] == [
+        (200, "accepted", 0), (201, "accepted", 0), (202, "correction", 0), (203, "accepted", 1),
+        (204, "accepted", 1), (205, "accepted", 1), (206, "bonus", 1), (207, "correction", 2), (208, "plain", 3),
+        (209, "accepted", 4), (210, "accepted", 4), (211, "bonus", 4)]
+    # In node order: 902, the only child of the last accepted node, refused; 950 beside the path, thrown.
+    assert [(t.token_id, t.fate) for t in fates.drafts(rounds.iloc[0])] == [
+        (200, "accepted"), (201, "accepted"), (902, "rejected"), (950, "thrown")]
+    assert [(t.token_id, t.fate) for t in fates.drafts(rounds.iloc[2])] == [
+        (907, "rejected"), (208, "thrown"), (209, "thrown")]
+    assert fates.roots(tokens) == {1: 202, 2: 206, 3: 207, 4: 208}
+
+
+def test_a_sampled_tree_round_keeps_its_path_and_its_own_token():
+    # Sampling records only the path's tokens and the target's own: here 5 (node 0) accepted, then 42 drawn.
+    row = pd.Series({"round": 0, "k": 3, "accepted": 1, "rejected": 1, "thrown": 1, "emitted": 2,
+                     "draft_tokens": [5, 6, 7], "draft_parents": [-1, -1, 0], "accepted_path": [0],
+                     "target_tokens": [5, 42]})
+    assert [(t.token_id, t.fate) for t in fates.emitted(row)] == [(5, "accepted"), (42, "correction")]
+    assert fates.target_after(row) == {-1: 5, 0: 42}
+    assert [t.fate for t in fates.drafts(row)] == ["accepted", "thrown", "rejected"]
+
+
+LAYOUT = ["node", "parent", "depth", "lane", "fate", "stop", "wanted_token", "target_token"]
+
+
+def test_tree_layout_places_nodes_by_depth_with_their_fates(tree_db):
+    rounds = queries.read(tree_db, queries.run_rounds, "c2-tree-k3").set_index("round")
+    shown = {t: f"w{t}" for t in range(1000)}.__getitem__
+    # Round 0, drawn by hand:       root ─ 200 ─ 201 ─ 902      (row 0)
+    #                                    └ 950                  (row 1)
+    # leaves take rows 0 and 1 depth first, 200 and 201 sit at their one child's row, the root between its two.
+    first = trees.layout(rounds.loc[0].to_dict(), shown, root_token=7)
+    assert rows(first, LAYOUT) == [
+        [-1, None, 0, 0.5, "root", False, None, 200],
+        [0, -1, 1, 0.0, "accepted", False, 200, 201],
+        [1, 0, 2, 0.0, "accepted", True, 201, 202],
+        [2, 1, 3, 0.0, "rejected", False, 202, 803],
+        [3, -1, 1, 1.0, "thrown", False, 200, 851]]
+    assert first["text"].tolist() == ["w7", "w200", "w201", "w902", "w950"]
+    assert rows(first, ["parent_depth", "parent_lane"])[1:] == [[0, 0.5], [1, 0.0], [2, 0.0], [0, 0.5]]
+    # Round 1: root ─ 903 (row 0) and root ─ 203 ─ 204 ─ 205 (row 1); the path ends at the leaf 205: no rejection,
+    # and 903, which the target passed over for 203, is thrown.
+    second = trees.layout(rounds.loc[1].to_dict(), shown)
+    assert rows(second, ["node", "depth", "lane", "fate", "stop"]) == [
+        [-1, 0, 0.5, "root", False], [0, 1, 0.0, "thrown", False], [1, 1, 1.0, "accepted", False],
+        [2, 2, 1.0, "accepted", False], [3, 3, 1.0, "accepted", True]]
+    assert second["text"].iloc[0] == "root"  # no root token given
+    # Round 2: the path stopped at the root: 907, its only child, refused; 907's children thrown.
+    third = trees.layout(rounds.loc[2].to_dict(), shown)
+    assert rows(third, ["node", "depth", "lane", "fate", "stop"]) == [
+        [-1, 0, 0.5, "root", True], [0, 1, 0.5, "rejected", False], [1, 2, 0.0, "thrown", False],
+        [2, 2, 1.0, "thrown", False]]
+    with pytest.raises(ValueError, match="chain"):
+        trees.layout(rounds.loc[4].to_dict(), shown)
+
+
+def test_tree_chart_draws_edges_nodes_the_stop_and_labels(tree_db):
+    rounds = queries.read(tree_db, queries.run_rounds, "c2-tree-k3").set_index("round")
+    spec = charts.tree_round(trees.layout(rounds.loc[0].to_dict(), str)).to_dict()
+    assert [layer["mark"]["type"] for layer in spec["layer"]] == ["rule", "circle", "point", "text"]
+    assert spec["layer"][1]["encoding"]["x"]["title"] == "depth (level of the tree)"
+    assert spec["layer"][2]["transform"] == [{"filter": "datum.stop"}]
+    data = pd.DataFrame(spec["datasets"][spec["data"]["name"]])
+    assert data.set_index("node")["fate"].to_dict() == {
+        -1: "root", 0: "accepted", 1: "accepted", 2: "rejected", 3: "thrown"}
