@@ -26,7 +26,7 @@ torch.set_num_threads(1)
 LONGEST_FIRST = ("test_reliability_crash.py", "test_reliability_load.py", "test_reference.py",
                  "test_kernels_lossless.py", "test_reliability_concurrency.py", "test_ray.py", "test_browser.py",
                  "test_families.py", "test_sampling_smollm2.py", "test_heads.py", "test_trees_sampling.py",
-                 "test_trees.py", "test_serve.py", "test_policies.py", "test_sampling.py")
+                 "test_trees.py", "test_tree_drafters.py", "test_serve.py", "test_policies.py", "test_sampling.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -14,8 +14,9 @@ from runner.engine.decode import Target, generate
 from runner.engine.drafters import NoDraft
 from runner.engine.eagle_drafter import EagleDrafter
 from runner.engine.eagle_tree import EagleTreeDrafter
-from runner.engine.hybrid import merge
+from runner.engine.hybrid import HybridDrafter, merge
 from runner.engine.models import encode_chat
+from runner.engine.ngram_tree import NgramTreeDrafter
 from runner.engine.pair import Pair, parse_draft
 from runner.engine.recycling import RecyclingDrafter, rank_tree
 from runner.engine.sampling import Decoding
@@ -101,7 +102,7 @@ def test_each_eagle_tree_node_is_among_the_heads_best_after_its_own_branch(smoll
                 chain._forward(chain.hidden, torch.tensor([[token]]), chain.settled + i)
             best = chain.draft_ids[chain.next_logits.topk(3).indices].tolist()
             assert nodes[j] in best, (j, branch)
-        assert len({(p, t) for p, t in zip(parents, nodes)}) == len(nodes)  # siblings differ
+        assert len({(p, t) for p, t in zip(parents, nodes, strict=True)}) == len(nodes)  # siblings differ
 
 
 @pytest.mark.parametrize("draft", [f"eagle-tree:{HEAD}", f"hybrid:{HEAD}", "recycling", f"eagle-tree:{HEAD}:nodes=5"])
@@ -110,6 +111,9 @@ def test_greedy_tree_drafters_equal_plain_greedy_on_smollm2(smollm2, draft):
     pair = Pair(smollm2, [spec])
     prompt = encode_chat(smollm2, "Summarise: the river rose, the town moved uphill, and the river fell again.")
     expected = generate(smollm2, NoDraft(), prompt, 0, GREEDY, 32, torch.Generator()).output_tokens
+    with torch.inference_mode():  # and transformers' own greedy decoding agrees
+        made = smollm2.model.generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False)
+    assert made[0, len(prompt) :].tolist() == list(expected)
     for k in (2, 4):
         run = pair.run(spec, prompt, k, GREEDY, 32, seed=0)
         assert run.output_tokens == expected, k
@@ -138,9 +142,6 @@ def test_tree_drafts_are_parsed_with_their_node_counts():
 
 
 def test_hybrid_drafts_with_prompt_lookup_alone_after_a_full_match_and_merges_otherwise(smollm2, head):
-    from runner.engine.hybrid import HybridDrafter
-    from runner.engine.ngram_tree import NgramTreeDrafter
-
     text = "Repeat after me: the quick brown fox, the quick brown fox, the quick brown"
     hybrid, lookup = HybridDrafter(head, GREEDY, torch.Generator(), n=3, nodes=8), NgramTreeDrafter(3, nodes=8)
     with torch.inference_mode():

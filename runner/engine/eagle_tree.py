@@ -55,7 +55,7 @@ class EagleTreeDrafter(EagleDrafter):
             ids = host(frontier)
             parent_of = host(torch.cat(parents)[frontier])
             rows = [self.cache.length + i for i in range(len(ids))]
-            for node, parent, at in zip(ids, parent_of, rows):
+            for node, parent, at in zip(ids, parent_of, rows, strict=True):
                 ancestry[node] = (ancestry[parent] if parent != ROOT else []) + [at]
             out = self._forward_tree(hidden, self.draft_ids[torch.cat(tokens)[frontier]][None], ancestry, ids, level)
             logp = F.log_softmax(self.head.logits(out[0]).float(), -1)  # (F, Vd)

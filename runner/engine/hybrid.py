@@ -24,9 +24,9 @@ from runner.engine.trees import ROOT, as_parents
 def merge(first: tuple[list[int], list[int]], second: tuple[list[int], list[int]]) -> tuple[list[int], list[int]]:
     """The trie of two trees' branches (tokens, parents): `first`'s nodes, then `second`'s that it lacks."""
     tokens, parents = list(first[0]), list(first[1])
-    child = {(parent, token): j for j, (token, parent) in enumerate(zip(tokens, parents))}
+    child = {(parent, token): j for j, (token, parent) in enumerate(zip(tokens, parents, strict=True))}
     where: list[int] = []  # second's node j -> its node in the merge
-    for token, parent in zip(*second):
+    for token, parent in zip(*second, strict=True):
         at = ROOT if parent == ROOT else where[parent]
         if (at, token) not in child:
             child[at, token] = len(tokens)

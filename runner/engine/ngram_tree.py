@@ -14,7 +14,6 @@ from runner.engine.sampling import host
 from runner.engine.trees import ROOT, as_parents
 
 
-
 class NgramTreeDrafter(NgramDrafter):
     """The trie of the continuations (each up to k tokens, k being the tree's depth) of the last n tokens' earlier
     occurrences, the most recent first, then of the last n-1 tokens' … down to 1, until it holds `nodes` nodes.

@@ -23,8 +23,8 @@ from runner.engine.eagle_drafter import EagleDrafter
 from runner.engine.eagle_tree import EagleTreeDrafter
 from runner.engine.hybrid import HybridDrafter
 from runner.engine.ngram_tree import NgramTreeDrafter
-from runner.engine.recycling import RecyclingDrafter
 from runner.engine.policies import FIXED, PolicySpec, VerifyCosts
+from runner.engine.recycling import RecyclingDrafter
 from runner.engine.sampling import Decoding
 from runner.engine.trees import check_cache
 from runner.records import Generation

@@ -86,5 +86,5 @@ class RecyclingDrafter:
         return tokens, parents
 
     def accepted(self, n: int, hidden: Tensor | None, top: Tensor | None) -> None:
-        for token, candidates in zip(self.fed, host(top)):
+        for token, candidates in zip(self.fed, host(top), strict=True):
             self.table[token] = candidates
