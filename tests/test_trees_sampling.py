@@ -1,6 +1,6 @@
 """Speculative sampling over a tree keeps the target's law exactly: on hand-built p and q, and end to end with
-`ngram-tree` on a tiny target whose two-token law is computed by full forward passes. Each test has a negative
-control: without the residual update between siblings the same test fails."""
+`ngram-tree` and `recycling` on a tiny target whose two-token law is computed by full forward passes. Each test has
+a negative control: without the residual update between siblings the same test fails."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from runner.engine import trees
 from runner.engine.decode import generate
 from runner.engine.models import Loaded
 from runner.engine.ngram_tree import NgramTreeDrafter
+from runner.engine.recycling import RecyclingDrafter
 from runner.engine.sampling import Decoding
 from tests.conftest import tiny_llama
 from tests.laws import pooled_chisquare, samples_p_value, two_token_law
@@ -76,24 +77,31 @@ def _target() -> Loaded:
     return Loaded("tiny-tree-target", model, None, torch.device("cpu"), torch.float32)
 
 
-def _two_token_counts(target: Loaded, decoding: Decoding, n: int) -> tuple[torch.Tensor, int]:
+DRAFTERS = {  # each drafts a real tree in the first round after any first token
+    "ngram-tree": lambda: NgramTreeDrafter(1, nodes=16),
+    "recycling": lambda: RecyclingDrafter(nodes=6, width=3),  # the prefill ranked every token: all have a row
+}
+
+
+def _two_token_counts(target: Loaded, decoding: Decoding, n: int, drafter: str) -> tuple[torch.Tensor, int]:
     """Counts of the two tokens after the prefill's, each run one tree round of depth 2 (and one more round when
     that round emitted one token only); how many rounds drafted a branching tree."""
     counts, branching = torch.zeros(VOCAB, VOCAB), 0
     for seed in range(n):
         gen = torch.Generator().manual_seed(seed)
-        run = generate(target, NgramTreeDrafter(1, nodes=16), PROMPT, 2, decoding, 3, gen)
+        run = generate(target, DRAFTERS[drafter](), PROMPT, 2, decoding, 3, gen)
         counts[run.output_tokens[1], run.output_tokens[2]] += 1
         branching += run.rounds[0].draft_parents is not None
     return counts.view(-1), branching
 
 
+@pytest.mark.parametrize("drafter", list(DRAFTERS))
 @pytest.mark.parametrize("exact", [True, False], ids=["exact", "no-residual"])
-def test_ngram_tree_sampling_matches_the_targets_two_token_law(monkeypatch, exact):
+def test_tree_sampling_matches_the_targets_two_token_law(monkeypatch, exact, drafter):
     target, decoding, n = _target(), Decoding("sample", 1.0, 1.0), 2500
     if not exact:
         monkeypatch.setattr(trees, "residual", _no_residual)
-    counts, branching = _two_token_counts(target, decoding, n)
+    counts, branching = _two_token_counts(target, decoding, n, drafter)
     pvalue, outcomes = pooled_chisquare(counts, two_token_law(target, PROMPT, VOCAB, decoding), n)
     assert branching == n and outcomes >= 20  # every first round was a real tree; the law is spread
     assert pvalue > 1e-3 if exact else pvalue < 1e-6
