@@ -14,7 +14,7 @@ from runner.engine.decode import Target, generate
 from runner.engine.drafters import NoDraft
 from runner.engine.eagle_drafter import EagleDrafter
 from runner.engine.eagle_tree import EagleTreeDrafter
-from runner.engine.hybrid import HybridDrafter, merge
+from runner.engine.hybrid import GAIN_FLOOR, PROBE, RECENT, HybridDrafter, depth_along, merge
 from runner.engine.models import encode_chat
 from runner.engine.ngram_tree import NgramTreeDrafter
 from runner.engine.pair import Pair, parse_draft
@@ -156,3 +156,25 @@ def test_hybrid_drafts_with_prompt_lookup_alone_after_a_full_match_and_merges_ot
         plain = _ready(fresh, smollm2, "Name one planet.")
         merged = fresh.propose(plain, 3)  # no full match: the head drafts (its catch-up and k - 1 tree passes)
         assert fresh.head.calls == 3 and merged.tokens.numel() <= 8
+
+
+def test_how_far_a_text_follows_a_tree():
+    tokens, parents = [3, 4, 6, 5], [-1, 0, -1, 1]  # 3-4-5, 6
+    assert [depth_along(tokens, parents, text) for text in ([3, 4, 5, 9], [3, 4, 9], [6, 6], [7], [])] == [
+        3, 2, 1, 0, 0]
+
+
+def test_hybrid_drops_a_head_that_does_not_pay_and_probes_it_again(smollm2, head):
+    hybrid = HybridDrafter(head, GREEDY, torch.Generator(), n=3, nodes=8)
+    with torch.inference_mode():
+        tokens = _ready(hybrid, smollm2, "Name one planet.")
+        hybrid.gain = GAIN_FLOOR / 2  # the head added too little lately: the lookup drafts alone
+        hybrid.propose(tokens, 3)
+        assert hybrid.head.calls == 0 and hybrid.skipped == 1
+        hybrid.skipped = PROBE - 1  # ... until the PROBE-th round
+        hybrid.propose(tokens, 3)
+        assert hybrid.head.calls == 3 and hybrid.skipped == 0
+    # the round's lookup part was 3-4-5 / 6 and the path took 3 4 9 (the head's 9): a gain of 1 over the lookup's 2
+    hybrid.judged, hybrid.lookup.seen = (([3, 4, 6, 5], [-1, 0, -1, 1]), 2, 3), [1, 2, 3, 4, 9, 8]
+    hybrid._learn()
+    assert hybrid.gain == pytest.approx(GAIN_FLOOR / 2 + RECENT * (1 - GAIN_FLOOR / 2)) and hybrid.judged is None

@@ -5,7 +5,9 @@ SAM-Decoding chooses between its suffix automaton and EAGLE-2 by the match's len
 before (n = 3, the longest n-gram prompt lookup tries), the lookup's trie drafts alone, all the nodes, and the head
 only reads the target's features the next time it drafts; otherwise one verify pass judges both, the lookup's trie
 in up to half the nodes, the head's EAGLE-2 tree in the rest, a head node whose branch the trie holds being the
-same node.
+same node. The head keeps its share only while it pays: after each round it drafted, its gain is how much further the
+accepted path went than the lookup's part of the tree would have taken it; below `GAIN_FLOOR` tokens a round (an
+average over recent rounds) the lookup drafts alone, and the head tries again every `PROBE`-th round.
 """
 
 from __future__ import annotations
@@ -19,6 +21,20 @@ from runner.engine.heads import EagleHead
 from runner.engine.ngram_tree import NgramTreeDrafter
 from runner.engine.sampling import Decoding, host
 from runner.engine.trees import ROOT, as_parents
+
+GAIN_FLOOR = 0.25  # tokens a round the head must add to the lookup's own to keep its share of the tree
+PROBE = 8  # below the floor, the head still drafts every PROBE-th round, so a text that suits it wins it back
+RECENT = 0.25  # the weight of the newest round in the head's average gain
+
+
+def depth_along(tokens: list[int], parents: list[int], text: list[int]) -> int:
+    """How many tokens of `text` follow one branch of the tree (tokens, parents) down from the root."""
+    child = {(parent, token): j for j, (token, parent) in enumerate(zip(tokens, parents, strict=True))}
+    at, depth = ROOT, 0
+    while depth < len(text) and (at, text[depth]) in child:
+        at = child[at, text[depth]]
+        depth += 1
+    return depth
 
 
 def merge(first: tuple[list[int], list[int]], second: tuple[list[int], list[int]]) -> tuple[list[int], list[int]]:
@@ -37,8 +53,8 @@ def merge(first: tuple[list[int], list[int]], second: tuple[list[int], list[int]
 
 
 class HybridDrafter:
-    """`NgramTreeDrafter` alone after a full-length match; else its first `nodes` // 2 nodes, then `EagleTreeDrafter`
-    filling the tree to `nodes`."""
+    """`NgramTreeDrafter` alone after a full-length match or while the head does not pay; else its first
+    `nodes` // 2 nodes, then `EagleTreeDrafter` filling the tree to `nodes`."""
 
     wants_top = 0
 
@@ -49,6 +65,11 @@ class HybridDrafter:
         self.head = EagleTreeDrafter(head, decoding, generator, nodes=nodes)
         self.nodes = nodes
         self.wants_hidden = self.head.wants_hidden
+        self.gain = 1.0  # tokens a round the head added, on average; it starts trusted
+        self.skipped = 0  # rounds since the head last drafted
+        # the last round the head drafted in: the lookup's part of its tree, where the text then ended, and the
+        # accepted path's length once known
+        self.judged: tuple[tuple[list[int], list[int]], int, int | None] | None = None
 
     @property
     def calls(self) -> int:
@@ -57,18 +78,34 @@ class HybridDrafter:
     def prefill(self, tokens: Tensor, hidden: Tensor | None, top: Tensor | None) -> None:
         self.lookup.prefill(tokens, hidden, top)
         self.head.prefill(tokens, hidden, top)
+        self.gain, self.skipped, self.judged = 1.0, 0, None
 
     def propose(self, tokens: Tensor, k: int) -> Draft:
         drafts, parents = self.lookup.trie(tokens, k)
-        if self.lookup.matched == self.lookup.n:
+        self._learn()
+        alone = self.lookup.matched == self.lookup.n or self.gain < GAIN_FLOOR and self.skipped < PROBE - 1
+        if alone or k == 0:
+            self.skipped += 1
             return Draft(tokens=torch.tensor(drafts, dtype=tokens.dtype, device=tokens.device), q=None,
                          parents=as_parents(parents))
+        self.skipped = 0
         looked = drafts[: self.nodes // 2], parents[: self.nodes // 2]  # a parent comes before its children
+        self.judged = looked, tokens.numel(), None
         self.head.nodes = self.nodes - len(looked[0])
         ids, parents = self.head.tree(tokens, k)
         drafts, parents = merge(looked, (host(ids), parents))
         return Draft(tokens=torch.tensor(drafts, dtype=tokens.dtype, device=tokens.device), q=None,
                      parents=as_parents(parents))
 
+    def _learn(self) -> None:
+        """Fold the last head round's gain into the average, once the text it accepted has arrived."""
+        if self.judged is None or self.judged[2] is None:
+            return
+        (looked, start, accepted), self.judged = self.judged, None
+        path = self.lookup.seen[start : start + accepted]
+        self.gain += RECENT * (accepted - depth_along(*looked, path) - self.gain)
+
     def accepted(self, n: int, hidden: Tensor | None, top: Tensor | None) -> None:
         self.head.accepted(n, hidden, top)
+        if self.judged is not None:
+            self.judged = self.judged[0], self.judged[1], n
