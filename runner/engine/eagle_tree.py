@@ -46,7 +46,7 @@ class EagleTreeDrafter(EagleDrafter):
             return tokens[:0], []
         width = min(self.width, self.head.config.draft_vocab_size)
         score, row = F.log_softmax(self.next_logits.float(), -1).topk(width)  # level 1: the root's children
-        tokens, scores, parents = [row], [score], [torch.full_like(row, ROOT)]
+        drafted, scores, parents = [row], [score], [torch.full_like(row, ROOT)]  # per level: draft rows, scores
         frontier = torch.arange(width, device=row.device)  # candidate ids of the nodes to expand
         hidden = self.hidden.expand(1, width, -1)  # (1, F, h) the head's output that predicted each frontier node
         ancestry: dict[int, list[int]] = {}  # candidate id -> the cache rows of it and its fed ancestors
@@ -57,18 +57,18 @@ class EagleTreeDrafter(EagleDrafter):
             rows = [self.cache.length + i for i in range(len(ids))]
             for node, parent, at in zip(ids, parent_of, rows, strict=True):
                 ancestry[node] = (ancestry[parent] if parent != ROOT else []) + [at]
-            out = self._forward_tree(hidden, self.draft_ids[torch.cat(tokens)[frontier]][None], ancestry, ids, level)
+            out = self._forward_tree(hidden, self.draft_ids[torch.cat(drafted)[frontier]][None], ancestry, ids, level)
             logp = F.log_softmax(self.head.logits(out[0]).float(), -1)  # (F, Vd)
             child_score, child_row = logp.topk(width, dim=-1)  # (F, width)
             child_score = child_score + torch.cat(scores)[frontier][:, None]
-            tokens.append(child_row.flatten())
+            drafted.append(child_row.flatten())
             scores.append(child_score.flatten())
             parents.append(frontier.repeat_interleave(width))
             best = child_score.flatten().topk(min(width, child_score.numel())).indices
             frontier = count + best
             hidden = out[:, best // width]
             count += child_score.numel()
-        return self._best(torch.cat(tokens), torch.cat(scores), torch.cat(parents))
+        return self._best(torch.cat(drafted), torch.cat(scores), torch.cat(parents))
 
     def _best(self, rows: Tensor, scores: Tensor, parents: Tensor) -> tuple[Tensor, list[int]]:
         """The `nodes` likeliest candidates, renumbered so that a parent comes before its children."""
