@@ -34,12 +34,15 @@ class Round:
     @property
     def depth(self) -> int:
         """The draft's deepest level: k for a chain, the longest branch for a tree (`rounds.depth`)."""
-        if self.draft_parents is None:
-            return self.k
-        levels: list[int] = []
-        for parent in self.draft_parents:
-            levels.append(1 if parent < 0 else levels[parent] + 1)
-        return max(levels, default=0)
+        return self.k if self.draft_parents is None else tree_depth(self.draft_parents)
+
+
+def tree_depth(parents: tuple[int, ...] | list[int]) -> int:
+    """The longest branch of a tree given by its nodes' parents (-1: the root), a parent before its children."""
+    levels: list[int] = []
+    for parent in parents:
+        levels.append(1 if parent < 0 else levels[parent] + 1)
+    return max(levels, default=0)
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import duckdb
 
+from runner.records import tree_depth
+
 
 def _create_runs_and_rounds(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("""CREATE TABLE runs (
@@ -218,10 +220,7 @@ def _add_depth(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("UPDATE rounds SET depth = k WHERE draft_parents IS NULL")
     trees = con.execute("SELECT rowid, draft_parents FROM rounds WHERE draft_parents IS NOT NULL").fetchall()
     for rowid, parents in trees:
-        levels: list[int] = []
-        for parent in parents:
-            levels.append(1 if parent < 0 else levels[parent] + 1)
-        con.execute("UPDATE rounds SET depth = ? WHERE rowid = ?", [max(levels, default=0), rowid])
+        con.execute("UPDATE rounds SET depth = ? WHERE rowid = ?", [tree_depth(parents), rowid])
     con.execute(POSITION_STATS.format(depth="depth"))
 
 
