@@ -10,9 +10,10 @@ For every prompt, the two engines alternate (which goes first flips each time) a
 (e) our draft-length policies (`--policies`, from `--policy-k`) against transformers' adaptive schedules: its
     heuristic schedule for an assistant model and for early exit (a layer-skip draft), and, for prompt lookup, which
     transformers does not adapt, its best fixed `prompt_lookup_num_tokens` of the bench's k.
-And the verify curve: one target pass over k+1 tokens at a ~200-token context, k = 0..8, on stock F.linear and on
-our skinny kernels, at 1 thread and at the bench's; and the roofline: the weight bytes a one-token pass reads over
-its time, against the bandwidth of a STREAM-style copy measured in the same run.
+And the verify curve: one target pass over 1-64 rows at a ~200-token context (a chain of k+1 tokens, a tree under
+its mask, a batch of sequences of 5 tokens each), on stock F.linear and on our skinny kernels, at 1 thread and at
+the bench's; and the roofline: the weight bytes a one-token pass reads over its time, against the bandwidth of a
+STREAM-style copy measured at the same thread count in the same run.
 
 Every value is the median over repeats with its min–max; each printed row is also a row of
 `bench_results` in the database. Run from the repository root: `python bench/bench.py --help`.
@@ -37,7 +38,7 @@ sys.path.insert(0, str(ROOT))  # `python bench/bench.py` puts bench/, not the re
 import torch  # noqa: E402
 
 from bench.engines import PLAIN_CELL, BenchConfig, Cell, Engines, dtype_name, measure  # noqa: E402
-from bench.passes import copy_bandwidth, verify_curves, weight_bytes  # noqa: E402
+from bench.passes import copy_bandwidths, verify_curves, weight_bytes  # noqa: E402
 from bench.report import markdown_report, mismatch_lines, table  # noqa: E402
 from bench.rows import (  # noqa: E402
     Row,
@@ -95,8 +96,9 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None]) -> Outcome:
     finally:
         engines.record_dir.cleanup()
     progress("verify curves and the copy bandwidth")
-    curves = verify_curves(target, config.verify_context, config.verify_repeats, sorted({1, config.threads}))
-    copy_gbs = copy_bandwidth(target.device, config.verify_repeats)
+    thread_counts = sorted({1, config.threads})
+    curves = verify_curves(target, config.verify_context, config.verify_repeats, thread_counts)
+    copy_gbs = copy_bandwidths(target.device, config.verify_repeats, thread_counts)
     reference = {(s.engine, s.prompt.id): s.tokens for s in samples if s.cell == PLAIN_CELL and s.repeat == 0}
     fixed = [cell for cell in cells if cell.policy == FIXED]
     rows = (throughput_rows(samples, fixed, reference) + adaptive_rows(samples, cells, reference)
@@ -148,7 +150,7 @@ def parse_args(argv: list[str]) -> tuple[BenchConfig, Path | None]:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--prompts-per-category", type=int, default=1)
-    parser.add_argument("--verify-repeats", type=int, default=15)
+    parser.add_argument("--verify-repeats", type=int, default=9)
     parser.add_argument("--verify-context", type=int, default=200)
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads (default: OMP_NUM_THREADS, else every core); the verify curve is "

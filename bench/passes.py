@@ -1,40 +1,88 @@
-"""Single target passes, timed: the verify curve (one pass over k+1 tokens, k = 0..8) on each kernel path and
-thread count, and the roofline's two sides (the weight bytes a one-token pass reads, and the memory bandwidth
-a STREAM-style copy reaches on the same machine in the same run)."""
+"""Single target passes, timed: the verify curve (one pass over 1-64 rows: a chain, a tree under its mask, a batch
+of sequences) on each kernel path and thread count, and the roofline's two sides (the weight bytes a one-token
+pass reads, and the memory bandwidth a STREAM-style copy reaches at the same thread count in the same run)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-from runner.engine import kernels, models
+from runner.engine import kernels, models, trees
 from runner.engine.decode import Clock
 from runner.engine.drafters import crop_to, new_cache
 from runner.prompts import load_prompts
 
-VERIFY_KS = range(9)  # the verify curve: one target pass over k+1 tokens, k = 0..8
+# The verify curve, by the rows of one target pass: a chain (the last committed token and k drafts), a tree (the root
+# and a binary tree of rows - 1 nodes, under its mask) and a batch (B sequences, each the last token and 4 drafts).
+CHAIN, TREE, BATCH = "chain", "tree", "batch"
+WIDTHS = {CHAIN: (1, 2, 3, 5, 9, 16, 32, 64), TREE: (5, 9, 16, 32, 64), BATCH: (10, 20, 40, 60)}
+BATCH_ROWS = 5  # tokens per sequence in a batched pass: k = 4
 COPY_BYTES = 512 * 2**20  # the copied tensor: many times any CPU's last-level cache
 
-Curves = dict[tuple[str, int], dict[int, list[float]]]  # (kernels, threads) -> k -> milliseconds per repeat
+Curve = dict[tuple[str, int], list[float]]  # (shape, rows) -> milliseconds per repeat
+Curves = dict[tuple[str, int], Curve]  # (kernels, threads) -> its curve
 
 
-def verify_curve(target: models.Loaded, context: int, repeats: int,
-                 switches: list[kernels.Kernels]) -> dict[int, list[float]]:
-    """Milliseconds of ONE target pass over k+1 tokens after `context` cached tokens, per repeat, for each k."""
+def binary_tree(nodes: int) -> tuple[int, ...]:
+    """Parents of a tree where node j hangs under node (j - 2) // 2: two children each, as deep as it fills."""
+    return tuple((j - 2) // 2 if j >= 2 else -1 for j in range(nodes))
+
+
+def _passes(target: models.Loaded, context: int) -> dict[tuple[str, int], Callable[[], None]]:
+    """One pass per shape and width, each after `context` cached tokens and leaving the cache as it found it."""
+    model = target.model
     suite = [t for p in load_prompts() for t in models.encode_chat(target, p.text)]
-    ids = torch.tensor((suite * (1 + (context + len(VERIFY_KS)) // len(suite)))[: context + len(VERIFY_KS)],
-                       device=target.device)
-    clock, cache = Clock(target.device), new_cache(target.model)
-    times: dict[int, list[float]] = {k: [] for k in VERIFY_KS}
+    longest = context + max(WIDTHS[CHAIN])
+    ids = torch.tensor((suite * (1 + longest // len(suite)))[:longest], device=target.device)
+    widest = max(WIDTHS[BATCH]) // BATCH_ROWS
+    rows = torch.stack([ids.roll(-37 * b)[: context + BATCH_ROWS] for b in range(widest)])  # each row its own text
+    single = new_cache(model)
+    model(input_ids=ids[None, :context], cache=single, use_cache=True, logits_to_keep=1)
+
+    def chain(width: int) -> Callable[[], None]:
+        def run() -> None:
+            model(input_ids=ids[None, context: context + width], cache=single, use_cache=True, logits_to_keep=width)
+            crop_to(single, context)
+        return run
+
+    def tree(width: int) -> Callable[[], None]:
+        parents = binary_tree(width - 1)
+
+        def run() -> None:  # the mask is made in the pass's time, as a round makes it
+            mask = trees.attention_mask(parents, context, model.dtype, ids.device)
+            positions = trees.position_ids(parents, context, ids.device)
+            model(input_ids=ids[None, context: context + width], attention_mask=mask, position_ids=positions,
+                  cache=single, use_cache=True, logits_to_keep=width)
+            crop_to(single, context)
+        return run
+
+    def batch(width: int) -> Callable[[], None]:
+        fed, cache = rows[: width // BATCH_ROWS], new_cache(model)
+        model(input_ids=fed[:, :context], cache=cache, use_cache=True, logits_to_keep=1)
+
+        def run() -> None:
+            model(input_ids=fed[:, context:], cache=cache, use_cache=True, logits_to_keep=BATCH_ROWS)
+            crop_to(cache, context)
+        return run
+
+    makers = {CHAIN: chain, TREE: tree, BATCH: batch}
+    return {(shape, width): makers[shape](width) for shape, widths in WIDTHS.items() for width in widths}
+
+
+def verify_curve(target: models.Loaded, context: int, repeats: int, switches: list[kernels.Kernels]) -> Curve:
+    """Milliseconds of ONE target pass of each shape and width after `context` cached tokens, per repeat; the
+    passes take turns, in an order that flips each repeat."""
+    clock = Clock(target.device)
     with torch.inference_mode(), kernels.using(switches):
-        target.model(input_ids=ids[None, :context], cache=cache, use_cache=True, logits_to_keep=1)
+        passes = _passes(target, context)
+        times: Curve = {key: [] for key in passes}
         for repeat in range(repeats + 1):  # the first round warms every shape up and is not kept
-            for k in VERIFY_KS if repeat % 2 else reversed(VERIFY_KS):
+            for key in passes if repeat % 2 else reversed(passes):
                 start = clock()
-                target.model(input_ids=ids[None, context: context + k + 1], cache=cache, use_cache=True,
-                             logits_to_keep=k + 1)
+                passes[key]()
                 if repeat:
-                    times[k].append((clock() - start) * 1000)
-                crop_to(cache, context)
+                    times[key].append((clock() - start) * 1000)
     return times
 
 
@@ -63,6 +111,20 @@ def weight_bytes(model: torch.nn.Module) -> int:
     if embedding.data_ptr() != head.data_ptr():
         unique.pop(embedding.data_ptr())
     return sum(p.numel() * p.element_size() for p in unique.values())
+
+
+def copy_bandwidths(device: torch.device, repeats: int, thread_counts: list[int]) -> dict[int, list[float]]:
+    """`copy_bandwidth` at each thread count (a GPU's at its own)."""
+    if device.type != "cpu":
+        return {torch.get_num_threads(): copy_bandwidth(device, repeats)}
+    before, rates = torch.get_num_threads(), {}
+    try:
+        for threads in thread_counts:
+            torch.set_num_threads(threads)
+            rates[threads] = copy_bandwidth(device, repeats)
+    finally:
+        torch.set_num_threads(before)
+    return rates
 
 
 def copy_bandwidth(device: torch.device, repeats: int) -> list[float]:

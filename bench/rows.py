@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from bench.engines import PLAIN_CELL, Cell, Sample
-from bench.passes import VERIFY_KS, Curves
-from runner.engine.kernels import SKINNY
+from bench.passes import CHAIN, Curves
+from runner.engine.kernels import SKINNY, STOCK
 from runner.engine.policies import FIXED
 from runner.store import metrics
 from runner.store.bench_rows import UNITS, goal_for
@@ -40,7 +40,7 @@ class Row:
         object.__setattr__(self, "ratios", ratios)
 
     def goal(self) -> tuple[str | None, bool | None]:
-        goal = goal_for(self.metric, self.draft, self.k, self.category) if self.judged else None
+        goal = goal_for(self.metric, self.draft, self.k, self.category, self.judged)
         if goal is None:
             return None, None
         median = statistics.median(self.ratios if goal.value == "ratio" else self.ours)
@@ -186,16 +186,24 @@ def _metric(name: str, path: str) -> str:
 
 
 def verify_rows(curves: Curves, threads: int) -> list[Row]:
-    """Each path's curve at each thread count, over its own one-token pass; judged at the bench's threads."""
-    rows = [Row(_metric("verify_ms", path), "none", k, f"threads={n}", times[k], times[0], threads=n,
-                judged=n == threads) for (path, n), times in curves.items() for k in VERIFY_KS]
+    """Each path's curve at each thread count, per shape (`draft`) and rows (k = rows - 1), over the same path's
+    one-token pass; then ours over stock at the same shape, rows and threads. Judged at the bench's threads, and
+    at one thread where a goal says so."""
+    rows = [Row(_metric("verify_ms", path), shape, width - 1, f"threads={n}", times[(shape, width)],
+                times[(CHAIN, 1)], threads=n, judged=n == threads)
+            for (path, n), times in curves.items() for shape, width in times]
+    rows += [Row("verify_vs_stock", shape, width - 1, f"threads={n}", times[(shape, width)],
+                 curves[(STOCK, n)][(shape, width)], threads=n, judged=n == threads)
+             for (path, n), times in curves.items() if path == SKINNY for shape, width in times]
     return sorted(rows, key=lambda r: list(UNITS).index(r.metric))
 
 
-def roofline_rows(curves: Curves, threads: int, weight_bytes: int, copy_gbs: list[float]) -> list[Row]:
-    """Weight bytes over the one-token pass time of each path at the bench's threads, against the copy's GB/s."""
-    rows = [Row(_metric("roofline", path), "none", 0, "all", [weight_bytes / (ms / 1000) / 1e9 for ms in times[0]],
-                copy_gbs) for (path, n), times in curves.items() if n == threads]
+def roofline_rows(curves: Curves, threads: int, weight_bytes: int, copy_gbs: dict[int, list[float]]) -> list[Row]:
+    """Weight bytes over the one-token pass time of each path at each thread count, against the copy's GB/s at
+    that thread count; judged at the bench's."""
+    rows = [Row(_metric("roofline", path), "none", 0, f"threads={n}",
+                [weight_bytes / (ms / 1000) / 1e9 for ms in times[(CHAIN, 1)]], copy_gbs[n], threads=n,
+                judged=n == threads) for (path, n), times in curves.items()]
     return sorted(rows, key=lambda r: list(UNITS).index(r.metric))
 
 

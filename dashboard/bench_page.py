@@ -40,14 +40,13 @@ def table(rows: pd.DataFrame) -> pd.DataFrame:
 VERIFY_METRICS = {"verify_ms": "skinny", "verify_ms_stock": "stock"}  # each kernel path's curve
 
 
-def verify_frame(rows: pd.DataFrame, bench: pd.Series) -> pd.DataFrame:
-    """The verify curves in the shape of the Overview's chart: time of a pass over k+1 tokens / at k = 0, one per
-    kernel path and thread count."""
+def verify_frame(rows: pd.DataFrame) -> pd.DataFrame:
+    """The verify curves: per pass shape (a bench before trees and batches recorded chains alone, as draft 'none'),
+    kernel path and thread count, the pass's time over the same path's one-token pass by the rows it carries."""
     curve = rows[rows["metric"].isin(list(VERIFY_METRICS))]
-    return pd.DataFrame({"target": bench["target"], "device": f"{bench['device']} ({bench['device_name']})",
+    return pd.DataFrame({"shape": curve["draft"].replace({"none": "chain"}),
                          "kernels": curve["metric"].map(VERIFY_METRICS), "threads": curve["threads"],
-                         "k": curve["k"], "rounds": bench["repeats"],
-                         "verify_s": curve["ours"] / 1000, "relative": curve["ratio"]})
+                         "rows": curve["k"] + 1, "verify_ms": curve["ours"], "relative": curve["ratio"]})
 
 
 def _goal_text(goal: Goal) -> str:
@@ -81,11 +80,12 @@ def render() -> None:
     bench = benches.set_index("bench_id").loc[bench_id]  # bench.name is the id
     _header(bench)
     rows = common.load(queries.bench_rows, bench_id)
-    st.subheader("Verify pass time against k")
-    st.altair_chart(charts.verify_growth(verify_frame(rows, bench)))
-    st.caption("One target pass over k+1 tokens at a fixed context, over the same path's pass at k = 0, on stock "
-               "F.linear and on the skinny kernels, per thread count. The explainer assumes it is flat (the dashed "
-               "line), and so does the formula's prediction in (d).")
+    st.subheader("Verify pass time against the rows it carries")
+    st.altair_chart(charts.bench_verify(verify_frame(rows)))
+    st.caption("One target pass at a fixed context over the same path's one-token pass: a chain of k+1 tokens, a "
+               "tree of that many rows under its mask, or a batch of sequences of 5 tokens each; stock F.linear "
+               "against the skinny kernels, at one thread and at the bench's. The explainer assumes it is flat "
+               "(the dashed line), and so does the formula's prediction in (d).")
     for metric, about in ABOUT.items():
         picked = rows[rows["metric"] == metric]
         if not picked.empty:

@@ -97,6 +97,22 @@ def verify_growth(frame: pd.DataFrame) -> alt.LayerChart:
         width=420, height=240, title="verify pass time against k (dashed: the explainer's flat assumption)")
 
 
+def bench_verify(frame: pd.DataFrame) -> alt.FacetChart:
+    """The bench's verify curves: one panel per pass shape, a line per kernel path (colour) and thread count
+    (dash), time over the one-token pass against the rows of the pass."""
+    frame = frame.assign(threads=frame["threads"].map(lambda n: f"{n} thread{'s' if n != 1 else ''}"))
+    line = alt.Chart().mark_line(point=True).encode(
+        alt.X("rows:Q", title="rows in the pass", scale=alt.Scale(type="log", base=2), axis=alt.Axis(format="d")),
+        alt.Y("relative:Q", title="pass time / one-token pass", scale=alt.Scale(zero=True)),
+        color=alt.Color("kernels:N", title="kernels", scale=_SCHEME),
+        strokeDash=alt.StrokeDash("threads:N", title=None),
+        tooltip=["shape:N", "kernels:N", "threads:N", "rows:Q", alt.Tooltip("verify_ms:Q", format=".1f", title="ms"),
+                 alt.Tooltip("relative:Q", format=".2f", title="× one-token pass")])
+    flat = alt.Chart().mark_rule(strokeDash=[4, 4], color="grey").encode(y=alt.datum(1))
+    return alt.layer(line, flat, data=frame).properties(width=260, height=220).facet(
+        column=alt.Column("shape:N", title=None, sort=["chain", "tree", "batch"]))
+
+
 _EPOCH = alt.X("epoch:Q", title="epoch (0: untrained)", axis=alt.Axis(tickMinStep=1, format="d"))
 _ACCEPTANCE = alt.Y("acceptance:Q", title="acceptance", scale=alt.Scale(domain=[0, 1]))
 

@@ -360,11 +360,11 @@ def test_benchmark_page_shows_each_bench_its_goals_and_its_verify_curve(monkeypa
     assert not at.exception and at.selectbox(key="bench").value == "b-new"  # the newest first
     assert metrics(at)["goals met"] == "1 of 2"
     _, curve = chart_data(at.get("vega_lite_chart")[0])
-    assert curve[["kernels", "k", "relative"]].values.tolist() == [
-        ["skinny", 0, 1.0], ["skinny", 1, 1.6], ["skinny", 2, 2.0], ["stock", 0, 1.0], ["stock", 1, 2.0],
-        ["stock", 2, 3.0]]
-    assert set(curve["setup"]) == {"tiny-target on cpu (a test CPU) · skinny · 1 threads",
-                                   "tiny-target on cpu (a test CPU) · stock · 1 threads"}
+    assert curve[["shape", "kernels", "rows", "relative"]].values.tolist() == [
+        ["chain", "skinny", 1, 1.0], ["chain", "skinny", 2, 1.6], ["chain", "skinny", 3, 2.0],
+        ["chain", "stock", 1, 1.0], ["chain", "stock", 2, 2.0], ["chain", "stock", 3, 3.0],
+        ["tree", "skinny", 5, 1.5]]
+    assert set(curve["threads"]) == {"1 thread"}
     plain, spec, adaptive, verify, verify_stock = (t.value for t in at.dataframe)
     # The policy ours drafted under is a column only where it is not a fixed k.
     assert "policy" not in spec and adaptive[["k", "policy", "ours / theirs"]].values.tolist() == [
@@ -373,6 +373,8 @@ def test_benchmark_page_shows_each_bench_its_goals_and_its_verify_curve(monkeypa
     assert plain.iloc[0][["ours / theirs", "goal"]].tolist() == ["1.20 (1.08–1.32)", "✓ ratio >= 1"]
     assert spec.iloc[0][["ours", "ours / theirs", "goal"]].tolist() == [
         "21.00 (18.90–23.10)", "1.10 (0.99–1.21)", "✗ ratio >= 1.15"]
-    assert verify["ours"].tolist() == ["70.00 (63.00–77.00)", "112.00 (100.80–123.20)", "140.00 (126.00–154.00)"]
+    assert verify[["draft", "ours"]].values.tolist() == [
+        ["none", "70.00 (63.00–77.00)"], ["none", "112.00 (100.80–123.20)"], ["none", "140.00 (126.00–154.00)"],
+        ["tree", "105.00 (94.50–115.50)"]]
     older = app(monkeypatch, db, "bench_page.py", bench="b-old")  # a shared URL picks the bench
     assert metrics(older)["goals met"] == "1 of 1" and len(older.dataframe) == 1

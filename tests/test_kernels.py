@@ -48,21 +48,38 @@ def test_choose_takes_the_fastest_only_when_it_beats_stock_by_the_margin():
     assert kernels.choose({"stock": 3.0, "transposed": 3.0}) == "stock"
 
 
-def test_the_table_is_the_median_choice_per_shape_and_row_count():
-    rows = range(1, kernels.MAX_ROWS + 1)
+def test_the_table_is_the_median_choice_per_shape_and_rung_and_each_rung_serves_the_rows_below_it():
+    assert kernels.RUNGS[0] == 1 and kernels.RUNGS[-1] == kernels.MAX_ROWS == 64
+    assert [kernels.rung(r) for r in (1, 5, 7, 8, 9, 13, 17, 33, 49, 64)] == [1, 5, 8, 8, 12, 16, 24, 48, 64, 64]
     # One slow outlier must not decide: medians of [1, 1, 9] and [2, 2, 2].
     timings = {(8, 4): {r: {"stock": [2.0, 2.0, 2.0], "transposed": [1.0, 9.0, 1.0] if r <= 3 else [2.5] * 3}
-                        for r in rows},
+                        for r in kernels.RUNGS},
                (4, 8): {r: {"stock": [1.0], "transposed": [2.0], **({"two_columns": [0.5]} if r == 1 else {})}
-                        for r in rows}}
+                        for r in kernels.RUNGS},
+               # packed wins only at the rungs 24 and 64: rows 17-24 and 49-64 take it
+               (6, 6): {r: {"stock": [1.0], "packed": [0.5 if r in (24, 64) else 1.5]} for r in kernels.RUNGS}}
     table = kernels.table_from(timings)
     assert table[(8, 4)] == ("transposed",) * 3 + ("stock",) * (kernels.MAX_ROWS - 3)
     assert table[(4, 8)] == ("two_columns",) + ("stock",) * (kernels.MAX_ROWS - 1)
-    # Never slower than stock: every choice's median is at most stock's.
+    assert table[(6, 6)] == ("stock",) * 16 + ("packed",) * 8 + ("stock",) * 24 + ("packed",) * 16
+    # Never slower than stock: every row's choice has, at its rung, a median at most stock's.
     for shape, choices in table.items():
-        for r, name in zip(rows, choices, strict=True):
-            medians = {n: sorted(t)[len(t) // 2] for n, t in timings[shape][r].items()}
+        for r, name in enumerate(choices, start=1):
+            medians = {n: sorted(t)[len(t) // 2] for n, t in timings[shape][kernels.rung(r)].items()}
             assert medians[name] <= medians["stock"]
+
+
+def test_a_weight_is_packed_once_and_its_copy_goes_with_it():
+    w = torch.randn(32, 16)
+    packed = kernels.packed_weight(w)
+    assert kernels.packed_weight(w) is packed and id(w) in kernels._PACKED
+    x = torch.randn(5, 16)
+    assert ((kernels.CANDIDATES["packed"](x, w, None) - F.linear(x, w)).abs() <= summation_bound(x, w, None)).all()
+    kernels.unpack(w)
+    assert id(w) not in kernels._PACKED and kernels.packed_weight(w) is not packed  # packed again on demand
+    key = id(w)
+    del w
+    assert key not in kernels._PACKED  # freed with its weight
 
 
 def test_a_candidate_the_library_refuses_is_left_out_and_stock_is_chosen(monkeypatch):
@@ -111,7 +128,7 @@ def test_the_table_is_measured_once_then_read_from_the_cache(tmp_path, monkeypat
     table = switch.table()
     [saved] = (tmp_path / "kernels").glob("*.json")
     data = json.loads(saved.read_text())
-    assert data["key"]["threads"] == torch.get_num_threads() and data["key"]["max_rows"] == kernels.MAX_ROWS
+    assert data["key"]["threads"] == torch.get_num_threads() and data["key"]["rungs"] == list(kernels.RUNGS)
     assert data["key"]["shapes"] == [[32, 64], [64, 64], [64, 128], [100, 64], [128, 64]] and data["key"]["cpu"]
     assert kernels.table_from(kernels._timings_from_json(data["timings"])) == table
     assert all(len(timings) == kernels.REPEATS for by_rows in data["timings"].values()

@@ -1,9 +1,12 @@
-"""CPU matrix products for the few rows a decode pass carries, chosen per weight shape from measurement.
+"""CPU matrix products for the 1-64 rows a decode pass carries (a chain, a tree, a batch), chosen per weight
+shape and row count from measurement.
 
 `F.linear(x, W)` with 2-16 rows takes a CPU BLAS path that streams W once per row, and with one row a
-matrix-vector path that leaves bandwidth unused; `W @ xᵀ` streams W once for all rows. Which product wins
-depends on the shape, the row count, the thread count and the library, so each candidate is timed on
-the model's own weights and the fastest is used where it beats stock by a margin. Every nn.Linear of an
+matrix-vector path that leaves bandwidth unused; `W @ xᵀ` streams W once for all rows, and oneDNN's matmul on a
+weight reordered once into its blocked layout ("packed") computes wider passes closer to the machine's peak.
+Which product wins depends on the shape, the row count, the thread count and the library, so each candidate is
+timed on the model's own weights at a ladder of row counts and the fastest is used where it beats stock by a
+margin; a row count between two rungs takes the choice of the rung above it. Every nn.Linear of an
 attached model goes through `Kernels`, which runs stock outside `use()`: transformers' own `generate`
 on the same model object keeps the stock path. CUDA models are never attached (cuBLAS handles them).
 """
@@ -28,13 +31,14 @@ from torch import Tensor, nn
 from runner.engine.models import cache_dir
 
 STOCK, SKINNY = "stock", "skinny"  # values of --kernels: torch's own F.linear, or the measured choice
-MAX_ROWS = 16  # beyond a verify pass's rows (prefill), stock
+MAX_ROWS = 64  # the widest tree (63 nodes and the root) or a batch's B x (k+1); beyond it (prefill), stock
+RUNGS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64)  # the row counts measured; each covers those above the last
 MARGIN = 0.05  # a candidate replaces stock only when its median is this much faster, so noise alone never does
 REPEATS = 3  # timed sweeps over the weights per candidate, shape and row count; the median is kept
 
 Shape = tuple[int, int]  # (out_features, in_features)
 Table = dict[Shape, tuple[str, ...]]  # the candidate per row count 1..MAX_ROWS
-Timings = dict[Shape, dict[int, dict[str, list[float]]]]  # shape -> rows -> candidate -> seconds per product
+Timings = dict[Shape, dict[int, dict[str, list[float]]]]  # shape -> rung -> candidate -> seconds per product
 
 
 def _transposed(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
@@ -52,18 +56,55 @@ def _onednn(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [None], "")
 
 
+_PACKED: dict[int, tuple[weakref.ref, Tensor]] = {}  # id(weight) -> (the weight, its blocked copy)
+
+
+def packed_weight(w: Tensor) -> Tensor:
+    """oneDNN's blocked copy of `w` for passes of up to MAX_ROWS rows, made on first use and kept while `w` lives.
+    A model's weights are taken as fixed once packed: decoding never changes them."""
+    key = id(w)
+    entry = _PACKED.get(key)
+    if entry is None or entry[0]() is not w:  # an id can be reused once its tensor is gone
+        def forget(ref: weakref.ref, key: int = key) -> None:
+            if _PACKED.get(key, (None,))[0] is ref:
+                del _PACKED[key]
+
+        with torch.no_grad():
+            entry = (weakref.ref(w, forget), torch.ops.mkldnn._reorder_linear_weight(w, MAX_ROWS))
+        _PACKED[key] = entry
+    return entry[1]
+
+
+def unpack(w: Tensor) -> None:
+    """Drop `w`'s blocked copy (its memory) if it has one."""
+    entry = _PACKED.get(id(w))
+    if entry is not None and entry[0]() is w:
+        del _PACKED[id(w)]
+
+
+def _packed(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, packed_weight(w), b, "none", [None], "")
+
+
+PACKED = "packed"
 CANDIDATES: dict[str, Callable[[Tensor, Tensor, Tensor | None], Tensor]] = {
     STOCK: F.linear, "transposed": _transposed, "two_columns": _two_columns,
-    **({"onednn": _onednn} if torch.backends.mkldnn.is_available() else {}),
+    **({"onednn": _onednn, PACKED: _packed} if torch.backends.mkldnn.is_available() else {}),
 }
 
 
-# Row counts a candidate is tried at (default: all): oneDNN spends milliseconds per call on one row.
+# Row counts a candidate is tried at (default: all): oneDNN on an unpacked weight spends milliseconds per call on
+# one row.
 _ROWS = {"two_columns": range(1, 2), "onednn": range(2, MAX_ROWS + 1)}
 
 
 def candidates(rows: int) -> list[str]:
     return [name for name in CANDIDATES if rows in _ROWS.get(name, range(1, MAX_ROWS + 1))]
+
+
+def rung(rows: int) -> int:
+    """The measured row count whose choice serves `rows`: the smallest rung at or above it."""
+    return next(r for r in RUNGS if r >= rows)
 
 
 def choose(medians: dict[str, float]) -> str:
@@ -73,23 +114,28 @@ def choose(medians: dict[str, float]) -> str:
 
 
 def table_from(timings: Timings) -> Table:
-    """The choices the timings call for: a pure function, so a cached measurement always gives the same table."""
-    return {shape: tuple(choose({name: statistics.median(times) for name, times in by_rows[rows].items()})
-                         for rows in range(1, MAX_ROWS + 1)) for shape, by_rows in timings.items()}
+    """The choices the timings call for, per row count 1..MAX_ROWS (each from its rung): a pure function, so a
+    cached measurement always gives the same table."""
+    table = {}
+    for shape, by_rung in timings.items():
+        chosen = {r: choose({name: statistics.median(times) for name, times in by_rung[r].items()}) for r in RUNGS}
+        table[shape] = tuple(chosen[rung(rows)] for rows in range(1, MAX_ROWS + 1))
+    return table
 
 
 def measure(linears: list[nn.Linear], repeats: int = REPEATS) -> Timings:
-    """Seconds per product of every candidate, shape and row count, each timed over ALL the weights of its shape
-    in turn, the shapes taking turns: in a pass the weights come from memory, not from cache, and so they do here."""
+    """Seconds per product of every candidate, shape and rung, each timed over ALL the weights of its shape in
+    turn, the shapes taking turns: in a pass the weights come from memory, not from cache, and so they do here.
+    The packed candidate's copies are made before its first (untimed) sweep."""
     groups: dict[Shape, list[nn.Linear]] = {}
     for linear in linears:
         groups.setdefault(tuple(linear.weight.shape), []).append(linear)
     generator = torch.Generator().manual_seed(0)
-    timings: Timings = {shape: {rows: {} for rows in range(1, MAX_ROWS + 1)} for shape in groups}
+    timings: Timings = {shape: {rows: {} for rows in RUNGS} for shape in groups}
     unsupported: set[tuple[str, Shape, int]] = set()  # e.g. oneDNN has no float16 inner product on most CPUs
     with torch.inference_mode():
         for repeat in range(repeats + 1):  # the first sweep warms the allocator and the libraries up
-            for rows in range(1, MAX_ROWS + 1):
+            for rows in RUNGS:
                 for name in candidates(rows):
                     for shape, group in groups.items():
                         if (name, shape, rows) in unsupported:
@@ -150,7 +196,7 @@ class Kernels:
         dtypes = sorted({str(m.weight.dtype) for m in self.linears})
         shapes = sorted({tuple(m.weight.shape) for m in self.linears})
         return {"cpu": cpu_name(), "threads": threads, "torch": torch.__version__, "dtypes": dtypes,
-                "shapes": shapes, "candidates": list(CANDIDATES), "max_rows": MAX_ROWS}
+                "shapes": shapes, "candidates": list(CANDIDATES), "rungs": list(RUNGS)}
 
     def table(self, remeasure: bool = False) -> Table:
         """The choices at the current thread count: from the disk cache, else (or when asked to remeasure)
@@ -170,7 +216,15 @@ class Kernels:
                 temp.write_text(json.dumps({"key": key, "timings": _timings_to_json(timings)}))
                 temp.replace(path)  # atomic: a concurrent process finds a whole file or none
             self.tables[threads] = table_from(timings)
+            self._unpack_unused()
         return self.tables[threads]
+
+    def _unpack_unused(self) -> None:
+        """Keep a blocked copy only for the shapes whose table (at some thread count) takes the packed product."""
+        packed = {shape for table in self.tables.values() for shape, names in table.items() if PACKED in names}
+        for linear in self.linears:
+            if tuple(linear.weight.shape) not in packed:
+                unpack(linear.weight)
 
     @contextlib.contextmanager
     def use(self) -> Iterator[None]:
