@@ -34,7 +34,7 @@ STOCK, SKINNY = "stock", "skinny"  # values of --kernels: torch's own F.linear, 
 MAX_ROWS = 64  # the widest tree (63 nodes and the root) or a batch's B x (k+1); beyond it (prefill), stock
 RUNGS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64)  # the row counts measured; each covers those above the last
 MARGIN = 0.05  # a candidate replaces stock only when its median is this much faster, so noise alone never does
-REPEATS = 3  # timed sweeps over the weights per candidate, shape and row count; the median is kept
+REPEATS = 5  # timed sweeps over the weights per candidate, shape and row count; the median is kept
 
 Shape = tuple[int, int]  # (out_features, in_features)
 Table = dict[Shape, tuple[str, ...]]  # the candidate per row count 1..MAX_ROWS
@@ -50,10 +50,6 @@ def _transposed(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
 def _two_columns(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
     # One row as a 2-column product: a matrix-matrix kernel where stock takes a matrix-vector one.
     return _transposed(x.repeat(2, 1), w, b)[:1]
-
-
-def _onednn(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [None], "")
 
 
 _PACKED: dict[int, tuple[weakref.ref, Tensor]] = {}  # id(weight) -> (the weight, its blocked copy)
@@ -89,13 +85,12 @@ def _packed(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
 PACKED = "packed"
 CANDIDATES: dict[str, Callable[[Tensor, Tensor, Tensor | None], Tensor]] = {
     STOCK: F.linear, "transposed": _transposed, "two_columns": _two_columns,
-    **({"onednn": _onednn, PACKED: _packed} if torch.backends.mkldnn.is_available() else {}),
+    **({PACKED: _packed} if torch.backends.mkldnn.is_available() else {}),
 }
 
 
-# Row counts a candidate is tried at (default: all): oneDNN on an unpacked weight spends milliseconds per call on
-# one row.
-_ROWS = {"two_columns": range(1, 2), "onednn": range(2, MAX_ROWS + 1)}
+# Row counts a candidate is tried at (default: all).
+_ROWS = {"two_columns": range(1, 2)}
 
 
 def candidates(rows: int) -> list[str]:
