@@ -51,7 +51,7 @@ def test_choose_takes_the_fastest_only_when_it_beats_stock_by_the_margin():
 def test_the_table_is_the_median_choice_per_shape_and_rung_and_each_rung_serves_the_rows_below_it():
     assert kernels.RUNGS[0] == 1 and kernels.RUNGS[-1] == kernels.MAX_ROWS == 64
     assert [kernels.rung(r) for r in (1, 5, 7, 8, 9, 13, 17, 33, 49, 64)] == [1, 5, 8, 8, 12, 16, 24, 48, 64, 64]
-    # One slow outlier must not decide: medians of [1, 1, 9] and [2, 2, 2].
+    # One slow outlier must not decide: [1, 9, 1] against [2, 2, 2], sweep by sweep 0.5, 4.5, 0.5.
     timings = {(8, 4): {r: {"stock": [2.0, 2.0, 2.0], "transposed": [1.0, 9.0, 1.0] if r <= 3 else [2.5] * 3}
                         for r in kernels.RUNGS},
                (4, 8): {r: {"stock": [1.0], "transposed": [2.0], **({"two_columns": [0.5]} if r == 1 else {})}
@@ -62,11 +62,19 @@ def test_the_table_is_the_median_choice_per_shape_and_rung_and_each_rung_serves_
     assert table[(8, 4)] == ("transposed",) * 3 + ("stock",) * (kernels.MAX_ROWS - 3)
     assert table[(4, 8)] == ("two_columns",) + ("stock",) * (kernels.MAX_ROWS - 1)
     assert table[(6, 6)] == ("stock",) * 16 + ("packed",) * 8 + ("stock",) * 24 + ("packed",) * 16
-    # Never slower than stock: every row's choice has, at its rung, a median at most stock's.
+    # Never slower than stock: every row's choice took, in the median sweep at its rung, at most stock's time.
     for shape, choices in table.items():
         for r, name in enumerate(choices, start=1):
-            medians = {n: sorted(t)[len(t) // 2] for n, t in timings[shape][kernels.rung(r)].items()}
-            assert medians[name] <= medians["stock"]
+            assert kernels.relative(timings[shape][kernels.rung(r)])[name] <= 1.0
+
+
+def test_each_sweep_sets_a_candidate_against_stock_in_the_same_sweep():
+    # A load arrives in the second sweep and stays: by plain medians stock (1.0) beats the candidate (2.7), but in
+    # every sweep where both ran under the same load the candidate took 0.9 of stock's time.
+    times = {"stock": [1.0, 1.0, 3.0], "packed": [0.9, 2.7, 2.7]}
+    assert kernels.relative(times) == {"stock": 1.0, "packed": pytest.approx(0.9)}
+    timings = {(6, 6): {r: times for r in kernels.RUNGS}}
+    assert kernels.table_from(timings)[(6, 6)] == ("packed",) * kernels.MAX_ROWS
 
 
 def test_a_weight_is_packed_once_and_its_copy_goes_with_it():

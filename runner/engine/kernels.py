@@ -108,12 +108,19 @@ def choose(medians: dict[str, float]) -> str:
     return best if medians[best] < (1 - MARGIN) * medians[STOCK] else STOCK
 
 
+def relative(times: dict[str, list[float]]) -> dict[str, float]:
+    """Each candidate's median, over the sweeps, of its time over stock's in the same sweep: a load that comes or
+    goes between sweeps slows both sides of a pair, so it does not decide."""
+    return {name: statistics.median(t / s for t, s in zip(series, times[STOCK], strict=True))
+            for name, series in times.items()}
+
+
 def table_from(timings: Timings) -> Table:
     """The choices the timings call for, per row count 1..MAX_ROWS (each from its rung): a pure function, so a
     cached measurement always gives the same table."""
     table = {}
     for shape, by_rung in timings.items():
-        chosen = {r: choose({name: statistics.median(times) for name, times in by_rung[r].items()}) for r in RUNGS}
+        chosen = {r: choose(relative(by_rung[r])) for r in RUNGS}
         table[shape] = tuple(chosen[rung(rows)] for rows in range(1, MAX_ROWS + 1))
     return table
 
