@@ -106,7 +106,7 @@ class RunContext:
             status="error" if error else "ok", error=error, generation=generation,
             output_text=None if generation is None else target.tokenizer.decode(list(generation.output_tokens)),
             baseline_run_id=None, lossless=None, provenance=self.provenance, kernels=self.pair.kernels,
-            threads=torch.get_num_threads(),
+            threads=torch.get_num_threads(), turn=cell.prompt.turn, conversation=cell.prompt.thread,
         )
 
     def classify(self, prompt: tuple[int, ...], baseline: tuple[int, ...], ours: tuple[int, ...]) -> Divergence | None:
