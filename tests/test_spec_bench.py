@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
 import pytest
 from rich.console import Console
 from typer.testing import CliRunner
@@ -191,3 +192,23 @@ def test_two_turns_are_swept_with_the_first_answer_in_the_second_prompt(tiny_dir
     assert all(r[4] == expected for r in second.values())  # the target's turn-1 answer, through the chat template
     assert expected[:len(first["none"][4])] == first["none"][4]
     assert all(r[7] == r[0] and r[8] is True for r in runs if r[1] != "none")  # turn paired with turn, lossless
+
+
+def test_the_dashboard_page_shows_the_table_and_the_context_chart(db, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("SPECDASH_DB", str(db))
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[1] / "dashboard" / "app.py"), default_timeout=30)
+    at.run()
+    at.switch_page("spec_bench_page.py")
+    at.query_params.update({"spec_sweep": "s"})
+    at.run()
+    assert not at.exception
+    table = at.dataframe[0].value.set_index("method")
+    assert table.loc["ngram k=2", "Overall"] == "2.24x"
+    assert table.loc["layerskip:2 k=1", "Multi-turn Conversation"] == "–"
+    assert "| ngram k=2 | 2.00x | 1.33x | 3.00x |" in at.code[0].value
+    (dataset,) = at.get("vega_lite_chart")[0].proto.datasets
+    data = pa.ipc.open_stream(dataset.data.data).read_pandas().set_index(["draft", "category", "bucket"])
+    assert data.loc[("ngram", "summarization", "128–255"), "rounds"] == 9
+    assert data.loc[("ngram", "summarization", "128–255"), "alpha"] == pytest.approx(17 / 18)

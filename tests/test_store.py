@@ -124,7 +124,7 @@ def test_runs_and_rounds_have_the_documented_columns(db):
         (5, "create_run_totals"), (6, "add_divergence"), (7, "add_kernels_and_threads"), (8, "define_metrics"),
         (9, "create_trainings"), (10, "add_concurrent_workers"), (11, "add_k_policy"), (12, "create_position_stats"),
         (13, "add_bench_k_policy"), (14, "add_tree_columns"), (15, "add_depth"),
-        (16, "add_turns"), (17, "create_context_stats")]
+        (16, "add_turns")]
 
 
 @pytest.mark.parametrize("table, row", [("runs", run_row), ("rounds", round_columns), ("run_totals", totals_row)])

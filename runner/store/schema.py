@@ -17,6 +17,7 @@ from pathlib import Path
 import duckdb
 
 from runner.records import tree_depth
+from runner.store.spec_bench import CONTEXT_STATS
 
 
 def _create_runs_and_rounds(con: duckdb.DuckDBPyConnection) -> None:
@@ -225,38 +226,11 @@ def _add_depth(con: duckdb.DuckDBPyConnection) -> None:
 
 
 def _add_turns(con: duckdb.DuckDBPyConnection) -> None:
-    # A multi-turn question (Spec-Bench's MT-bench part) is one run per turn: which turn, and the question they share,
-    # so a benchmark's per-question numbers can sum its turns. Every run before was one turn of its own prompt.
+    # A multi-turn question is one run per turn: which, and the question they share; every run before was one turn.
     con.execute("ALTER TABLE runs ADD COLUMN turn INTEGER")
     con.execute("ALTER TABLE runs ADD COLUMN conversation TEXT")
     con.execute("UPDATE runs SET turn = 1, conversation = prompt_id")
-
-
-# Per run and context bucket: the rounds that started with `context` tokens in the text (the prompt, which holds a
-# later turn's earlier turns and answers, + the new tokens committed before the round: the prefill's and every
-# earlier round's), in power-of-two buckets [context_from, context_to) after a first one of [0, 128).
-CONTEXT_STATS = """CREATE OR REPLACE VIEW context_stats AS
-    WITH placed AS (
-        SELECT run_id, accepted, rejected, emitted, 1 + coalesce(sum(emitted) OVER (
-                   PARTITION BY run_id ORDER BY round ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS before
-        FROM rounds),
-    bucketed AS (
-        SELECT r.run_id, r.sweep_id, r.target, r.draft, r.category, r.mode, r.k, r.k_policy, r.device, r.turn,
-               len(r.prompt_tokens) + p.before AS context, p.accepted, p.rejected, p.emitted
-        FROM placed p JOIN runs r USING (run_id) WHERE r.status = 'ok' AND r.draft <> 'none'),
-    buckets AS (
-        SELECT * EXCLUDE (context), CASE WHEN context < 128 THEN 0
-                                         ELSE pow(2, floor(log2(context)))::BIGINT END AS context_from
-        FROM bucketed)
-    SELECT run_id, sweep_id, target, draft, category, mode, k, k_policy, device, turn, context_from,
-           greatest(128, 2 * context_from) AS context_to, count(*) AS rounds, sum(accepted)::BIGINT AS accepted,
-           sum(rejected)::BIGINT AS rejected, sum(emitted)::BIGINT AS emitted,
-           alpha(sum(accepted), sum(rejected)) AS alpha, tau(sum(emitted), count(*)) AS tau
-    FROM buckets GROUP BY ALL"""
-
-
-def _create_context_stats(con: duckdb.DuckDBPyConnection) -> None:
-    con.execute(CONTEXT_STATS)
+    con.execute(CONTEXT_STATS)  # acceptance by the round's place in the text, which a later turn's prompt extends
 
 
 MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
@@ -276,7 +250,6 @@ MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     _add_tree_columns,
     _add_depth,
     _add_turns,
-    _create_context_stats,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
