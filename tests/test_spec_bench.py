@@ -212,3 +212,22 @@ def test_the_dashboard_page_shows_the_table_and_the_context_chart(db, monkeypatc
     data = pa.ipc.open_stream(dataset.data.data).read_pandas().set_index(["draft", "category", "bucket"])
     assert data.loc[("ngram", "summarization", "128–255"), "rounds"] == 9
     assert data.loc[("ngram", "summarization", "128–255"), "alpha"] == pytest.approx(17 / 18)
+
+
+def test_generate_runs_a_later_turn_of_a_file_by_id(tiny_dir):
+    base = ["generate", "--target", str(tiny_dir), "--draft", "ngram", "--k", "2", "--max-new-tokens", "4"]
+    result = CliRunner().invoke(app, [*base, "--prompts", str(SAMPLE), "--prompt-id", "2-2"])
+    assert result.exit_code == 0, result.output
+    assert "identical to plain greedy" in result.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--prompts", str(SAMPLE), "--prompt-id", "2-3"], 'no prompt "2-3" in spec_bench_sample.jsonl'),
+    (["--prompt", "hi", "--prompt-id", "2-1"], "give either --prompt or --prompt-id"),
+    ([], "give either --prompt or --prompt-id"),
+    (["--prompt", "hi", "--prompts", str(SAMPLE)], "--prompts goes with --prompt-id, not --prompt"),
+])
+def test_generate_refuses_an_ambiguous_or_unknown_prompt(tiny_dir, args, message):
+    result = CliRunner().invoke(app, ["generate", "--target", str(tiny_dir), "--max-new-tokens", "4", *args])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == f"error: {message}"

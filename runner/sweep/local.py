@@ -11,16 +11,12 @@ from datetime import UTC, datetime
 
 import torch
 
-from runner.cells import Cell, RunContext, provenance
+from runner.cells import Cell, PromptIds, RunContext, provenance
 from runner.engine import lossless, models
 from runner.engine.pair import PLAIN, Pair
 from runner.engine.policies import warm_ks
-from runner.engine.sampling import Decoding
-from runner.prompts import Prompt
 from runner.records import RunRecord
 from runner.sweep.plan import SweepConfig
-
-GREEDY = Decoding("greedy", 0.0, 1.0)
 
 
 @dataclass(frozen=True)
@@ -57,27 +53,7 @@ class CellRunner:
         self.config, self.pair = config, pair
         self.context = RunContext(pair, config.target, sweep_id, config.seed, config.max_new_tokens,
                                   provenance(pair.target.device))
-        self.ids: dict[str, list[int]] = {}  # prompt id -> its token ids, encoded once per sweep
-        self.answers: dict[tuple[str, int], str] = {}  # (conversation, turn) -> the target's answer to that turn
-
-    def prompt_ids(self, prompt: Prompt) -> list[int]:
-        if prompt.id not in self.ids:
-            history = tuple((text, self.answer(prompt.thread, turn, prompt.history[:turn])) for turn, text
-                            in enumerate(prompt.history, 1))
-            self.ids[prompt.id] = models.encode_chat(self.pair.target, prompt.text, history)
-        return self.ids[prompt.id]
-
-    def answer(self, conversation: str, turn: int, asked: tuple[str, ...]) -> str:
-        """The target's plain greedy answer to turn `turn` of a conversation whose user messages so far are `asked`:
-        what a later turn is asked after. Greedy, so it is every lossless greedy run's own answer, and every run of
-        a later turn (baseline, each draft and k, either mode) is fed the same ids and checked against one baseline.
-        """
-        if (conversation, turn) not in self.answers:
-            earlier = tuple((text, self.answer(conversation, n, asked[:n])) for n, text in enumerate(asked[:-1], 1))
-            ids = models.encode_chat(self.pair.target, asked[-1], earlier)
-            generation = self.pair.run(PLAIN, ids, None, GREEDY, self.config.max_new_tokens, self.config.seed)
-            self.answers[conversation, turn] = models.answer_text(self.pair.target, generation.output_tokens)
-        return self.answers[conversation, turn]
+        self.prompt_ids = PromptIds(pair, config.max_new_tokens, config.seed)
 
     def identity(self) -> Identity:
         target = self.pair.target
