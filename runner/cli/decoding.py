@@ -132,8 +132,11 @@ def sweep(
     k: Annotated[str, typer.Option(help="draft lengths, comma-separated (where a policy starts)")] = "1,2,4,8",
     k_policy: Annotated[list[str], typer.Option(help=POLICY_HELP + "; repeat for several")] = [FIXED.text],  # noqa: B006
     categories: Annotated[str | None, typer.Option(help="comma-separated; default: all")] = None,
-    prompts: Annotated[Path | None, typer.Option(help="a JSONL file of {id, category, prompt}")] = None,
-    prompts_per_category: Annotated[int | None, typer.Option(help="the first N prompts of each category")] = None,
+    prompts: Annotated[Path | None, typer.Option(
+        help="a JSONL file of {id, category, prompt}, or Spec-Bench's question.jsonl (every turn of a question)")]
+    = None,
+    prompts_per_category: Annotated[int | None, typer.Option(
+        help="the first N prompts (a question's turns count as one) of each category")] = None,
     mode: Annotated[list[str], typer.Option(help="greedy and/or sample; repeat for both")] = ["greedy"],  # noqa: B006
     temperature: Annotated[float, typer.Option(help="for sample mode")] = 0.7,
     top_p: Annotated[float, typer.Option(help="for sample mode")] = 1.0,
