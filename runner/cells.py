@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from runner.engine import lossless
+from runner.engine import lossless, models
 from runner.engine.pair import PLAIN, DraftSpec, Pair
 from runner.engine.policies import FIXED, PolicySpec
 from runner.engine.sampling import Decoding
@@ -68,6 +68,38 @@ class Cell:
         return f"{self.prompt.id} {self.draft.text} k={self.k}{policy} {self.decoding.mode}"
 
 
+GREEDY = Decoding("greedy", 0.0, 1.0)
+
+
+class PromptIds:
+    """Each prompt's token ids on a loaded target, encoded once: a later turn's after the earlier turns and the
+    target's answers to them, through the chat template."""
+
+    def __init__(self, pair: Pair, max_new_tokens: int, seed: int) -> None:
+        self.pair, self.max_new_tokens, self.seed = pair, max_new_tokens, seed
+        self.ids: dict[str, list[int]] = {}  # prompt id -> its ids
+        self.answers: dict[tuple[str, int], str] = {}  # (conversation, turn) -> the target's answer to that turn
+
+    def __call__(self, prompt: Prompt) -> list[int]:
+        if prompt.id not in self.ids:
+            history = tuple((text, self.answer(prompt.thread, turn, prompt.history[:turn])) for turn, text
+                            in enumerate(prompt.history, 1))
+            self.ids[prompt.id] = models.encode_chat(self.pair.target, prompt.text, history)
+        return self.ids[prompt.id]
+
+    def answer(self, conversation: str, turn: int, asked: tuple[str, ...]) -> str:
+        """The target's plain greedy answer to turn `turn` of a conversation whose user messages so far are `asked`:
+        what a later turn is asked after. Greedy, so it is every lossless greedy run's own answer, and every run of
+        a later turn (baseline, each draft and k, either mode) is fed the same ids and checked against one baseline.
+        """
+        if (conversation, turn) not in self.answers:
+            earlier = tuple((text, self.answer(conversation, n, asked[:n])) for n, text in enumerate(asked[:-1], 1))
+            ids = models.encode_chat(self.pair.target, asked[-1], earlier)
+            generation = self.pair.run(PLAIN, ids, None, GREEDY, self.max_new_tokens, self.seed)
+            self.answers[conversation, turn] = models.answer_text(self.pair.target, generation.output_tokens)
+        return self.answers[conversation, turn]
+
+
 def provenance(device: torch.device) -> dict[str, str]:
     """What made a run, beside its numbers: versions, host, the project's commit, the device's name."""
     root = Path(__file__).resolve().parents[1]
@@ -106,7 +138,7 @@ class RunContext:
             status="error" if error else "ok", error=error, generation=generation,
             output_text=None if generation is None else target.tokenizer.decode(list(generation.output_tokens)),
             baseline_run_id=None, lossless=None, provenance=self.provenance, kernels=self.pair.kernels,
-            threads=torch.get_num_threads(),
+            threads=torch.get_num_threads(), turn=cell.prompt.turn, conversation=cell.prompt.thread,
         )
 
     def classify(self, prompt: tuple[int, ...], baseline: tuple[int, ...], ours: tuple[int, ...]) -> Divergence | None:

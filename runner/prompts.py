@@ -1,18 +1,23 @@
 """The prompt suite: load prompts from JSON Lines, then pick categories and a count per category.
 
-A prompts file holds one JSON object per non-blank line:
-`{"id": "code-01", "category": "code", "prompt": "..."}`. Any category names are allowed; the
-built-in suite (`builtin_prompts.jsonl`) has `code`, `summary` and `poem`.
+A prompts file holds one JSON object per non-blank line, in one of two formats, told apart by the first line's keys:
+
+- the project's: `{"id": "code-01", "category": "code", "prompt": "..."}`; any category names are allowed; the
+  built-in suite (`builtin_prompts.jsonl`) has `code`, `summary` and `poem`;
+- Spec-Bench's `question.jsonl`, as published: `{"question_id": 81, "category": "writing", "turns": ["...", ...]}`
+  (and an optional `reference`, not used). Each turn is a prompt of its own, `<question_id>-<turn>`, in the
+  conversation `<question_id>`: turn n is asked after the earlier turns and the model's answers to them.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 BUILTIN_PATH = Path(__file__).parent / "builtin_prompts.jsonl"
 FIELDS = ("id", "category", "prompt")
+SPEC_BENCH_FIELDS = ("question_id", "category", "turns", "reference")
 
 
 @dataclass(frozen=True)
@@ -22,6 +27,17 @@ class Prompt:
     id: str  # unique within its file; the `prompt_id` column of `runs`
     category: str  # the group acceptance is compared across, e.g. 'code', 'summary', 'poem'
     text: str  # the user message itself, without any chat template
+    # Out of repr, which a sweep's plan hash reads (`SweepConfig.plan_id`): plans recorded before turns keep their
+    # hash, and a later turn differs from the others by its id and text already.
+    turn: int = field(default=1, repr=False)  # 1-based turn of its conversation (MT-bench questions have two)
+    conversation: str | None = field(default=None, repr=False)  # the question it belongs to; None: its own
+    # the user messages of the earlier turns, each answered by the model before this one is asked
+    history: tuple[str, ...] = field(default=(), repr=False)
+
+    @property
+    def thread(self) -> str:
+        """The conversation this prompt belongs to (`runs.conversation`): its own id when it stands alone."""
+        return self.conversation or self.id
 
 
 class PromptError(ValueError):
@@ -37,27 +53,63 @@ def load_prompts(path: Path | None = None) -> list[Prompt]:
         raise PromptError(f"{path.name}: no such file") from None
     prompts: list[Prompt] = []
     first_line: dict[str, int] = {}  # id -> line it first appeared on
+    parse = None
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         where = f"{path.name} line {number}"
-        prompt = _parse_line(line, where)
-        if prompt.id in first_line:
-            raise PromptError(f'{where}: duplicate id "{prompt.id}" (first on line {first_line[prompt.id]})')
-        first_line[prompt.id] = number
-        prompts.append(prompt)
+        parse = parse or (_parse_question if _is_spec_bench(line) else _parse_line)
+        for prompt in parse(line, where):
+            if prompt.id in first_line:
+                raise PromptError(f'{where}: duplicate id "{prompt.id}" (first on line {first_line[prompt.id]})')
+            first_line[prompt.id] = number
+            prompts.append(prompt)
     if not prompts:
         raise PromptError(f"{path.name}: no prompts")
     return prompts
 
 
-def _parse_line(line: str, where: str) -> Prompt:
+def _is_spec_bench(line: str) -> bool:
+    """Spec-Bench's format: a first line that is an object with `question_id` and `turns`."""
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError:
+        return False
+    return isinstance(obj, dict) and "question_id" in obj and "turns" in obj
+
+
+def _json_object(line: str, where: str) -> dict:
     try:
         obj = json.loads(line)
     except json.JSONDecodeError as e:
         raise PromptError(f"{where}: not valid JSON ({e.msg})") from None
     if not isinstance(obj, dict):
         raise PromptError(f"{where}: expected a JSON object")
+    return obj
+
+
+def _parse_question(line: str, where: str) -> list[Prompt]:
+    """A Spec-Bench question: one prompt per turn, each after the turns before it."""
+    obj = _json_object(line, where)
+    extra = sorted(set(obj) - set(SPEC_BENCH_FIELDS))
+    if extra:
+        raise PromptError(f'{where}: unknown key "{extra[0]}" (allowed: {", ".join(SPEC_BENCH_FIELDS)})')
+    for name in ("question_id", "category", "turns"):
+        if name not in obj:
+            raise PromptError(f'{where}: missing "{name}"')
+    qid, category, turns = obj["question_id"], obj["category"], obj["turns"]
+    if not isinstance(qid, int) or isinstance(qid, bool):
+        raise PromptError(f'{where}: "question_id" must be an integer')
+    if not isinstance(category, str) or not category.strip():
+        raise PromptError(f'{where}: "category" must be a non-empty string')
+    if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t.strip() for t in turns):
+        raise PromptError(f'{where}: "turns" must be a non-empty list of non-empty strings')
+    return [Prompt(id=f"{qid}-{n}", category=category, text=text, turn=n, conversation=str(qid),
+                   history=tuple(turns[:n - 1])) for n, text in enumerate(turns, 1)]
+
+
+def _parse_line(line: str, where: str) -> list[Prompt]:
+    obj = _json_object(line, where)
     extra = sorted(set(obj) - set(FIELDS))
     if extra:
         raise PromptError(f'{where}: unknown key "{extra[0]}" (allowed: {", ".join(FIELDS)})')
@@ -66,13 +118,14 @@ def _parse_line(line: str, where: str) -> Prompt:
             raise PromptError(f'{where}: missing "{name}"')
         if not isinstance(obj[name], str) or not obj[name].strip():
             raise PromptError(f'{where}: "{name}" must be a non-empty string')
-    return Prompt(id=obj["id"], category=obj["category"], text=obj["prompt"])
+    return [Prompt(id=obj["id"], category=obj["category"], text=obj["prompt"])]
 
 
 def select_prompts(
     prompts: list[Prompt], categories: list[str] | None, per_category: int | None
 ) -> list[Prompt]:
-    """The first `per_category` prompts (None: all) of each of `categories`, grouped in that order.
+    """The first `per_category` conversations (None: all) of each of `categories`, grouped in that order: a
+    question's turns go together (a prompt of the project's format is a conversation of one turn).
 
     `categories` None means every category, in the order each first appears in the file.
     """
@@ -85,5 +138,6 @@ def select_prompts(
     selected: list[Prompt] = []
     for category in available if categories is None else dict.fromkeys(categories):
         in_category = [p for p in prompts if p.category == category]
-        selected.extend(in_category[:per_category])
+        kept = list(dict.fromkeys(p.thread for p in in_category))[:per_category]
+        selected.extend(p for p in in_category if p.thread in kept)
     return selected

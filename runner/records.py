@@ -126,6 +126,8 @@ class RunRecord:
     # The sweep's workers on this run's host while it ran, itself included: 1 alone; more share the memory bandwidth.
     concurrent_workers: int = 1
     k_policy: str | None = None  # how each round's k was chosen from k (runner/engine/policies.py); None for baselines
+    turn: int = 1  # 1-based turn of its conversation: turn n's prompt holds the earlier turns and their answers
+    conversation: str | None = None  # the question the turn belongs to (Spec-Bench's question_id); else prompt_id
 
     def cell_key(self) -> tuple:
         return tuple(getattr(self, name) for name in CELL_KEY)

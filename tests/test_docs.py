@@ -28,7 +28,7 @@ def _columns(relation: str) -> list[str]:
 
 
 @pytest.mark.parametrize("relation", ["runs", "rounds", "run_totals", "run_stats", "trainings", "training_epochs",
-                                      "training_positions", "position_stats"])
+                                      "training_positions", "position_stats", "context_stats"])
 def test_the_readme_documents_every_column(relation):
     section = _section(f"### `{relation}`")
     documented = set(re.findall(r"\b[a-z_]+\b", section))
@@ -41,6 +41,9 @@ def test_the_readme_shows_every_command():
     assert commands == ["generate", "list", "merge", "serve", "sql", "sweep", "train-draft"]
     for command in commands:
         assert f"python -m runner {command}" in README
+    groups = {g.name: sorted(c.name for c in g.typer_instance.registered_commands) for g in app.registered_groups}
+    assert groups == {"report": ["spec-bench"]}
+    assert "python -m runner report spec-bench" in README
 
 
 def test_the_readme_defines_every_metric_macro():

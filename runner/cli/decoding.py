@@ -10,7 +10,7 @@ from typing import Annotated
 import torch
 import typer
 
-from runner.cells import Cell, RunContext, judge
+from runner.cells import Cell, PromptIds, RunContext, judge
 from runner.cli.common import (
     POLICY_HELP,
     Device,
@@ -46,7 +46,13 @@ from runner.sweep.run import run_sweep
 
 
 def generate(
-    prompt: Annotated[str, typer.Option(help="the user message")],
+    prompt: Annotated[str | None, typer.Option(help="the user message (or --prompt-id)")] = None,
+    prompt_id: Annotated[str | None, typer.Option(
+        help="a prompt of --prompts by id (a Spec-Bench turn: <question_id>-<turn>, asked after the earlier turns)")]
+    = None,
+    prompts: Annotated[Path | None, typer.Option(help="the file --prompt-id is read from (default: the built-in "
+                                                      "suite); the project's JSONL or Spec-Bench's question.jsonl")]
+    = None,
     target: Target = models.DEFAULT_MODEL,
     draft: Annotated[str, typer.Option(help="ngram[:n[:match]], layerskip:<L>, model:<spec>, "
                                             "eagle:<head>, or a tree: ngram-tree[:n], eagle-tree:<head>, "
@@ -70,11 +76,10 @@ def generate(
         (spec,), (policy,) = parse_drafts([draft], [k], [k_policy], "generate compares a draft against plain "
                                           "decoding: give a draft, not none")
         decoding = decoding_for(mode, temperature, top_p)
-        if not prompt.strip():
-            raise UsageError("the prompt is empty")
+        chosen = _chosen_prompt(prompt, prompt_id, prompts)
         check_drafts(target, [spec], trust_remote_code)
         pair = Pair(models.load(target, device, dtype, trust_remote_code), [spec], kernels)
-        cell = Cell(Prompt("prompt", "", prompt), decoding, spec, k, policy)
+        cell = Cell(chosen, decoding, spec, k, policy)
         records = _generate(pair, target, cell, seed, max_new_tokens)
     except ValueError as exc:  # ModelError, UsageError and the engine's checks are all ValueErrors
         fail(str(exc))
@@ -88,9 +93,26 @@ def generate(
         print_divergences(stderr, [("this run", run.mismatch)], run.dtype)
 
 
+def _chosen_prompt(prompt: str | None, prompt_id: str | None, prompts: Path | None) -> Prompt:
+    """The message given, or the prompt of that id in the file (the built-in suite by default)."""
+    if (prompt is None) == (prompt_id is None):
+        raise UsageError("give either --prompt or --prompt-id")
+    if prompt is not None:
+        if prompts is not None:
+            raise UsageError("--prompts goes with --prompt-id, not --prompt")
+        if not prompt.strip():
+            raise UsageError("the prompt is empty")
+        return Prompt("prompt", "", prompt)
+    found = {p.id: p for p in load_prompts(prompts)}
+    if prompt_id not in found:
+        raise UsageError(f'no prompt "{prompt_id}" in {prompts.name if prompts else "the built-in suite"}')
+    return found[prompt_id]
+
+
 def _generate(pair: Pair, target: str, cell: Cell, seed: int, max_new_tokens: int) -> tuple[RunRecord, RunRecord]:
-    """The cell and its baseline, warmed up, run and recorded as a sweep would (in no file): (baseline, run)."""
-    ids = models.encode_chat(pair.target, cell.prompt.text)
+    """The cell and its baseline, warmed up, run and recorded as a sweep would (in no file): (baseline, run). A later
+    turn is asked after the target's answers to the earlier ones, as in a sweep."""
+    ids = PromptIds(pair, max_new_tokens, seed)(cell.prompt)
     if len(ids) + max_new_tokens > pair.target.max_context:
         raise UsageError(f"prompt ({len(ids)} tokens) + max-new-tokens ({max_new_tokens}) exceeds the model's "
                          f"context of {pair.target.max_context} tokens")
@@ -110,8 +132,11 @@ def sweep(
     k: Annotated[str, typer.Option(help="draft lengths, comma-separated (where a policy starts)")] = "1,2,4,8",
     k_policy: Annotated[list[str], typer.Option(help=POLICY_HELP + "; repeat for several")] = [FIXED.text],  # noqa: B006
     categories: Annotated[str | None, typer.Option(help="comma-separated; default: all")] = None,
-    prompts: Annotated[Path | None, typer.Option(help="a JSONL file of {id, category, prompt}")] = None,
-    prompts_per_category: Annotated[int | None, typer.Option(help="the first N prompts of each category")] = None,
+    prompts: Annotated[Path | None, typer.Option(
+        help="a JSONL file of {id, category, prompt}, or Spec-Bench's question.jsonl (every turn of a question)")]
+    = None,
+    prompts_per_category: Annotated[int | None, typer.Option(
+        help="the first N prompts (a question's turns count as one) of each category")] = None,
     mode: Annotated[list[str], typer.Option(help="greedy and/or sample; repeat for both")] = ["greedy"],  # noqa: B006
     temperature: Annotated[float, typer.Option(help="for sample mode")] = 0.7,
     top_p: Annotated[float, typer.Option(help="for sample mode")] = 1.0,

@@ -213,13 +213,22 @@ def check_same_tokenizer(target: Loaded, draft: Loaded) -> None:
         )
 
 
-def encode_chat(loaded: Loaded, prompt: str) -> list[int]:
-    """The ids the model sees for one user message: the chat template when the tokenizer has one."""
+def encode_chat(loaded: Loaded, prompt: str, history: tuple[tuple[str, str], ...] = ()) -> list[int]:
+    """The ids the model sees for one user message after the earlier turns `history` ((user message, the model's
+    answer), oldest first): the chat template when the tokenizer has one, else the texts one after another."""
     tok = loaded.tokenizer
     if getattr(tok, "chat_template", None):
+        messages = [{"role": role, "content": text} for turn in history
+                    for role, text in zip(("user", "assistant"), turn, strict=True)]
         ids = tok.apply_chat_template(
-            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=True
+            [*messages, {"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True,
+            return_dict=True,
         )["input_ids"]
     else:
-        ids = tok(prompt)["input_ids"]
+        ids = tok("\n\n".join([*(text for turn in history for text in turn), prompt]))["input_ids"]
     return list(ids)
+
+
+def answer_text(loaded: Loaded, output_tokens: tuple[int, ...]) -> str:
+    """A turn's answer as the next turn quotes it: the new tokens decoded without special tokens, stripped."""
+    return loaded.tokenizer.decode(list(output_tokens), skip_special_tokens=True).strip()

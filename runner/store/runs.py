@@ -33,9 +33,11 @@ def run_row(record: RunRecord) -> dict[str, object]:
     fields = ("run_id", "sweep_id", "target", "draft", "draft_kind", "category", "prompt_id", "prompt_text", "k",
               "mode", "temperature", "top_p", "seed", "max_new_tokens", "device", "dtype", "output_text",
               "baseline_run_id", "lossless", "status", "error", "divergence_at", "divergence_gap",
-              "divergence_tolerance", "divergence", "kernels", "threads", "concurrent_workers", "k_policy")
+              "divergence_tolerance", "divergence", "kernels", "threads", "concurrent_workers", "k_policy", "turn",
+              "conversation")
     row = {name: getattr(record, name) for name in fields}
     row["started_at"] = datetime.fromisoformat(record.started_at)
+    row["conversation"] = record.conversation or record.prompt_id
     row |= {name: record.provenance.get(name) for name in _PROVENANCE}
     generated = {"new_tokens": None, "n_rounds": None, "target_passes": None, "draft_calls": None, "wall_s": None,
                  "prefill_s": None, "draft_s": None, "verify_s": None, "prompt_tokens": None, "output_tokens": None,

@@ -17,6 +17,7 @@ from pathlib import Path
 import duckdb
 
 from runner.records import tree_depth
+from runner.store.spec_bench import CONTEXT_STATS
 
 
 def _create_runs_and_rounds(con: duckdb.DuckDBPyConnection) -> None:
@@ -224,6 +225,14 @@ def _add_depth(con: duckdb.DuckDBPyConnection) -> None:
     con.execute(POSITION_STATS.format(depth="depth"))
 
 
+def _add_turns(con: duckdb.DuckDBPyConnection) -> None:
+    # A multi-turn question is one run per turn: which, and the question they share; every run before was one turn.
+    con.execute("ALTER TABLE runs ADD COLUMN turn INTEGER")
+    con.execute("ALTER TABLE runs ADD COLUMN conversation TEXT")
+    con.execute("UPDATE runs SET turn = 1, conversation = prompt_id")
+    con.execute(CONTEXT_STATS)  # acceptance by the round's place in the text, which a later turn's prompt extends
+
+
 MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     _create_runs_and_rounds,
     _create_run_stats,
@@ -240,6 +249,7 @@ MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     _add_bench_k_policy,
     _add_tree_columns,
     _add_depth,
+    _add_turns,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

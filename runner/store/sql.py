@@ -182,6 +182,10 @@ SELECT target, mode, category, draft, k_policy, k AS start_k, round(speedup, 3) 
        round(best_fixed, 3) AS best_fixed, round(speedup / best_fixed, 3) AS of_best_fixed
 FROM cells JOIN best USING (target, mode, category, draft) WHERE k_policy <> 'fixed'
 ORDER BY target, mode, draft, k_policy, start_k, category""",
+    "acceptance by context length": """\
+SELECT draft, category, context_from, sum(rounds) AS rounds, alpha(sum(accepted), sum(rejected)) AS alpha,
+       tau(sum(emitted), sum(rounds)) AS tau
+FROM context_stats GROUP BY ALL ORDER BY ALL""",
     "the formula at your own α, k and c": """\
 SELECT k, round(formula_speedup(0.7, k, 0.05), 2) AS predicted_speedup
 FROM range(1, 9) t(k)""",

@@ -11,11 +11,10 @@ from datetime import UTC, datetime
 
 import torch
 
-from runner.cells import Cell, RunContext, provenance
+from runner.cells import Cell, PromptIds, RunContext, provenance
 from runner.engine import lossless, models
 from runner.engine.pair import PLAIN, Pair
 from runner.engine.policies import warm_ks
-from runner.prompts import Prompt
 from runner.records import RunRecord
 from runner.sweep.plan import SweepConfig
 
@@ -54,12 +53,7 @@ class CellRunner:
         self.config, self.pair = config, pair
         self.context = RunContext(pair, config.target, sweep_id, config.seed, config.max_new_tokens,
                                   provenance(pair.target.device))
-        self.ids: dict[str, list[int]] = {}  # prompt id -> its token ids, encoded once per sweep
-
-    def prompt_ids(self, prompt: Prompt) -> list[int]:
-        if prompt.id not in self.ids:
-            self.ids[prompt.id] = models.encode_chat(self.pair.target, prompt.text)
-        return self.ids[prompt.id]
+        self.prompt_ids = PromptIds(pair, config.max_new_tokens, config.seed)
 
     def identity(self) -> Identity:
         target = self.pair.target
