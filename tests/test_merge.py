@@ -60,7 +60,7 @@ def test_merge_adds_every_run_once_and_its_counts_add_up(sources, tmp_path):
     code, out, err = merge(a, b, "--into", into)
     assert code == 0, err
     assert counts(into) == {t: counts(a)[t] + counts(b)[t] for t in ("runs", "rounds", "run_totals")} | {
-        "bench_results": counts(a)["bench_results"] + 3,  # b-later's 3 rows; b-new was in a already
+        "bench_results": counts(a)["bench_results"] + 4,  # b-later's 4 rows; b-new was in a already
         "trainings": 1, "training_epochs": 2, "training_positions": 4}
     assert counts(a)["runs"] == 13 and counts(a)["rounds"] > 13
     assert out.splitlines() == [
@@ -97,7 +97,7 @@ def test_an_older_file_is_upgraded_on_a_copy_and_merged(sources, tmp_path):
         migrate(con, to_version=4)  # before run_totals and concurrent_workers existed
         con.execute(f"ATTACH '{a}' AS a (READ_ONLY)")
         con.execute("INSERT INTO runs BY NAME SELECT * EXCLUDE (concurrent_workers, divergence_at, divergence_gap, "
-                    "divergence_tolerance, divergence, kernels, threads, k_policy) "
+                    "divergence_tolerance, divergence, kernels, threads, k_policy, turn, conversation) "
                     "REPLACE ('old-' || run_id AS run_id) FROM a.runs")
         con.execute("INSERT INTO rounds BY NAME SELECT * EXCLUDE (draft_parents, accepted_path, depth) "
                     "REPLACE ('old-' || run_id AS run_id) FROM a.rounds")
