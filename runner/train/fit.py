@@ -21,7 +21,7 @@ from transformers import PretrainedConfig
 
 from runner.engine import head_files, models
 from runner.engine.heads import EagleHead, HeadConfig
-from runner.prompts import Prompt, load_prompts
+from runner.train.conversations import Conversation, Read, read_data
 from runner.train.data import Sample
 from runner.train.unroll import acceptance_counts, batches, unrolled, weighted_loss
 
@@ -36,7 +36,7 @@ class TrainConfig:
 
     target: str  # model spec of the target the head drafts for
     out: Path  # the head's directory: config.json + model.safetensors, written whole at the end
-    prompts: Path  # JSON Lines {id, category, prompt}; every HELDOUT_EVERY-th of each category is held out
+    data: Path  # conversations or prompts (`conversations.py`); every HELDOUT_EVERY-th of each category held out
     max_tokens: int  # answer tokens of training data the target writes (whole answers, so a little more)
     epochs: int
     draft_vocab: int  # rows of the head's LM head: the most frequent tokens of the training answers
@@ -86,8 +86,9 @@ class Trained:
     train_s: float = 0.0
 
 
-def split(prompts: list[Prompt]) -> tuple[list[Prompt], list[Prompt]]:
-    """(training prompts, held-out prompts): every HELDOUT_EVERY-th prompt of each category is held out."""
+def split(prompts: list[Conversation]) -> tuple[list[Conversation], list[Conversation]]:
+    """(training conversations, held-out ones): every HELDOUT_EVERY-th of each category is held out, all its
+    turns with it."""
     seen: dict[str, int] = {}
     train, heldout = [], []
     for prompt in prompts:
@@ -250,9 +251,11 @@ def save(head: EagleHead, weights: dict, out: Path) -> None:
     head_files.save(head, out)
 
 
-def load_split(path: Path) -> tuple[list[Prompt], list[Prompt]]:
-    train, heldout = split(load_prompts(path))
+def load_split(path: Path) -> tuple[list[Conversation], list[Conversation], Read]:
+    """The data file's conversations split for training and evaluation, and what was read and skipped."""
+    read = read_data(path)
+    train, heldout = split(read.conversations)
     if not heldout or not train:
         raise ValueError(f"{path.name}: needs {HELDOUT_EVERY} prompts in a category at least (every "
                          f"{HELDOUT_EVERY}th of each is held out for evaluation)")
-    return train, heldout
+    return train, heldout, read

@@ -51,7 +51,7 @@ def check(config: TrainConfig) -> None:
     out = config.out
     if out.exists() and not (out.is_dir() and (not any(out.iterdir()) or (out / head_files.CONFIG).is_file())):
         raise ValueError(f"--out {out} exists and is not a draft head directory; pick another")
-    load_split(config.prompts)
+    load_split(config.data)
     if config.db is not None:
         check_db(config.db)
     vocab = models.load_config(config.target).vocab_size
@@ -70,7 +70,8 @@ def train_draft(config: TrainConfig, console: Console) -> Trained:
     if config.threads:
         torch.set_num_threads(config.threads)
     started, cpu_start, load_before = time.perf_counter(), time.process_time(), load_info()
-    train_prompts, heldout_prompts = load_split(config.prompts)
+    train_prompts, heldout_prompts, read = load_split(config.data)
+    console.print(read.summary(config.data.name), highlight=False)
     loaded = models.load(config.target, config.device, TRAIN_DTYPE)
     loaded.model.requires_grad_(False)
     layers = default_layers(loaded.model.config.num_hidden_layers)
@@ -78,7 +79,7 @@ def train_draft(config: TrainConfig, console: Console) -> Trained:
     log = TrainingLog(config.db, result.train_id)
     log.start({
         "target": config.target, "draft": f"eagle:{config.out}", "out_dir": str(config.out),
-        "prompts_file": str(config.prompts), "train_prompts": len(train_prompts),
+        "prompts_file": str(config.data), "train_prompts": len(train_prompts),
         "heldout_prompts": len(heldout_prompts), "max_new_tokens": config.max_new_tokens, "epochs": config.epochs,
         "draft_vocab": config.draft_vocab, "layers": list(layers), "unroll": config.unroll, "lr": config.lr,
         "seed": config.seed, "threads": torch.get_num_threads(), "load_before": load_before,
@@ -101,7 +102,7 @@ def train_draft(config: TrainConfig, console: Console) -> Trained:
 def _train(config: TrainConfig, loaded: models.Loaded, layers: tuple[int, ...], train_prompts: list,
            heldout_prompts: list, result: Trained, log: TrainingLog, progress: Progress, console: Console) -> None:
     start = time.perf_counter()
-    task = progress.add_task("the target answers the training prompts", total=config.max_tokens)
+    task = progress.add_task("the target answers the training conversations", total=config.max_tokens)
     train, result.data_cached = data.corpus(loaded, train_prompts, layers, config.max_tokens, config.max_new_tokens,
                                             config.batch_size, lambda n: progress.advance(task, n))
     progress.update(task, description="… and the held-out prompts", completed=0, total=None)
