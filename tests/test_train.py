@@ -108,8 +108,13 @@ def test_a_tiny_head_learns_beyond_the_untrained_one_and_every_epoch_is_recorded
     row = con.execute("SELECT status, draft, epochs, saved_epoch, train_tokens, heldout_prompts, unroll "
                       "FROM trainings").fetchall()
     assert row == [("ok", f"eagle:{config.out}", 3, trained.saved_epoch, trained.train_tokens, 2, 2)]
-    positions = con.execute("SELECT epoch, position, judged, accepted FROM training_positions ORDER BY ALL").fetchall()
+    positions = con.execute("SELECT epoch, position, judged, accepted FROM training_positions WHERE category = 'all' "
+                            "ORDER BY ALL").fetchall()
     assert positions == [(e.number, j + 1, *e.positions[j]) for e in trained.epochs for j in range(2)]
+    # one held-out prompt per category (code-9, poem-9), each scored apart; the pooled rows are their sums
+    summed = con.execute("SELECT epoch, position, sum(judged), sum(accepted) FROM training_positions "
+                         "WHERE category IN ('code', 'poem') GROUP BY ALL ORDER BY ALL").fetchall()
+    assert summed == positions and all(set(e.categories) == {"code", "poem"} for e in trained.epochs)
     losses = con.execute("SELECT train_loss, heldout_loss FROM training_epochs ORDER BY epoch").fetchall()
     assert losses == [(e.train_loss, e.heldout_loss) for e in trained.epochs]
     con.close()

@@ -45,7 +45,8 @@ def train_draft_command(
     except (ValueError, StoreError) as exc:
         fail(str(exc))
     except KeyboardInterrupt:
-        stderr.print(f"interrupted: {out} was not written")
+        stderr.print(f"interrupted: {out} was not written; run the same command again to continue from the last "
+                     "finished epoch")
         raise typer.Exit(130) from None
     stdout.print(epoch_table(trained), highlight=False)
     stdout.print(f"saved epoch {trained.saved_epoch} to {out}; compare it: python -m runner sweep --draft eagle:{out}",

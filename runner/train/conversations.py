@@ -21,10 +21,11 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from runner.store.trainings import POOLED  # the pooled held-out score's category: no file may use the name
+
 USER_ROLES = {"human", "user"}  # ShareGPT's `from` and OpenAI's `role` for a user turn
 DROPPED_ROLES = {"gpt", "assistant", "chatgpt", "bard", "bing", "model", "system", "tool", "function"}
 DEFAULT_CATEGORY = "chat"
-POOLED = "all"  # the category name the pooled held-out score is recorded under, so no file may use it
 
 
 @dataclass(frozen=True)
