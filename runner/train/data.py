@@ -57,7 +57,7 @@ class Context:
     tokens: list[int]
 
 
-def _left_padded(rows: list[list[int]], pad: int) -> tuple[Tensor, Tensor]:
+def left_padded(rows: list[list[int]], pad: int) -> tuple[Tensor, Tensor]:
     width = max(len(r) for r in rows)
     ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
     mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
@@ -70,7 +70,7 @@ def answer_batch(loaded: models.Loaded, contexts: list[Context], layers: tuple[i
     leaves the batch (and its cache) as soon as its answer ends, so short answers cost no more than they are."""
     model, eos = loaded.model, loaded.eos_ids
     rows = [c.tokens for c in contexts]
-    ids, mask = _left_padded(rows, pad=next(iter(eos)))
+    ids, mask = left_padded(rows, pad=next(iter(eos)))
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache(config=model.config)
     answers: list[list[int]] = [[] for _ in rows]
