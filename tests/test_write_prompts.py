@@ -45,7 +45,7 @@ def test_repeats_are_found_exactly_and_nearly():
     seen = Seen()
     seen.add("Why is the sky blue during the day and red at sunset?")
     assert seen.match("why is the SKY blue during the day, and red at sunset") == "exact"
-    # 10 trigrams against 11, 9 shared: Jaccard 9 / 12 = 0.75 >= 0.5
+    # its 10 trigrams are all among these 11: Jaccard 10 / 11 >= 0.5
     assert seen.match("Why is the sky blue during the day and red at sunset time?") == "near"
     assert seen.match("Why do cats sleep during the day and hunt at night?") is None
 
@@ -64,11 +64,12 @@ def test_prompts_are_kept_deduplicated_away_from_the_evaluation_prompts_and_a_re
     builtin = load_prompts()[0].text  # an evaluation prompt, written back word for word
     kinds = list(seeds.REQUESTS)  # requests cycle through the kinds in this order
     assert kinds[:3] == ["question", "instruction", "summary"]
+    assert kinds[3:6] == ["code", "translation", "math"]
     texts = ["What makes volcanoes erupt so suddenly?", "Plan a one-day trip to see a volcano.", builtin,
-             "What makes volcanoes erupt so suddenly?", "x", builtin]
+             "x", builtin, "What makes volcanoes erupt so suddenly?"]
     monkeypatch.setattr(write_prompts, "write_texts", scripted(texts))
     out = tmp_path / "self.jsonl"
-    written = write_prompts.write_prompts(None, out, count=10, seed=0, batch_size=3)
+    written = write_prompts.write_prompts(None, out, count=10, seed=0, batch_size=3, requests=6)
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert [(r["id"], r["category"], r["prompt"]) for r in records] == [
         ("self-question-00001", "question", "What makes volcanoes erupt so suddenly?"),
@@ -76,7 +77,7 @@ def test_prompts_are_kept_deduplicated_away_from_the_evaluation_prompts_and_a_re
     assert written.added == 2 and written.refused == {"near an evaluation prompt": 2, "exact duplicate": 1,
                                                       "unusable": 1}
     # a rerun keeps what the file holds, refuses its repeats, and numbers on
-    monkeypatch.setattr(write_prompts, "write_texts", scripted(["Plan a one-day trip to see a volcano!", "How do "
+    monkeypatch.setattr(write_prompts, "write_texts", scripted(["What makes volcanoes erupt, so suddenly?", "How do "
                                                                 "glaciers move downhill over many years?"]))
     again = write_prompts.write_prompts(None, out, count=3, seed=0, batch_size=1)
     assert again.already == 2 and again.added == 1 and again.refused == {"exact duplicate": 1}

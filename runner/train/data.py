@@ -29,6 +29,7 @@ from runner.train.conversations import Conversation
 
 FEATURE_DTYPE = torch.bfloat16  # half the memory of fp32 for (tokens × 3 layers × H) features; training upcasts
 CACHE_VERSION = 3  # bump when the corpus format or the way it is made changes
+BLOCK = 512  # conversations sorted by length together: appending to a file leaves earlier blocks' batches alone
 
 
 @dataclass(frozen=True)
@@ -127,25 +128,28 @@ def answer_conversations(loaded: models.Loaded, conversations: list[Conversation
 
 def corpus(loaded: models.Loaded, conversations: list[Conversation], layers: tuple[int, ...], max_tokens: int,
            max_new_tokens: int, batch_size: int, advance: Callable[[int], None]) -> tuple[list[Sample], bool]:
-    """The target's answers to conversations in batches of similar first-turn length until `max_tokens` answer
-    tokens are made; each batch is read from its cached chunk when one exists, else made and cached at once.
-    `advance(n)` is told each batch's answer tokens; also says whether every batch came from the cache."""
-    by_length = sorted(conversations, key=lambda c: len(models.encode_chat(loaded, c.turns[0])))
+    """The target's answers to conversations until `max_tokens` answer tokens are made: in blocks of BLOCK in file
+    order, each answered in batches of similar first-turn length. Each batch is read from its cached chunk when one
+    exists, else made and cached at once; a file that grows at its end keeps its earlier blocks' chunks. `advance(n)`
+    is told each batch's answer tokens; also says whether every batch came from the cache."""
     samples: list[Sample] = []
     made, cached = 0, True
-    for start in range(0, len(by_length), batch_size):
-        if made >= max_tokens:
-            break
-        batch = by_length[start : start + batch_size]
-        path = chunk_path(loaded, batch, layers, max_new_tokens)
-        if path.is_file():
-            answered = load_corpus(path)
-        else:
-            answered, cached = answer_conversations(loaded, batch, layers, max_new_tokens), False
-            save_corpus(answered, path)
-        samples += answered
-        made += sum(s.answer_tokens for s in answered)
-        advance(sum(s.answer_tokens for s in answered))
+    for block in range(0, len(conversations), BLOCK):
+        by_length = sorted(conversations[block : block + BLOCK],
+                           key=lambda c: len(models.encode_chat(loaded, c.turns[0])))
+        for start in range(0, len(by_length), batch_size):
+            if made >= max_tokens:
+                return samples, cached
+            batch = by_length[start : start + batch_size]
+            path = chunk_path(loaded, batch, layers, max_new_tokens)
+            if path.is_file():
+                answered = load_corpus(path)
+            else:
+                answered, cached = answer_conversations(loaded, batch, layers, max_new_tokens), False
+                save_corpus(answered, path)
+            samples += answered
+            made += sum(s.answer_tokens for s in answered)
+            advance(sum(s.answer_tokens for s in answered))
     return samples, cached
 
 

@@ -3,9 +3,9 @@
 Each prompt starts from a topic and a kind of task (`seeds.py`): the target is asked, sampling, for the material
 (a question, an instruction, a passage to summarise, a function, two sentences to translate, a word problem) and
 the prompt is made from it. Prompts that repeat one already written, exactly or nearly (word-trigram Jaccard
-similarity at least NEAR), or that come near any evaluation prompt the project ships (the built-in suite), are
-refused. Prompts are appended to the file as they are accepted, so a stopped run keeps them and a rerun adds to
-them.
+similarity at least NEAR), or that share NEAR of the trigrams of the smaller with any evaluation prompt the project
+ships (the built-in suite, the tests' prompt files), are refused. Prompts are appended to the file as they are
+accepted, so a stopped run keeps them and a rerun adds to them.
 """
 
 from __future__ import annotations
@@ -61,14 +61,17 @@ class Seen:
             self.index.setdefault(gram, []).append(len(self.shingled))
         self.shingled.append(grams)
 
-    def match(self, text: str) -> str | None:
-        """'exact' or 'near' when `text` repeats one already taken, else None."""
+    def match(self, text: str, contained: bool = False) -> str | None:
+        """'exact' or 'near' when `text` repeats one already taken, else None. Near: the trigrams shared are at
+        least NEAR of all theirs (Jaccard), or with `contained` of the smaller text's (either holds much of the
+        other)."""
         if normalised(text) in self.exact:
             return "exact"
         grams = shingles(text)
         shared = Counter(i for gram in grams for i in self.index.get(gram, ()))
         for i, common in shared.items():
-            if common / len(grams | self.shingled[i]) >= NEAR:
+            other = self.shingled[i]
+            if common / (min(len(grams), len(other)) if contained else len(grams | other)) >= NEAR:
                 return "near"
         return None
 
@@ -79,12 +82,13 @@ class Request:
     topic: str
 
 
-def cleaned(text: str) -> str:
-    """The target's answer without the frame it sometimes puts around it: labels, quotes, code fences."""
+def cleaned(text: str, code: bool) -> str:
+    """The target's answer without the frame it sometimes puts around it: labels and quotes, or for code the
+    fence."""
     text = text.strip()
-    fenced = re.search(r"```(?:python)?\n(.*?)(?:```|$)", text, re.S)
-    if fenced:
-        return fenced.group(1).strip()
+    if code:
+        fenced = re.search(r"```(?:python)?\n(.*?)(?:```|$)", text, re.S)
+        return fenced.group(1).strip() if fenced else text
     text = re.sub(r"^(question|instruction|problem|task)\s*:\s*", "", text, flags=re.I)
     return text.strip().strip('"').strip()
 
@@ -92,9 +96,9 @@ def cleaned(text: str) -> str:
 def prompt_from(request: Request, text: str, rng: random.Random) -> dict | None:
     """The record a written text makes for its request (None when the text is unusable for it)."""
     category = seeds.REQUESTS[request.kind][0]
-    text = cleaned(text)
+    text = cleaned(text, request.kind == "code")
     if request.kind in ("question", "multi-turn", "instruction", "math"):
-        text = text.splitlines()[0].strip() if text else ""
+        text = text.splitlines()[0].strip().strip('"').strip() if text else ""
     words = len(text.split())
     if words < 4 or words > 220:
         return None
@@ -129,6 +133,16 @@ def write_texts(loaded: models.Loaded, requests: list[Request], seed: int) -> li
     return [loaded.tokenizer.decode(row[ids.shape[1] :], skip_special_tokens=True) for row in out]
 
 
+def refusal(record: dict | None, evaluation: Seen, taken: Seen) -> str | None:
+    """Why a record is not kept, or None."""
+    if record is None:
+        return "unusable"
+    if evaluation.match(text_of(record), contained=True):
+        return "near an evaluation prompt"
+    repeat = taken.match(text_of(record))
+    return None if repeat is None else f"{repeat} duplicate"
+
+
 def text_of(record: dict) -> str:
     return "\n".join(record["turns"]) if "turns" in record else record["prompt"]
 
@@ -147,8 +161,9 @@ class Written:
 
 
 def write_prompts(loaded: models.Loaded, out: Path, count: int, seed: int, batch_size: int,
-                  advance: Callable[[int], None] = lambda n: None) -> Written:
-    """Append prompts to `out` until it holds `count` (or the requests run out: 20 per prompt wanted)."""
+                  advance: Callable[[int], None] = lambda n: None, requests: int | None = None) -> Written:
+    """Append prompts to `out` until it holds `count`, or `requests` texts were asked for (default: 20 per prompt
+    still wanted)."""
     evaluation, taken = Seen(), Seen()
     for path in evaluation_files():
         for conversation in read_data(path).conversations:
@@ -159,18 +174,17 @@ def write_prompts(loaded: models.Loaded, out: Path, count: int, seed: int, batch
         taken.add("\n".join(conversation.turns))
     written = Written(already=len(kept))
     rng = random.Random(f"{seed}-{len(kept)}")
-    kinds, budget = list(seeds.REQUESTS), 20 * max(0, count - len(kept))
+    kinds = list(seeds.REQUESTS)
+    budget = 20 * max(0, count - len(kept)) if requests is None else requests
     with out.open("a", encoding="utf-8") as file:
         for start in range(0, budget, batch_size):
-            requests = [Request(kinds[(start + i) % len(kinds)], rng.choice(seeds.TOPICS)) for i in range(batch_size)]
-            for request, text in zip(requests, write_texts(loaded, requests, rng.randrange(2**31)), strict=True):
-                if written.already + written.added >= count:
-                    return written
+            batch = [Request(kinds[(start + i) % len(kinds)], rng.choice(seeds.TOPICS))
+                     for i in range(min(batch_size, budget - start))]
+            for request, text in zip(batch, write_texts(loaded, batch, rng.randrange(2**31)), strict=True):
                 record = prompt_from(request, text, rng)
-                why = "unusable" if record is None else (
-                    "near an evaluation prompt" if evaluation.match(text_of(record)) else taken.match(text_of(record)))
+                why = refusal(record, evaluation, taken)
                 if why:
-                    written.refused[f"{why} duplicate" if why in ("exact", "near") else why] += 1
+                    written.refused[why] += 1
                     continue
                 taken.add(text_of(record))
                 number = written.already + written.added + 1
@@ -178,4 +192,6 @@ def write_prompts(loaded: models.Loaded, out: Path, count: int, seed: int, batch
                 file.flush()
                 written.added += 1
                 advance(1)
+                if written.already + written.added >= count:
+                    return written
     return written
