@@ -65,7 +65,7 @@ def test_a_rerun_continues_from_the_last_finished_epoch_and_ends_where_a_straigh
 def old_file(path: Path) -> Path:
     """A database of the schema before per-category scores, with one training's pooled rows."""
     with duckdb.connect(str(path)) as con:
-        migrate(con, MIGRATIONS.index(fit_categories()))
+        migrate(con, MIGRATIONS.index(categories_migration()))
         con.execute("INSERT INTO trainings (train_id, status, draft, target, saved_epoch) "
                     "VALUES ('t', 'ok', 'eagle:h', 'm', 1)")
         con.execute("INSERT INTO training_epochs VALUES ('t', 0, NULL, 5.0, 1.0, NULL), ('t', 1, 3.0, 4.0, 1.0, 0.1)")
@@ -73,8 +73,8 @@ def old_file(path: Path) -> Path:
     return path
 
 
-def fit_categories():
-    return next(m for m in MIGRATIONS if m.__name__ == "_add_training_categories")
+def categories_migration():
+    return next(m for m in MIGRATIONS if m.__name__ == "add_training_categories")
 
 
 def test_an_older_files_pooled_rows_read_before_and_after_the_migration(tmp_path):

@@ -17,6 +17,7 @@ from pathlib import Path
 import duckdb
 
 from runner.records import tree_depth
+from runner.store.schema_trainings import add_training_categories
 
 
 def _create_runs_and_rounds(con: duckdb.DuckDBPyConnection) -> None:
@@ -224,24 +225,6 @@ def _add_depth(con: duckdb.DuckDBPyConnection) -> None:
     con.execute(POSITION_STATS.format(depth="depth"))
 
 
-def _add_training_categories(con: duckdb.DuckDBPyConnection) -> None:
-    # A training scores its held-out prompts per category as well as pooled, so a head that learns only some kinds
-    # of text shows it while it trains. The pooled rows are category 'all' (a name data files may not use); every
-    # row before this was pooled. The key changes, so the table is rebuilt.
-    con.execute("ALTER TABLE training_positions RENAME TO training_positions_old")
-    con.execute("""CREATE TABLE training_positions (
-        train_id TEXT, epoch INTEGER, position INTEGER, judged BIGINT, accepted BIGINT,
-        category TEXT NOT NULL DEFAULT 'all', PRIMARY KEY (train_id, epoch, category, position))""")
-    con.execute("INSERT INTO training_positions BY NAME SELECT *, 'all' AS category FROM training_positions_old")
-    con.execute("DROP TABLE training_positions_old")
-
-
-def _add_training_resume(con: duckdb.DuckDBPyConnection) -> None:
-    # A training interrupted after an epoch continues from it when its command is run again; the row says from
-    # which epoch it last did. Every training before this ran straight through (NULL).
-    con.execute("ALTER TABLE trainings ADD COLUMN resumed_epoch INTEGER")
-
-
 MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     _create_runs_and_rounds,
     _create_run_stats,
@@ -258,8 +241,7 @@ MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     _add_bench_k_policy,
     _add_tree_columns,
     _add_depth,
-    _add_training_categories,
-    _add_training_resume,
+    add_training_categories,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
