@@ -7,6 +7,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import duckdb
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -121,3 +122,28 @@ def test_the_answers_are_cached_chunk_by_chunk_so_a_stopped_generation_resumes(t
     assert cached and made == [2, 1]
     assert [(s.prompt_id, s.tokens.tolist()) for s in again] == [(s.prompt_id, s.tokens.tolist()) for s in resumed]
     assert sorted(s.prompt_id for s in resumed) == [f"c{i}" for i in range(5)]
+
+
+def test_a_head_trains_on_a_sharegpt_file_and_is_scored_per_category(tmp_path, tiny_dir, monkeypatch):
+    from rich.console import Console
+    from test_train import tiny_config
+
+    from runner.train.run import train_draft
+
+    monkeypatch.setenv("SPECDASH_CACHE", str(tmp_path / "cache"))
+    records = [{"id": f"{c}-{i}", "category": c, "conversations": [
+        {"from": "human", "value": f"Tell me about {c} number {i}."}, {"from": "gpt", "value": "Someone else's."},
+        {"from": "human", "value": "Say more."}]} for c in ("code", "poem") for i in range(10)]
+    config = tiny_config(tmp_path, tiny_dir, data=write(tmp_path / "chats.jsonl", records), epochs=1)
+    trained = train_draft(config, Console(quiet=True))
+    con = duckdb.connect(str(config.db), read_only=True)
+    assert con.execute("SELECT train_prompts, heldout_prompts FROM trainings").fetchall() == [(18, 2)]
+    rows = con.execute("SELECT epoch, category, position, judged, accepted FROM training_positions "
+                       "ORDER BY ALL").fetchall()
+    con.close()
+    expected = [(e.number, c, j + 1, *counts[j]) for e in trained.epochs
+                for c, counts in sorted({"all": e.positions, **e.categories}.items()) for j in range(2)]
+    assert rows == expected and {c for _, c, *_ in rows} == {"all", "code", "poem"}
+    # every user turn of every conversation answered, the second after the first (the cached chunks hold them)
+    answered = [s for path in (tmp_path / "cache" / "distill").glob("*.safetensors") for s in data.load_corpus(path)]
+    assert sorted((s.prompt_id, s.turn) for s in answered) == sorted((r["id"], t) for r in records for t in (0, 1))
