@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 from typing import Annotated
 
+import torch
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -63,6 +64,8 @@ def write_prompts_command(
     seed: int = 0,
     batch_size: Annotated[int, typer.Option(help="requests the target answers together")] = 16,
     device: Device = None,
+    threads: Annotated[int | None, typer.Option(help="torch threads (default: one per core); 1 is much faster on a "
+                                                     "machine other jobs keep busy")] = None,
 ) -> None:
     """Have the target write training prompts across topics and kinds of task, deduplicated and disjoint from the
     evaluation prompts; a rerun adds to the file."""
@@ -70,6 +73,10 @@ def write_prompts_command(
         fail(f"--count and --batch-size must be >= 1, got {count} and {batch_size}")
     if out.exists() and not out.is_file():
         fail(f"--out {out} is not a file")
+    if threads is not None:
+        if threads < 1:
+            fail(f"--threads must be >= 1, got {threads}")
+        torch.set_num_threads(threads)
     try:
         loaded = models.load(target, device, "float32")
         with Progress(TextColumn("writing prompts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
