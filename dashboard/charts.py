@@ -134,6 +134,16 @@ def training_acceptance(frame: pd.DataFrame) -> alt.Chart:
     ).properties(width=340, height=240, title="held-out acceptance per epoch (given the earlier drafts were right)")
 
 
+def training_categories(frame: pd.DataFrame) -> alt.FacetChart:
+    """Held-out acceptance per epoch, one line per category, one panel per draft position."""
+    return alt.Chart(frame).mark_line(point=True).encode(
+        _EPOCH, _ACCEPTANCE, color=alt.Color("category:N", title="held-out category", scale=_SCHEME),
+        tooltip=["category:N", "epoch:Q", "position:Q", "judged:Q", "accepted:Q",
+                 alt.Tooltip("acceptance:Q", format=".3f")],
+    ).properties(width=240, height=200).facet(
+        column=alt.Column("position:O", title="draft position (given the earlier drafts were right)"))
+
+
 def position_acceptance(frame: pd.DataFrame, position: str = "draft position") -> alt.Chart:
     """Acceptance by draft position per `series` (a category's runs, or the training's held-out score, dashed);
     `position` titles the axis (`position_title`)."""

@@ -16,6 +16,7 @@ import duckdb
 import pandas as pd
 
 from runner.store import metrics
+from runner.store import trainings as trainings_store
 from runner.store.connect import reading
 from runner.store.metrics import CELL, RUNS_ONLY, Filters
 from runner.store.schema import schema_version
@@ -202,27 +203,47 @@ def _has_trainings(con: duckdb.DuckDBPyConnection) -> bool:
                        "AND table_name = 'trainings'").fetchone()[0] > 0
 
 
+def _pooled_positions(con: duckdb.DuckDBPyConnection) -> str:
+    """The condition that keeps `training_positions` to its pooled rows (a file from before the per-category
+    scores holds only those, and no category column)."""
+    has = con.execute("SELECT count(*) FROM duckdb_columns() WHERE database_name = current_database() "
+                      "AND table_name = 'training_positions' AND column_name = 'category'").fetchone()[0]
+    return f"p.category = '{trainings_store.POOLED}'" if has else "true"
+
+
 def trainings(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
     """One row per recorded training of a draft head, newest first: its setup, its saved epoch's held-out
     acceptance of the first draft, and how many recorded runs used the head it made."""
     if not _has_trainings(con):
         return pd.DataFrame(columns=["train_id"])
-    return _frame(con, """
+    return _frame(con, f"""
         SELECT t.*, p.accepted / nullif(p.judged, 0) AS heldout_first_acceptance,
             (SELECT count(*) FROM runs r WHERE r.draft = t.draft AND r.target = t.target AND r.status = 'ok')
                 AS runs
         FROM trainings t
         LEFT JOIN training_positions p ON p.train_id = t.train_id AND p.epoch = t.saved_epoch AND p.position = 1
+            AND {_pooled_positions(con)}
         ORDER BY t.started_at DESC, t.train_id""", [])
 
 
 def training_epochs(con: duckdb.DuckDBPyConnection, train_id: str) -> pd.DataFrame:
     """Per epoch of one training (0: the untrained head): losses, seconds, and held-out acceptance by position."""
-    return _frame(con, """
+    return _frame(con, f"""
         SELECT e.epoch, e.train_loss, e.heldout_loss, e.seconds, p.position, p.judged, p.accepted,
             p.accepted / nullif(p.judged, 0) AS acceptance
         FROM training_epochs e JOIN training_positions p USING (train_id, epoch)
-        WHERE train_id = ? ORDER BY e.epoch, p.position""", [train_id])
+        WHERE train_id = ? AND {_pooled_positions(con)} ORDER BY e.epoch, p.position""", [train_id])
+
+
+def training_categories(con: duckdb.DuckDBPyConnection, train_id: str) -> pd.DataFrame:
+    """Per epoch × held-out category × draft position of one training: judged, accepted, acceptance (empty for a
+    training recorded before the per-category scores)."""
+    if _pooled_positions(con) == "true":
+        return pd.DataFrame(columns=["epoch", "category", "position", "judged", "accepted", "acceptance"])
+    return _frame(con, """
+        SELECT epoch, category, position, judged, accepted, accepted / nullif(judged, 0) AS acceptance
+        FROM training_positions p WHERE train_id = ? AND category <> ?
+        ORDER BY epoch, category, position""", [train_id, trainings_store.POOLED])
 
 
 def draft_positions(con: duckdb.DuckDBPyConnection, target: str, draft: str) -> pd.DataFrame:

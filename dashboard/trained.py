@@ -28,13 +28,18 @@ def positions_frame(recorded: pd.DataFrame, epochs: pd.DataFrame, saved_epoch: i
     return pd.concat([runs[columns], heldout[columns]], ignore_index=True)
 
 
+def _resumed(t: pd.Series) -> str:
+    epoch = t.get("resumed_epoch")
+    return "" if epoch is None or pd.isna(epoch) else f" (resumed after epoch {int(epoch)})"
+
+
 def _header(t: pd.Series) -> None:
     st.caption(
         f"training {t.name} · {t['started_at']:%Y-%m-%d %H:%M} UTC · {t['status']} · target {t['target']} · "
         f"{t['train_prompts']} prompts, {t['train_tokens']:,} answer tokens ({t['heldout_prompts']} held out, "
         f"{t['heldout_tokens']:,} tokens) · draft vocabulary {t['draft_vocab']:,} covering "
         f"{t['vocab_coverage']:.1%} of the answer tokens · layers {list(t['layers'])} · unroll {t['unroll']} · "
-        f"epoch {t['saved_epoch']} of {t['epochs']} saved · data {t['data_s']:.0f} s"
+        f"epoch {t['saved_epoch']} of {t['epochs']} saved{_resumed(t)} · data {t['data_s']:.0f} s"
         f"{' (cached)' if t['data_cached'] else ''}, training {t['train_s']:.0f} s, {t['wall_s'] / 60:.1f} min in "
         f"all on {t['device']} ({t['threads']} threads, load average {t['load_before']:.1f}"
         f" → {t['load_after']:.1f})")
@@ -49,6 +54,16 @@ def _learned(epochs: pd.DataFrame) -> None:
     st.caption("Held-out acceptance at draft position j: how often the head's j-th draft equals the target's own "
                "token on prompts it never trained on, counting only where drafts 1..j-1 were right, as a greedy "
                "round judges them. The saved epoch is the one with the most drafts accepted at k = unroll.")
+
+
+def _by_category(train_id: str) -> None:
+    frame = common.load(queries.training_categories, train_id)
+    if frame.empty:
+        return
+    st.subheader("Held-out acceptance per category")
+    st.altair_chart(charts.training_categories(frame))
+    st.caption("The same score per kind of held-out prompt: a head that learns only some kinds of text shows it "
+               "here while it trains.")
 
 
 def _drafted(t: pd.Series, epochs: pd.DataFrame) -> None:
@@ -91,6 +106,7 @@ def render() -> None:
         st.info("This training has recorded no epoch yet.")
         return
     _learned(epochs)
+    _by_category(train_id)
     _drafted(t, epochs)
 
 

@@ -14,9 +14,11 @@ from runner.store.runs import write_run
 from runner.store.trainings import TrainingLog
 
 DRAFT = "eagle:heads/tiny"
-# epoch -> (train loss, held-out loss, (judged, accepted) at positions 1 and 2)
-EPOCHS = {0: (None, 5.0, [(100, 10), (10, 1)]), 1: (3.0, 3.5, [(100, 50), (50, 20)]),
-          2: (2.5, 3.0, [(100, 60), (60, 30)])}
+# epoch -> (train loss, held-out loss, per held-out category (judged, accepted) at positions 1 and 2); pooled:
+# epoch 0 (100, 10), (10, 1); epoch 1 (100, 50), (50, 20); epoch 2 (100, 60), (60, 30)
+EPOCHS = {0: (None, 5.0, {"code": [(60, 9), (9, 1)], "poem": [(40, 1), (1, 0)]}),
+          1: (3.0, 3.5, {"code": [(60, 40), (40, 20)], "poem": [(40, 10), (10, 0)]}),
+          2: (2.5, 3.0, {"code": [(60, 45), (45, 27)], "poem": [(40, 15), (15, 3)]})}
 # Greedy runs of the head, k = 2. code-01 rounds accept 2, 1, 2, 2 (then a k = 0 round): position 1 judged 4,
 # accepted 4; position 2 judged 4, accepted 3; α = 7 / 8. poem-01 rounds accept 1, 0, 2, 0, 1, 0 at k = 2, then
 # 0 at k = 1 (and a k = 0 round): position 1 judged 7, accepted 3; position 2 judged 3, accepted 1; α = 4 / 10.
@@ -55,11 +57,15 @@ def test_the_page_shows_how_a_head_learned_and_how_it_drafts_per_category(monkey
     listed = at.dataframe[0].value
     assert listed[["train_id", "saved_epoch", "heldout_first_acceptance", "runs"]].values.tolist() == [
         ["t1", 2, 0.6, 2]]
-    loss, acceptance, positions = (chart_data(c)[1] for c in at.get("vega_lite_chart"))
+    loss, acceptance, by_category, positions = (chart_data(c)[1] for c in at.get("vega_lite_chart"))
     assert sorted(loss[["source", "epoch", "loss"]].values.tolist()) == [
         ["held-out", 0, 5.0], ["held-out", 1, 3.5], ["held-out", 2, 3.0], ["training", 1, 3.0], ["training", 2, 2.5]]
     assert acceptance[["epoch", "position", "acceptance"]].values.tolist() == [
         [0, 1, 0.1], [0, 2, 0.1], [1, 1, 0.5], [1, 2, 0.4], [2, 1, 0.6], [2, 2, 0.5]]
+    assert by_category[["epoch", "category", "position", "acceptance"]].values.tolist() == [
+        [0, "code", 1, 0.15], [0, "code", 2, 1 / 9], [0, "poem", 1, 0.025], [0, "poem", 2, 0.0],
+        [1, "code", 1, 40 / 60], [1, "code", 2, 0.5], [1, "poem", 1, 0.25], [1, "poem", 2, 0.0],
+        [2, "code", 1, 0.75], [2, "code", 2, 0.6], [2, "poem", 1, 0.375], [2, "poem", 2, 0.2]]
     per_category = at.dataframe[1].value
     assert per_category[["category", "alpha", "best_k"]].values.tolist() == [["code", 7 / 8, 2], ["poem", 0.4, 2]]
     got = {(s, p): a for s, p, a in positions[["series", "position", "acceptance"]].values.tolist()}

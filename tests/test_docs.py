@@ -38,7 +38,8 @@ def test_the_readme_documents_every_column(relation):
 
 def test_the_readme_shows_every_command():
     commands = sorted(c.name or c.callback.__name__ for c in app.registered_commands)
-    assert commands == ["generate", "list", "merge", "serve", "sql", "sweep", "train-draft"]
+    assert commands == ["generate", "list", "merge", "serve", "sql", "sweep", "train-draft",
+                        "write-prompts"]
     for command in commands:
         assert f"python -m runner {command}" in README
     groups = {g.name: sorted(c.name for c in g.typer_instance.registered_commands) for g in app.registered_groups}

@@ -49,7 +49,8 @@ def sources(tmp_path: Path) -> tuple[Path, Path]:
         # and one draft-head training: its row, two epochs, two positions of each
         con.execute("INSERT INTO trainings (train_id, status, draft) VALUES ('t-b', 'ok', 'eagle:heads/x')")
         con.execute("INSERT INTO training_epochs (train_id, epoch) VALUES ('t-b', 0), ('t-b', 1)")
-        con.execute("INSERT INTO training_positions VALUES ('t-b', 0, 1, 10, 2), ('t-b', 0, 2, 2, 0), "
+        con.execute("INSERT INTO training_positions (train_id, epoch, position, judged, accepted) "
+                    "VALUES ('t-b', 0, 1, 10, 2), ('t-b', 0, 2, 2, 0), "
                     "('t-b', 1, 1, 10, 6), ('t-b', 1, 2, 6, 3)")
     return a, b
 

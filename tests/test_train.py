@@ -20,7 +20,7 @@ from runner.engine.pair import Pair, parse_draft
 from runner.engine.sampling import Decoding
 from runner.prompts import load_prompts
 from runner.train import fit
-from runner.train.data import Sample, answer_batch
+from runner.train.data import Context, Sample, answer_batch
 from runner.train.fit import TrainConfig, split, vocabulary
 from runner.train.run import default_prompts, train_draft
 from runner.train.unroll import StepResult, acceptance_counts
@@ -64,7 +64,8 @@ def test_the_shipped_training_prompts_are_not_the_built_in_suite_and_every_categ
 def test_the_data_are_the_targets_greedy_answers_with_its_features_at_every_position(tiny):
     """Answered in one batch (rows leaving as they end), checked against one plain pass over each finished text."""
     prompts = [p for p in load_prompts() if p.category == "poem"][:3]
-    samples = answer_batch(tiny, prompts, (2, 4), max_new_tokens=9)
+    contexts = [Context(p.id, p.category, 0, models.encode_chat(tiny, p.text)) for p in prompts]
+    samples = answer_batch(tiny, contexts, (2, 4), max_new_tokens=9)
     assert [s.prompt_id for s in samples] == [p.id for p in prompts]
     for sample, prompt in zip(samples, prompts, strict=True):
         assert sample.tokens[: sample.answer_start].tolist() == models.encode_chat(tiny, prompt.text)
@@ -86,7 +87,7 @@ def small_prompts(path: Path) -> Path:
 
 
 def tiny_config(tmp_path: Path, tiny_dir: Path, **changes: object) -> TrainConfig:
-    base = TrainConfig(target=str(tiny_dir), out=tmp_path / "head", prompts=small_prompts(tmp_path / "p.jsonl"),
+    base = TrainConfig(target=str(tiny_dir), out=tmp_path / "head", data=small_prompts(tmp_path / "p.jsonl"),
                        max_tokens=400, epochs=3, draft_vocab=256, seed=0, db=tmp_path / "runs.duckdb", unroll=2,
                        lr=3e-3, max_new_tokens=12, batch_size=8, batch_tokens=1024)
     return TrainConfig(**{**base.__dict__, **changes})
@@ -107,8 +108,13 @@ def test_a_tiny_head_learns_beyond_the_untrained_one_and_every_epoch_is_recorded
     row = con.execute("SELECT status, draft, epochs, saved_epoch, train_tokens, heldout_prompts, unroll "
                       "FROM trainings").fetchall()
     assert row == [("ok", f"eagle:{config.out}", 3, trained.saved_epoch, trained.train_tokens, 2, 2)]
-    positions = con.execute("SELECT epoch, position, judged, accepted FROM training_positions ORDER BY ALL").fetchall()
+    positions = con.execute("SELECT epoch, position, judged, accepted FROM training_positions WHERE category = 'all' "
+                            "ORDER BY ALL").fetchall()
     assert positions == [(e.number, j + 1, *e.positions[j]) for e in trained.epochs for j in range(2)]
+    # one held-out prompt per category (code-9, poem-9), each scored apart; the pooled rows are their sums
+    summed = con.execute("SELECT epoch, position, sum(judged), sum(accepted) FROM training_positions "
+                         "WHERE category IN ('code', 'poem') GROUP BY ALL ORDER BY ALL").fetchall()
+    assert summed == positions and all(set(e.categories) == {"code", "poem"} for e in trained.epochs)
     losses = con.execute("SELECT train_loss, heldout_loss FROM training_epochs ORDER BY epoch").fetchall()
     assert losses == [(e.train_loss, e.heldout_loss) for e in trained.epochs]
     con.close()

@@ -6,20 +6,26 @@ import sys
 from pathlib import Path
 from typing import Annotated
 
+import torch
 import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from runner.cli.common import Device, Target, fail, stderr, stdout
 from runner.engine import models
 from runner.store.schema import StoreError
+from runner.train.conversations import DataError
 from runner.train.fit import TrainConfig
 from runner.train.run import default_prompts, epoch_table, train_draft
+from runner.train.write_prompts import write_prompts
 
 
 def train_draft_command(
     out: Annotated[Path, typer.Option(help="the head's directory (config.json + model.safetensors), written last")],
     target: Target = models.DEFAULT_MODEL,
-    prompts: Annotated[Path | None, typer.Option(help="JSONL of {id, category, prompt}; default: the shipped "
-                                                      "training prompts")] = None,
+    data: Annotated[Path | None, typer.Option(
+        "--data", "--prompts", help="conversations (ShareGPT `conversations`, OpenAI `messages`, `turns`) or prompts "
+        "({id, category, prompt}), JSON Lines or one JSON array; the target rewrites every answer. Default: the "
+        "shipped training prompts")] = None,
     max_tokens: Annotated[int, typer.Option(help="answer tokens of training data the target writes")] = 60_000,
     epochs: int = 6,
     draft_vocab: Annotated[int, typer.Option(help="the head's vocabulary: the most frequent answer tokens")] = 8192,
@@ -34,7 +40,7 @@ def train_draft_command(
 ) -> None:
     """Train an EAGLE-style draft head for a target on its own answers; record every epoch."""
     config = TrainConfig(
-        target=target, out=out, prompts=prompts or default_prompts(), max_tokens=max_tokens, epochs=epochs,
+        target=target, out=out, data=data or default_prompts(), max_tokens=max_tokens, epochs=epochs,
         draft_vocab=draft_vocab, seed=seed, db=db, unroll=unroll, lr=lr, max_new_tokens=max_new_tokens,
         device=device, threads=threads, command=" ".join(["python -m runner", *sys.argv[1:]]),
     )
@@ -43,8 +49,40 @@ def train_draft_command(
     except (ValueError, StoreError) as exc:
         fail(str(exc))
     except KeyboardInterrupt:
-        stderr.print(f"interrupted: {out} was not written")
+        stderr.print(f"interrupted: {out} was not written; run the same command again to continue from the last "
+                     "finished epoch")
         raise typer.Exit(130) from None
     stdout.print(epoch_table(trained), highlight=False)
     stdout.print(f"saved epoch {trained.saved_epoch} to {out}; compare it: python -m runner sweep --draft eagle:{out}",
                  highlight=False, soft_wrap=True)
+
+
+def write_prompts_command(
+    out: Annotated[Path, typer.Option(help="the JSONL the prompts are appended to (train-draft --data reads it)")],
+    count: Annotated[int, typer.Option(help="prompts the file should hold")] = 400,
+    target: Target = models.DEFAULT_MODEL,
+    seed: int = 0,
+    batch_size: Annotated[int, typer.Option(help="requests the target answers together")] = 16,
+    device: Device = None,
+    threads: Annotated[int | None, typer.Option(help="torch threads (default: one per core); 1 is much faster on a "
+                                                     "machine other jobs keep busy")] = None,
+) -> None:
+    """Have the target write training prompts across topics and kinds of task, deduplicated and disjoint from the
+    evaluation prompts; a rerun adds to the file."""
+    if count < 1 or batch_size < 1:
+        fail(f"--count and --batch-size must be >= 1, got {count} and {batch_size}")
+    if out.exists() and not out.is_file():
+        fail(f"--out {out} is not a file")
+    if threads is not None:
+        if threads < 1:
+            fail(f"--threads must be >= 1, got {threads}")
+        torch.set_num_threads(threads)
+    try:
+        loaded = models.load(target, device, "float32")
+        with Progress(TextColumn("writing prompts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=stderr, disable=not stderr.is_terminal) as progress:
+            task = progress.add_task("", total=count)
+            written = write_prompts(loaded, out, count, seed, batch_size, lambda n: progress.advance(task, n))
+    except (ValueError, DataError) as exc:
+        fail(str(exc))
+    stdout.print(written.line(out), highlight=False, soft_wrap=True)

@@ -215,17 +215,21 @@ def check_same_tokenizer(target: Loaded, draft: Loaded) -> None:
 
 def encode_chat(loaded: Loaded, prompt: str, history: tuple[tuple[str, str], ...] = ()) -> list[int]:
     """The ids the model sees for one user message after the earlier turns `history` ((user message, the model's
-    answer), oldest first): the chat template when the tokenizer has one, else the texts one after another."""
+    answer), oldest first)."""
+    messages = [{"role": role, "content": text} for turn in history
+                for role, text in zip(("user", "assistant"), turn, strict=True)]
+    return encode_messages(loaded, [*messages, {"role": "user", "content": prompt}])
+
+
+def encode_messages(loaded: Loaded, messages: list[dict[str, str]]) -> list[int]:
+    """The ids the model sees for a conversation ending in a user turn, ready for the assistant's answer: the chat
+    template when the tokenizer has one, else the messages' texts one after another."""
     tok = loaded.tokenizer
     if getattr(tok, "chat_template", None):
-        messages = [{"role": role, "content": text} for turn in history
-                    for role, text in zip(("user", "assistant"), turn, strict=True)]
-        ids = tok.apply_chat_template(
-            [*messages, {"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True,
-            return_dict=True,
-        )["input_ids"]
+        chat = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
+        ids = chat["input_ids"]
     else:
-        ids = tok("\n\n".join([*(text for turn in history for text in turn), prompt]))["input_ids"]
+        ids = tok("\n\n".join(m["content"] for m in messages))["input_ids"]
     return list(ids)
 
 

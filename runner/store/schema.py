@@ -17,6 +17,7 @@ from pathlib import Path
 import duckdb
 
 from runner.records import tree_depth
+from runner.store.schema_trainings import add_training_categories
 from runner.store.spec_bench import CONTEXT_STATS
 
 
@@ -250,6 +251,7 @@ MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     _add_tree_columns,
     _add_depth,
     _add_turns,
+    add_training_categories,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

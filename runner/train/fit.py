@@ -13,7 +13,7 @@ import random
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -21,7 +21,8 @@ from transformers import PretrainedConfig
 
 from runner.engine import head_files, models
 from runner.engine.heads import EagleHead, HeadConfig
-from runner.prompts import Prompt, load_prompts
+from runner.store.trainings import pooled
+from runner.train.conversations import Conversation, Read, read_data
 from runner.train.data import Sample
 from runner.train.unroll import acceptance_counts, batches, unrolled, weighted_loss
 
@@ -36,7 +37,7 @@ class TrainConfig:
 
     target: str  # model spec of the target the head drafts for
     out: Path  # the head's directory: config.json + model.safetensors, written whole at the end
-    prompts: Path  # JSON Lines {id, category, prompt}; every HELDOUT_EVERY-th of each category is held out
+    data: Path  # conversations or prompts (`conversations.py`); every HELDOUT_EVERY-th of each category held out
     max_tokens: int  # answer tokens of training data the target writes (whole answers, so a little more)
     epochs: int
     draft_vocab: int  # rows of the head's LM head: the most frequent tokens of the training answers
@@ -57,8 +58,13 @@ class Epoch:
     number: int  # 0: the untrained head
     train_loss: float | None
     heldout_loss: float
-    positions: list[tuple[int, int]]  # (judged, accepted) at draft positions 1..unroll
+    categories: dict[str, list[tuple[int, int]]]  # per held-out category, (judged, accepted) at positions 1..unroll
     seconds: float
+
+    @property
+    def positions(self) -> list[tuple[int, int]]:
+        """(judged, accepted) at draft positions 1..unroll over every held-out category."""
+        return pooled(self.categories)
 
     @property
     def rates(self) -> list[float]:
@@ -86,8 +92,9 @@ class Trained:
     train_s: float = 0.0
 
 
-def split(prompts: list[Prompt]) -> tuple[list[Prompt], list[Prompt]]:
-    """(training prompts, held-out prompts): every HELDOUT_EVERY-th prompt of each category is held out."""
+def split(prompts: list[Conversation]) -> tuple[list[Conversation], list[Conversation]]:
+    """(training conversations, held-out ones): every HELDOUT_EVERY-th of each category is held out, all its
+    turns with it."""
     seen: dict[str, int] = {}
     train, heldout = [], []
     for prompt in prompts:
@@ -166,19 +173,23 @@ def row_of(head: EagleHead) -> torch.Tensor:
 
 
 def evaluate(head: EagleHead, samples: list[Sample], config: TrainConfig, device: torch.device) -> tuple[
-        float, list[tuple[int, int]]]:
-    """Held-out loss (mean over batches, weighted by judged positions) and (judged, accepted) per draft position."""
+        float, dict[str, list[tuple[int, int]]]]:
+    """Held-out loss (mean over batches, weighted by judged positions) and, per category, (judged, accepted) per
+    draft position; each category is batched apart so that its counts are its own."""
     rows = row_of(head)
     total, weight = 0.0, 0
-    counts = [(0, 0)] * config.unroll
+    per_category: dict[str, list[tuple[int, int]]] = {}
     with torch.no_grad():
-        for batch in batches(samples, config.batch_tokens, None, device):
-            results = unrolled(head, batch, config.unroll, rows)
-            judged = int(results[0].judged.sum())
-            total += float(weighted_loss(results)) * judged
-            weight += judged
-            counts = [(a + c, b + d) for (a, b), (c, d) in zip(counts, acceptance_counts(results), strict=True)]
-    return total / max(1, weight), counts
+        for category in sorted({s.category for s in samples}):
+            counts = [(0, 0)] * config.unroll
+            for batch in batches([s for s in samples if s.category == category], config.batch_tokens, None, device):
+                results = unrolled(head, batch, config.unroll, rows)
+                judged = int(results[0].judged.sum())
+                total += float(weighted_loss(results)) * judged
+                weight += judged
+                counts = [(a + c, b + d) for (a, b), (c, d) in zip(counts, acceptance_counts(results), strict=True)]
+            per_category[category] = counts
+    return total / max(1, weight), per_category
 
 
 def schedule(config: TrainConfig, steps: int) -> Callable[[int], float]:
@@ -193,24 +204,36 @@ def schedule(config: TrainConfig, steps: int) -> Callable[[int], float]:
 
 
 def fit(head: EagleHead, train: list[Sample], heldout: list[Sample], config: TrainConfig,
-        on_epoch: Callable[[Epoch], None], on_step: Callable[[int, int], None]) -> tuple[list[Epoch], dict]:
-    """Train for config.epochs; returns every epoch's scores and the weights of the best one."""
+        on_epoch: Callable[[Epoch], None], on_step: Callable[[int, int], None], resumed: dict | None = None,
+        keep: Callable[[dict], None] = lambda state: None) -> tuple[list[Epoch], dict]:
+    """Train for config.epochs, or what is left of them after the state `resumed` (as `keep` was given it); returns
+    every epoch's scores and the weights of the best one. `keep` is given the whole state after each epoch, before
+    `on_epoch`; `on_step(tokens, epoch_tokens)` after each optimizer step."""
     device = head.d2t.device
     rng = random.Random(config.seed)
     torch.manual_seed(config.seed)
     params = trainable(head)
     optimizer = torch.optim.AdamW(params, lr=config.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    per_epoch = len(batches(train, config.batch_tokens, None, device))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule(config, per_epoch * config.epochs))
+    per_epoch = batches(train, config.batch_tokens, None, device)
+    epoch_tokens = sum(int(b.lengths.sum()) for b in per_epoch)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule(config, len(per_epoch) * config.epochs))
     rows = row_of(head)
-    start = time.perf_counter()
-    loss, positions = evaluate(head, heldout, config, device)
-    epochs = [Epoch(0, None, loss, positions, time.perf_counter() - start)]
-    on_epoch(epochs[0])
-    best = {name: t.detach().clone() for name, t in head.weights().items()}
-    for number in range(1, config.epochs + 1):
+    if resumed is None:
+        start = time.perf_counter()
+        loss, categories = evaluate(head, heldout, config, device)
+        epochs = [Epoch(0, None, loss, categories, time.perf_counter() - start)]
+        best = {name: t.detach().clone() for name, t in head.weights().items()}
+    else:
+        head.load_state_dict(resumed["head"], strict=False)
+        optimizer.load_state_dict(resumed["optimizer"])
+        scheduler.load_state_dict(resumed["scheduler"])
+        rng.setstate(resumed["rng"])
+        epochs, best = [Epoch(**e) for e in resumed["epochs"]], resumed["best"]
+    for epoch in epochs:
+        on_epoch(epoch)
+    for number in range(len(epochs), config.epochs + 1):
         start, losses = time.perf_counter(), []
-        for i, batch in enumerate(batches(train, config.batch_tokens, rng, device)):
+        for batch in batches(train, config.batch_tokens, rng, device):
             loss = weighted_loss(unrolled(head, batch, config.unroll, rows))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -218,12 +241,14 @@ def fit(head: EagleHead, train: list[Sample], heldout: list[Sample], config: Tra
             optimizer.step()
             scheduler.step()
             losses.append(float(loss.detach()))
-            on_step(i + 1, per_epoch)
-        heldout_loss, positions = evaluate(head, heldout, config, device)
-        epoch = Epoch(number, sum(losses) / len(losses), heldout_loss, positions, time.perf_counter() - start)
+            on_step(int(batch.lengths.sum()), epoch_tokens)
+        heldout_loss, categories = evaluate(head, heldout, config, device)
+        epoch = Epoch(number, sum(losses) / len(losses), heldout_loss, categories, time.perf_counter() - start)
         if epoch.expected_accepted > max(e.expected_accepted for e in epochs):
             best = {name: t.detach().clone() for name, t in head.weights().items()}
         epochs.append(epoch)
+        keep({"head": head.weights(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+              "rng": rng.getstate(), "epochs": [asdict(e) for e in epochs], "best": best})
         on_epoch(epoch)
     return epochs, best
 
@@ -250,9 +275,11 @@ def save(head: EagleHead, weights: dict, out: Path) -> None:
     head_files.save(head, out)
 
 
-def load_split(path: Path) -> tuple[list[Prompt], list[Prompt]]:
-    train, heldout = split(load_prompts(path))
+def load_split(path: Path) -> tuple[list[Conversation], list[Conversation], Read]:
+    """The data file's conversations split for training and evaluation, and what was read and skipped."""
+    read = read_data(path)
+    train, heldout = split(read.conversations)
     if not heldout or not train:
         raise ValueError(f"{path.name}: needs {HELDOUT_EVERY} prompts in a category at least (every "
                          f"{HELDOUT_EVERY}th of each is held out for evaluation)")
-    return train, heldout
+    return train, heldout, read

@@ -1,24 +1,28 @@
 """One training of a draft head, end to end: check the input, make the data, train, save, record.
 
 Safe to interrupt: the head directory is written whole at the end (nothing half-written in it), the
-self-distilled data is cached so a rerun skips making it again, and the database row says 'interrupted'.
+self-distilled data is cached chunk by chunk and the training's state after every finished epoch is kept aside
+(`resume.py`), so running the same command again continues where it stopped; the database row says 'interrupted'
+meanwhile.
 """
 
 from __future__ import annotations
 
 import time
+from datetime import datetime
 from pathlib import Path
 
 import torch
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, Progress, ProgressColumn, Task, TextColumn, TimeRemainingColumn
 from rich.table import Table
+from rich.text import Text
 
 from runner.cells import provenance
 from runner.engine import head_files, models
 from runner.store.connect import check_db
 from runner.store.trainings import TrainingLog
-from runner.train import data
+from runner.train import data, resume
 from runner.train.fit import (
     Epoch,
     TrainConfig,
@@ -51,7 +55,7 @@ def check(config: TrainConfig) -> None:
     out = config.out
     if out.exists() and not (out.is_dir() and (not any(out.iterdir()) or (out / head_files.CONFIG).is_file())):
         raise ValueError(f"--out {out} exists and is not a draft head directory; pick another")
-    load_split(config.prompts)
+    load_split(config.data)
     if config.db is not None:
         check_db(config.db)
     vocab = models.load_config(config.target).vocab_size
@@ -59,9 +63,19 @@ def check(config: TrainConfig) -> None:
         raise ValueError(f"--draft-vocab {config.draft_vocab} exceeds the target's vocabulary of {vocab}")
 
 
+class TokensPerSecond(ProgressColumn):
+    """Tokens done over the task and how fast, over the last half minute."""
+
+    def render(self, task: Task) -> Text:
+        speed = task.finished_speed or task.speed
+        total = "?" if task.total is None else f"{task.total:,.0f}"
+        return Text(f"{task.completed:,.0f}/{total} tokens" + (f", {speed:,.0f} tok/s" if speed else ""))
+
+
 def _progress(console: Console) -> Progress:
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
-    return Progress(*columns, console=console, disable=not console.is_terminal)
+    columns = (TextColumn("{task.description}"), BarColumn(), TokensPerSecond(), TimeRemainingColumn(),
+               TextColumn("{task.fields[heldout]}"))
+    return Progress(*columns, console=console, disable=not console.is_terminal, speed_estimate_period=30)
 
 
 def train_draft(config: TrainConfig, console: Console) -> Trained:
@@ -70,15 +84,20 @@ def train_draft(config: TrainConfig, console: Console) -> Trained:
     if config.threads:
         torch.set_num_threads(config.threads)
     started, cpu_start, load_before = time.perf_counter(), time.process_time(), load_info()
-    train_prompts, heldout_prompts = load_split(config.prompts)
+    train_prompts, heldout_prompts, read = load_split(config.data)
+    console.print(read.summary(config.data.name), highlight=False)
     loaded = models.load(config.target, config.device, TRAIN_DTYPE)
     loaded.model.requires_grad_(False)
     layers = default_layers(loaded.model.config.num_hidden_layers)
-    result = Trained(new_train_id())
+    state_path = resume.state_path(config, train_prompts + heldout_prompts)
+    resumed = resume.load_state(state_path)
+    result = Trained(resumed["train_id"] if resumed else new_train_id())
     log = TrainingLog(config.db, result.train_id)
-    log.start({
+    continued = {"started_at": datetime.fromisoformat(resumed["started_at"]),
+                 "resumed_epoch": len(resumed["epochs"]) - 1} if resumed else {}
+    log.start({**continued,
         "target": config.target, "draft": f"eagle:{config.out}", "out_dir": str(config.out),
-        "prompts_file": str(config.prompts), "train_prompts": len(train_prompts),
+        "prompts_file": str(config.data), "train_prompts": len(train_prompts),
         "heldout_prompts": len(heldout_prompts), "max_new_tokens": config.max_new_tokens, "epochs": config.epochs,
         "draft_vocab": config.draft_vocab, "layers": list(layers), "unroll": config.unroll, "lr": config.lr,
         "seed": config.seed, "threads": torch.get_num_threads(), "load_before": load_before,
@@ -87,7 +106,8 @@ def train_draft(config: TrainConfig, console: Console) -> Trained:
     })
     try:
         with _progress(console) as progress:
-            _train(config, loaded, layers, train_prompts, heldout_prompts, result, log, progress, console)
+            _train(config, loaded, layers, (train_prompts, heldout_prompts), result, log, progress, console,
+                   (state_path, resumed))
     except KeyboardInterrupt:
         log.finish("interrupted", _fields(result, started, cpu_start))
         raise
@@ -95,13 +115,16 @@ def train_draft(config: TrainConfig, console: Console) -> Trained:
         log.finish("error", _fields(result, started, cpu_start) | {"error": f"{type(error).__name__}: {error}"})
         raise
     log.finish("ok", _fields(result, started, cpu_start) | {"head_bytes": head_bytes(config.out)})
+    state_path.unlink(missing_ok=True)
     return result
 
 
-def _train(config: TrainConfig, loaded: models.Loaded, layers: tuple[int, ...], train_prompts: list,
-           heldout_prompts: list, result: Trained, log: TrainingLog, progress: Progress, console: Console) -> None:
+def _train(config: TrainConfig, loaded: models.Loaded, layers: tuple[int, ...], split: tuple[list, list],
+           result: Trained, log: TrainingLog, progress: Progress, console: Console,
+           kept: tuple[Path, dict | None]) -> None:
+    (train_prompts, heldout_prompts), (state_path, resumed) = split, kept
     start = time.perf_counter()
-    task = progress.add_task("the target answers the training prompts", total=config.max_tokens)
+    task = progress.add_task("the target answers the training conversations", total=config.max_tokens, heldout="")
     train, result.data_cached = data.corpus(loaded, train_prompts, layers, config.max_tokens, config.max_new_tokens,
                                             config.batch_size, lambda n: progress.advance(task, n))
     progress.update(task, description="… and the held-out prompts", completed=0, total=None)
@@ -114,19 +137,24 @@ def _train(config: TrainConfig, loaded: models.Loaded, layers: tuple[int, ...], 
     draft_ids, result.coverage = vocabulary(train, config.draft_vocab, loaded.model.config.vocab_size)
     head = initial_head(loaded, layers, draft_ids, feature_rms(train, len(layers)))
     start = time.perf_counter()
-    task = progress.add_task("epoch 1", total=None)
+    task = progress.add_task("epoch 1", total=None, heldout="")
+    identity = {"train_id": result.train_id, "started_at": log.started_at.isoformat()}  # plain types only
 
     def on_epoch(epoch: Epoch) -> None:
         log.epoch(epoch.number, epoch.train_loss, epoch.heldout_loss, epoch.seconds,
-                  None if epoch.number == 0 else config.lr, epoch.positions)
+                  None if epoch.number == 0 else config.lr, epoch.categories)
         rates = " ".join(f"{r:.3f}" for r in epoch.rates)
+        by_category = ", ".join(f"{c} {' '.join(f'{a / j if j else 0:.2f}' for j, a in counts)}"
+                                for c, counts in epoch.categories.items())
         console.print(f"epoch {epoch.number}: held-out loss {epoch.heldout_loss:.3f}, acceptance by position "
-                      f"{rates}, expected accepted at k={config.unroll}: {epoch.expected_accepted:.2f}",
-                      highlight=False)
-        progress.update(task, description=f"epoch {epoch.number + 1}", completed=0)
+                      f"{rates}, expected accepted at k={config.unroll}: {epoch.expected_accepted:.2f} "
+                      f"({by_category})", highlight=False)
+        progress.reset(task, description=f"epoch {epoch.number + 1}",
+                       heldout=f"held-out α@1 {epoch.rates[0]:.3f} (epoch {epoch.number})")
 
     epochs, best = fit(head, train, heldout, config, on_epoch,
-                       lambda done, total: progress.update(task, completed=done, total=total))
+                       lambda tokens, total: progress.update(task, advance=tokens, total=total), resumed,
+                       lambda state: resume.save_state(identity | state, state_path))
     result.epochs = epochs
     result.saved_epoch = max(epochs, key=lambda e: e.expected_accepted).number
     result.train_s = time.perf_counter() - start
