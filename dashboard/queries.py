@@ -17,7 +17,7 @@ import pandas as pd
 
 from runner.store import metrics
 from runner.store.connect import reading
-from runner.store.metrics import CELL, RUNS_ONLY, Filters
+from runner.store.metrics import CELL, PASS_SETUP, RUNS_ONLY, Filters
 from runner.store.schema import schema_version
 
 T = TypeVar("T")
@@ -79,8 +79,10 @@ def nodes_per_round(con: duckdb.DuckDBPyConnection, filters: Filters, keys: tupl
 
 
 def cells(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
-    """The Overview's cells (`metrics.cells`), each with its nodes per round and whether it drafted trees."""
-    return metrics.cells(con, filters).merge(nodes_per_round(con, filters, CELL), on=list(CELL), how="left")
+    """The Overview's cells (`metrics.cells`), kept apart by device, kernels and threads (they change the pass, so
+    pooling them makes a speedup curve zigzag), each with its nodes per round and whether it drafted trees."""
+    keys = (*CELL, *PASS_SETUP)
+    return metrics.cells(con, filters, keys).merge(nodes_per_round(con, filters, keys), on=list(keys), how="left")
 
 
 def draft_categories(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
