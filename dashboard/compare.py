@@ -73,7 +73,8 @@ def render() -> None:
     st.caption("One row per setup × draft: setups (mode, kernels, threads, device) are never pooled. Per category "
                "the k and policy with the best measured speedup (geometric mean over its runs), with that cell's "
                "α and τ; every cell is measured on the same prompts, those that all compared cells ran. Ranked "
-               "within a setup by the geometric mean of the best speedups.")
+               "within a setup by the geometric mean of the best speedups. "
+               + frames.left_out_note(common.load(comparable.left_out, filters)))
     _head_to_head(cells, sorted(cells["draft"].unique()), filters)
     k_advice.render(filters)
 

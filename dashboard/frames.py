@@ -162,3 +162,13 @@ def advice_table(advice: pd.DataFrame, best: pd.DataFrame) -> pd.DataFrame:
     table["hit"] = table["hit"].map(lambda hit: "not judged: no run at its k" if pd.isna(hit)
                                     else "✓ hit" if hit else "✗ miss")
     return table
+
+
+def left_out_note(left: pd.DataFrame) -> str:
+    """The cells `comparable.left_out` names, in one line; empty when none was."""
+    if left.empty:
+        return ""
+    cells = [f"{short_draft(row.draft)} {comparable.choice(row.k, row.k_policy)} on {row.category}"
+             for row in left.itertuples()]
+    return (f"Left out, since they missed a prompt the other cells of their setup ran: {', '.join(cells[:8])}"
+            + (f" and {len(cells) - 8} more" if len(cells) > 8 else "") + ".")

@@ -47,11 +47,12 @@ CELL_COLUMNS = {
 RUNS_SHOWN = 1000  # a table of every run would ship 100k rows to the browser on a large database
 
 
-def _headline(best: pd.DataFrame, runs: int) -> None:
+def _headline(filters: metrics.Filters, runs: int) -> None:
     """Per setup, the best draft of each category with its k, policy and speedup (`comparable.best_cells`, as the
     Compare page's leaderboard): not one pool of every draft, mode, policy and kernel path."""
+    st.metric("speculative runs", f"{runs:,}", help="baselines not counted")
     st.subheader("Best draft per category")
-    top = frames.best_per_category(best)
+    top = frames.best_per_category(common.load(comparable.best_cells, filters))
     if top.empty:
         st.info("No category has a prompt that every selected draft, k and policy ran with a baseline.")
     for setup, rows in top.groupby("setup", sort=False):
@@ -59,9 +60,9 @@ def _headline(best: pd.DataFrame, runs: int) -> None:
         lines = [f"- **{row.category}**: {frames.short_draft(row.draft)} at {row.choice}, **{row.speedup:.2f}×** "
                  f"(α {row.alpha:.3f}, {row.prompts} prompt{'s' * (row.prompts > 1)})" for row in rows.itertuples()]
         st.markdown("\n".join(lines))
-    st.caption(f"{runs:,} speculative runs selected. Each setup (mode, kernels, threads, device) is judged on its "
-               "own; within a category every draft × k × policy is measured on the prompts they all ran "
-               "(geometric mean of its runs' speedups). The Compare page's leaderboard has every draft.")
+    st.caption("Each setup (mode, kernels, threads, device) is judged on its own; within a category every draft × "
+               "k × policy is measured on the same prompts (geometric mean of its runs' speedups). The Compare "
+               "page's leaderboard has every draft. " + frames.left_out_note(common.load(comparable.left_out, filters)))
 
 
 def _theory_chart(runs: pd.DataFrame, ks: list[int], filters: metrics.Filters) -> None:
@@ -92,7 +93,7 @@ def render() -> None:
     if (start := common.filtered("Overview", FILTERS, queries.cells)) is None:
         return
     filters, cells = start
-    _headline(common.load(comparable.best_cells, filters), int(cells["runs"].sum()))
+    _headline(filters, int(cells["runs"].sum()))
     st.subheader("Acceptance per category × draft × k")
     st.dataframe(cells, hide_index=True, column_config=CELL_COLUMNS, column_order=list(CELL_COLUMNS))
     runs = common.load(queries.runs, filters)

@@ -224,6 +224,15 @@ def _add_depth(con: duckdb.DuckDBPyConnection) -> None:
     con.execute(POSITION_STATS.format(depth="depth"))
 
 
+
+def _add_sampling_test(con: duckdb.DuckDBPyConnection) -> None:
+    # Sampled rounds: the min(1, p/q) test of every judged draft (p(x), q(x), the uniform draw), and whether the
+    # round's own token came from the residual; NULL for greedy rounds and for rounds recorded before.
+    for column, kind in (("draft_p", "DOUBLE[]"), ("draft_q", "DOUBLE[]"), ("draft_u", "DOUBLE[]"),
+                         ("from_residual", "BOOLEAN")):
+        con.execute(f"ALTER TABLE rounds ADD COLUMN {column} {kind}")
+
+
 MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     _create_runs_and_rounds,
     _create_run_stats,
@@ -240,6 +249,7 @@ MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     _add_bench_k_policy,
     _add_tree_columns,
     _add_depth,
+    _add_sampling_test,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
