@@ -106,7 +106,7 @@ def verify_growth(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFr
     have no draft and no k, so only the other filters pick them.
     """
     spec_where, spec_params = filters.where(alias="s.")
-    base_where, base_params = filters.where(alias="s.", skip=("draft", "k"))
+    base_where, base_params = filters.where(alias="s.", skip=("draft", "k", "k_policy"))
     # The rounds are summed per (run, k) before the join: at 10M rounds that is 4x faster than joining each round.
     # Kernels and threads change the pass time itself, so each setting gets its own curve and its own reference.
     return _frame(con, f"""

@@ -119,6 +119,9 @@ def test_verify_growth_is_relative_to_the_one_token_pass(db):
     ngram = queries.read(db, queries.verify_growth, Filters(draft=("ngram",)))
     assert rows(ngram, ["k", "rounds"]) == [[0, 36 + 5], [1, 2], [2, 16], [3, 2], [4, 10]]
     assert ngram["relative"].tolist() == pytest.approx([1.0, 1.1, 1.2, 1.3, 1.4])
+    # So does a policy filter: baselines have no policy either.
+    fixed = queries.read(db, queries.verify_growth, Filters(k_policy=("fixed",)))
+    assert rows(fixed, ["k", "rounds"]) == rows(growth, ["k", "rounds"])
 
 
 # Nodes per round: Σ k over the rounds that drafted / their count. The last round of a run often has no room left to
