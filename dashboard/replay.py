@@ -36,6 +36,8 @@ def _pick_from_table(shown: list[str]) -> None:
 
 def _picker() -> str | None:
     choices = common.load(queries.run_choices)
+    for missing in common.unknown_in_url("run", choices["run_id"].tolist()):
+        st.warning(f"No run “{missing}” in this database: pick one below.")
     # The URL holds the option's text, so options are bare run ids: ?run=<run_id>.
     run_id = st.selectbox("run", choices["run_id"].tolist(), index=None, key="run", bind="query-params",
                           placeholder="pick a run id, or choose one in the table below")
