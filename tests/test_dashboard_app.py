@@ -382,11 +382,11 @@ def test_benchmark_page_shows_each_bench_its_goals_and_its_verify_curve(monkeypa
     plain, spec, adaptive, verify, verify_stock = (t.value for t in at.dataframe)
     # The policy ours drafted under is a column only where it is not a fixed k.
     assert "policy" not in spec and adaptive[["k", "policy", "ours / theirs"]].values.tolist() == [
-        [2, "heuristic", "1.20 (1.08–1.32)"]]
-    assert verify_stock["ours / theirs"].tolist() == ["1.00 (0.90–1.10)", "2.00 (1.80–2.20)", "3.00 (2.70–3.30)"]
-    assert plain.iloc[0][["ours / theirs", "goal"]].tolist() == ["1.20 (1.08–1.32)", "✓ ratio >= 1"]
+        [2, "heuristic", "1.20× (1.08–1.32×)"]]
+    assert verify_stock["ours / theirs"].tolist() == ["1.00× (0.90–1.10×)", "2.00× (1.80–2.20×)", "3.00× (2.70–3.30×)"]
+    assert plain.iloc[0][["ours / theirs", "goal"]].tolist() == ["1.20× (1.08–1.32×)", "✓ ratio >= 1"]
     assert spec.iloc[0][["ours", "ours / theirs", "goal"]].tolist() == [
-        "21.00 (18.90–23.10)", "1.10 (0.99–1.21)", "✗ ratio >= 1.15"]
+        "21.00 (18.90–23.10)", "1.10× (0.99–1.21×)", "✗ ratio >= 1.15"]
     assert verify["ours"].tolist() == ["70.00 (63.00–77.00)", "112.00 (100.80–123.20)", "140.00 (126.00–154.00)"]
     older = app(monkeypatch, db, "bench_page.py", bench="b-old")  # a shared URL picks the bench
     assert metrics(older)["goals met"] == "1 of 1" and len(older.dataframe) == 1
