@@ -199,7 +199,7 @@ def test_overview_and_compare_show_a_trees_nodes_per_round(monkeypatch, tree_db)
     # The tree ran code-02 alone, which the four cells on code-01 did not: the leaderboard leaves it out, by name.
     assert "ngram-tree" not in set(at.dataframe[0].value["draft"])
     assert any("Left out, since they missed a prompt the other cells of their setup ran: ngram-tree k=3 · fixed "
-               "on code, ngram k=2 · fixed on code." in caption.value for caption in at.caption)
+               "on code." in caption.value for caption in at.caption)
     spec, positions = chart_data(at.get("vega_lite_chart")[1])
     assert spec["spec"]["encoding"]["x"]["title"] == "draft position / tree depth"  # chains and a tree
     tree = positions[positions["series"] == "ngram-tree · greedy"]
