@@ -11,12 +11,13 @@ from runner.store.bench_rows import ABOUT, GOALS, Goal
 
 
 def _value(row: pd.Series, name: str) -> str:
-    """'median (min–max)', as percentages for shares."""
+    """'median (min–max)', as percentages for shares; a ratio as a factor, '1.20× (1.08–1.32×)'."""
     if pd.isna(row[name]):
         return "—"
-    pattern = ".2%" if row["unit"] == "share" else ".2f"
+    pattern = ".2%" if row["unit"] == "share" and name != "ratio" else ".2f"
+    times = "×" if name == "ratio" else ""
     low, high = row[f"{name}_min"], row[f"{name}_max"]
-    return f"{row[name]:{pattern}} ({low:{pattern}}–{high:{pattern}})"
+    return f"{row[name]:{pattern}}{times} ({low:{pattern}}–{high:{pattern}}{times})"
 
 
 def _goal(row: pd.Series) -> str:

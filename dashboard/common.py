@@ -104,11 +104,21 @@ def require_data(db: Path, need_runs: bool = True) -> bool:
     return True
 
 
+def unknown_in_url(key: str, options: Sequence[object]) -> list[str]:
+    """The values the URL gives `key` that are not among `options`: a widget would drop them without a word."""
+    known = {str(option) for option in options}
+    return [value for value in st.query_params.get_all(key) if value not in known]
+
+
 def filter_widgets(options: dict[str, list], names: Sequence[str]) -> Filters:
-    """Sidebar multiselects bound to the URL, so a copied URL carries them; none picked means all."""
+    """Sidebar multiselects bound to the URL, so a copied URL carries them; none picked means all. A URL value
+    that matches nothing is named in a warning, not dropped silently."""
     picked = {}
     for name in names:
         key = _URL_KEYS.get(name, name)
+        if missing := unknown_in_url(key, options[name]):
+            st.warning(f"{key}: no speculative run has {', '.join(f'“{value}”' for value in missing)}; "
+                       "that filter value was left out.")
         picked[name] = tuple(st.sidebar.multiselect(key, options[name], key=key, bind="query-params",
                                                     placeholder="all"))
     return Filters(**picked)

@@ -8,17 +8,24 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import charts, common, frames, k_advice, queries
-from runner.store import metrics
+from runner.store import comparable, metrics
 
 FILTERS = ("target", "category", "mode", "device", "host", "concurrent_workers", "kernels", "threads", "sweep_id")
 
 
 def _leaderboard_config(table: pd.DataFrame) -> dict:
-    """Formats by the metric each column ends with ('code α', 'code best k', …)."""
-    formats = {" α": "%.3f", " τ": "%.2f", " nodes/round": "%.2f", " speedup": "%.2f×", " (geo-mean)": "%.2f×",
-               "best k": "%d"}
+    """Formats by the metric each column ends with ('code α', 'code best', …)."""
+    formats = {" α": "%.3f", " τ": "%.2f", " speedup": "%.2f×", " (geo-mean)": "%.2f×"}
     config = {column: st.column_config.NumberColumn(column, format=fmt)
               for column in table.columns for suffix, fmt in formats.items() if column.endswith(suffix)}
+    config |= {column: st.column_config.TextColumn(column, help="the k and draft-length policy with the best "
+                                                   "measured speedup") for column in table.columns
+               if column.endswith(" best")}
+    config["setup"] = st.column_config.TextColumn("setup", help="mode, kernels, threads and device: rows of "
+                                                  "different setups are never pooled")
+    config["prompts"] = st.column_config.NumberColumn(
+        "prompts", help="per category: the prompts every compared (draft, k, policy) cell of this setup ran; "
+        "each cell is measured on these only")
     config["lossless_rate"] = st.column_config.TextColumn(
         "lossless", help="greedy runs whose output equals the baseline's token for token; a mismatch is a numeric "
         "tie (the target's contested logits within rounding of each other) or a real divergence")
@@ -50,19 +57,24 @@ def _head_to_head(cells: pd.DataFrame, drafts: list[str], filters: metrics.Filte
 
 
 def render() -> None:
-    if (start := common.filtered("Compare drafts", FILTERS, queries.draft_categories)) is None:
+    if (start := common.filtered("Compare drafts", FILTERS, queries.cells)) is None:
         return
-    filters, per_category = start
+    filters, cells = start
     st.subheader("Leaderboard")
-    rates = common.load(queries.lossless_rates, filters)
+    rates = common.load(comparable.lossless_by_setup, filters)
     rates["lossless_rate"] = [_lossless(*row) for row in
                               rates[["lossless_rate", "numeric_ties", "real_divergences"]].itertuples(index=False)]
-    table = frames.leaderboard(per_category, rates)
-    st.dataframe(table, hide_index=True, column_config=_leaderboard_config(table))
-    st.caption("Per category: α and nodes per round (drafted tokens, a tree's nodes, per round that drafted) over "
-               "every k, then the k with the best measured speedup (geometric mean over prompts), its speedup and "
-               "its τ. Ranked by the geometric mean of those best speedups.")
-    cells = common.load(queries.cells, filters)
+    best = common.load(comparable.best_cells, filters)
+    if best.empty:
+        st.info("No category has a prompt that every selected draft, k and policy ran with a baseline.")
+    else:
+        table = frames.best_leaderboard(best, rates)
+        st.dataframe(table, hide_index=True, column_config=_leaderboard_config(table))
+    st.caption("One row per setup × draft: setups (mode, kernels, threads, device) are never pooled. Per category "
+               "the k and policy with the best measured speedup (geometric mean over its runs), with that cell's "
+               "α and τ; every cell is measured on the same prompts, those that all compared cells ran. Ranked "
+               "within a setup by the geometric mean of the best speedups. "
+               + frames.left_out_note(common.load(comparable.left_out, filters)))
     _head_to_head(cells, sorted(cells["draft"].unique()), filters)
     k_advice.render(filters)
 

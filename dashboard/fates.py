@@ -21,7 +21,8 @@ from pandas.api.types import is_list_like
 
 ROOT = -1  # a node's parent when it hangs from the newest committed token
 Decode = Callable[[int], str]
-LABELS = {"prefill": "from the prefill", "accepted": "accepted draft", "correction": "correction", "bonus": "bonus",
+LABELS = {"prefill": "from the prefill", "accepted": "accepted draft", "correction": "correction",
+          "residual": "residual draw", "bonus": "bonus",
           "plain": "plain (no draft)", "rejected": "rejected draft", "thrown": "thrown draft"}
 CSS = """<style>
 .specdash-tokens { white-space: pre-wrap; line-height: 1.9; font-family: ui-monospace, monospace; font-size: 0.9rem; }
@@ -29,6 +30,7 @@ CSS = """<style>
 .tok-prefill { background: #e8e0f5; }
 .tok-accepted { background: #c8ecc9; }
 .tok-correction { background: #ffd59e; font-weight: 600; }
+.tok-residual { background: #ffc2e0; font-weight: 600; }
 .tok-bonus { background: #c9dbff; font-weight: 600; }
 .tok-plain { background: #eeeeee; }
 .tok-rejected { background: #ffd2d2; color: #b00020; text-decoration: line-through; }
@@ -37,6 +39,7 @@ CSS = """<style>
 .specdash-rounds table { border-collapse: collapse; font-size: 0.85rem; width: 100%; }
 .specdash-rounds td, .specdash-rounds th { border-bottom: 1px solid #eee; padding: 2px 6px; text-align: left; }
 .specdash-rounds td.num { text-align: right; font-variant-numeric: tabular-nums; }
+.specdash-rounds td.test { font-family: ui-monospace, monospace; font-size: 0.8rem; white-space: pre; }
 </style>"""
 
 
@@ -81,7 +84,10 @@ def _kept(row: Mapping) -> list[int]:
 def emitted(row: pd.Series) -> list[Token]:
     """The tokens one round appended to the text, with their fates."""
     kept = _kept(row)
-    own = "plain" if row["k"] == 0 else "correction" if row["rejected"] else "bonus"
+    # A sampled rejection's token is drawn from norm(max(0, p − q)): the residual draw, not a greedy correction.
+    flag = row.get("from_residual")
+    residual = flag is not None and not pd.isna(flag) and bool(flag)
+    own = "plain" if row["k"] == 0 else ("residual" if residual else "correction") if row["rejected"] else "bonus"
     return [Token(int(t), "accepted" if i < row["accepted"] else own, int(row["round"]))
             for i, t in enumerate(kept[: row["emitted"]])]
 
@@ -125,27 +131,72 @@ def text_html(tokens: Sequence[Token], decode: Decode) -> str:
     return f'<div class="specdash-tokens">{"".join(_span(t, decode) for t in tokens)}</div>'
 
 
-def legend_html() -> str:
-    fates = ("prefill", "accepted", "correction", "bonus", "plain", "rejected", "thrown")
+def legend_html(sampled: bool = False) -> str:
+    fates = ("prefill", "accepted", "residual" if sampled else "correction", "bonus", "plain", "rejected", "thrown")
     chips = " ".join(f'<span class="tok-{fate}">{LABELS[fate]}</span>' for fate in fates)
     return f'<div class="specdash-tokens">{chips}</div>'
 
 
+def judged_nodes(parents: Sequence[int], path: Sequence[int]) -> list[int]:
+    """The nodes a sampled tree's walk judged, in the order judged (ascending ids), as `rounds.draft_p` lists them:
+    at each row on the path its children up to the accepted one, and where the path stopped every child."""
+    kids: dict[int, list[int]] = {}
+    for node, parent in enumerate(parents):
+        kids.setdefault(parent, []).append(node)
+    judged, row = [], ROOT
+    for node in path:
+        judged += [c for c in kids.get(row, []) if c <= node]
+        row = node
+    return judged + kids.get(row, [])
+
+
+def sampling_test(row: Mapping) -> list[tuple[int, float, float, float, bool]]:
+    """A sampled round's test per judged draft: (token, p(x), q(x), u, accepted), accepted iff u < min(1, p/q);
+    empty for a greedy round or one recorded before the test was."""
+    if not is_list_like(row.get("draft_p")):
+        return []
+    parents = tree_parents(row)
+    nodes = (judged_nodes(parents, [int(n) for n in row["accepted_path"]]) if parents is not None
+             else range(len(row["draft_p"])))
+    return [(int(row["draft_tokens"][node]), p, q, u, u < min(1.0, p / q) if q > 0 else False)
+            for node, p, q, u in zip(nodes, row["draft_p"], row["draft_q"], row["draft_u"], strict=True)]
+
+
+def _test_html(row: Mapping, decode: Decode) -> str:
+    """One line per judged draft: its token, p, q, min(1, p/q) and the draw u, ✓ when u fell below."""
+    lines = []
+    for token, p, q, u, ok in sampling_test(row):
+        shown = html.escape(decode(token).replace("\n", "⏎"))
+        bound = min(1.0, p / q) if q > 0 else 0.0
+        lines.append(f"{shown!s:>8}  p {p:.3f}  q {q:.3f}  min(1, p/q) {bound:.3f}  u {u:.3f}  "
+                     f"{'✓ u < min' if ok else '✗ u ≥ min'}")
+    return "\n".join(lines)
+
+
+def _ms(seconds: float) -> str:
+    # Prompt lookup drafts in microseconds: milliseconds with one decimal would show it as 0.0.
+    return f"{seconds * 1e6:.0f} µs" if seconds < 1e-4 else f"{seconds * 1e3:.1f} ms"
+
+
 def rounds_html(rounds: pd.DataFrame, decode: Decode) -> str:
     """One row per round, like the explainer's one-round view: the drafts as proposed, then what the
-    target added (correction, bonus or plain token)."""
+    target added (correction, residual draw, bonus or plain token); sampled rounds also show the test of each
+    judged draft."""
+    sampled = "draft_p" in rounds and rounds["draft_p"].map(is_list_like).any()
     head = ("<tr><th>round</th><th>k</th><th>drafts as proposed</th><th>target adds</th>"
-            "<th>acc/rej/thrown</th><th>draft ms</th><th>verify ms</th></tr>")
+            "<th>acc/rej/thrown</th><th>draft</th><th>verify</th>"
+            + ("<th>sampling test: accept when u &lt; min(1, p/q)</th>" if sampled else "") + "</tr>")
     rows = []
     for _, row in rounds.iterrows():
         proposed = "".join(_span(t, decode, breaks=False) for t in drafts(row))
         added = "".join(_span(t, decode, breaks=False) for t in emitted(row) if t.fate != "accepted")
+        test = f'<td class="test">{_test_html(row, decode)}</td>' if sampled else ""
         rows.append(
             f'<tr data-round="{int(row["round"])}"><td class="num">{int(row["round"])}</td>'
             f'<td class="num">{int(row["k"])}</td><td class="specdash-tokens">{proposed}</td>'
             f'<td class="specdash-tokens">{added}</td>'
             f'<td class="num">{int(row["accepted"])}/{int(row["rejected"])}/{int(row["thrown"])}</td>'
-            f'<td class="num">{row["draft_s"] * 1e3:.1f}</td><td class="num">{row["verify_s"] * 1e3:.1f}</td></tr>')
+            f'<td class="num">{_ms(row["draft_s"])}</td><td class="num">{_ms(row["verify_s"])}</td>{test}</tr>')
     return f'<div class="specdash-rounds"><table>{head}{"".join(rows)}</table></div>'
 
 

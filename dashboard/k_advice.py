@@ -7,26 +7,25 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import charts, common, frames, queries
-from runner.store import advisor
+from runner.store import advisor, comparable
 from runner.store.metrics import Filters
 
 ADVICE_COLUMNS = {
+    "setup": st.column_config.TextColumn("setup", help="mode, kernels, threads and device: never pooled"),
     "category": st.column_config.TextColumn("category"),
     "draft": st.column_config.TextColumn("draft"),
-    "mode": st.column_config.TextColumn("mode"),
-    "recommended_k": st.column_config.NumberColumn("recommended k"),
-    "recommended_policy": st.column_config.TextColumn("policy", help="an adaptive policy where one measured "
-                                                      "faster than every fixed k, else fixed"),
-    "predicted_best_k": st.column_config.NumberColumn("advisor's k", help="over every k up to the largest recorded"),
-    "measured_best_k": st.column_config.NumberColumn("measured best k"),
-    "hit": st.column_config.CheckboxColumn("hit", help=f"the advisor's k measured within {advisor.WITHIN:.0%} of "
-                                           "the measured best; empty where no run was recorded at its k"),
+    "measured_choice": st.column_config.TextColumn(
+        "measured best", help="the k and policy with the best measured speedup, as the leaderboard has it"),
+    "best_speedup": st.column_config.NumberColumn("its speedup", format="%.2f×"),
+    "predicted_best_k": st.column_config.NumberColumn(
+        "advisor's fixed k", help="the k the advisor predicts fastest, over every k up to the largest recorded"),
+    "hit": st.column_config.TextColumn("advisor", help=f"hit: the advisor's k measured within {advisor.WITHIN:.0%} "
+                                       "of the fastest fixed k (decode tokens/s); not judged where no run was "
+                                       "recorded at its k"),
     "advisor_error": st.column_config.NumberColumn("advisor error", format="percent",
                                                    help="mean |predicted / measured − 1| over the recorded ks"),
     "formula_error": st.column_config.NumberColumn("formula error", format="percent",
                                                    help="the same for the flat formula at the pooled α and c"),
-    "adaptive_policy": st.column_config.TextColumn("best adaptive"),
-    "adaptive_k": st.column_config.NumberColumn("its k"),
 }
 
 
@@ -52,9 +51,10 @@ def render(filters: Filters) -> None:
         st.info("The advisor needs fixed-k runs and their baselines on one target, device, kernels and threads.")
         return
     _headline(advice)
-    st.dataframe(advice, hide_index=True, column_config=ADVICE_COLUMNS, column_order=list(ADVICE_COLUMNS))
+    table = frames.advice_table(advice, common.load(comparable.best_cells, filters))
+    st.dataframe(table, hide_index=True, column_config=ADVICE_COLUMNS, column_order=list(ADVICE_COLUMNS))
     st.altair_chart(charts.k_advisor(frames.k_curve(common.load(advisor.k_curve, filters))))
     st.caption("The advisor predicts each k's decode tokens/s from the measured acceptance at each draft position "
                "and the measured verify time at each width on this device, not from the flat formula; "
-               "`runner.store.advisor` has the model. A policy is recommended over a fixed k only where it was "
-               "measured faster than every fixed k.")
+               "`runner.store.advisor` has the model. \"Measured best\" is the leaderboard's answer: the k and "
+               "policy with the best measured speedup, on the prompts every compared cell ran.")

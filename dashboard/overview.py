@@ -7,13 +7,16 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import charts, common, frames, queries
-from runner.store import metrics
+from runner.store import comparable, metrics
 
 FILTERS = ("target", "draft", "category", "k", "k_policy", "mode", "device", "host", "concurrent_workers", "kernels",
            "threads", "sweep_id")
 # In display order: the explainer's numbers first, the counts behind them after.
 CELL_COLUMNS = {
     "category": st.column_config.TextColumn("category"),
+    "mode": st.column_config.TextColumn("mode"),
+    "kernels": st.column_config.TextColumn("kernels"),
+    "threads": st.column_config.NumberColumn("threads"),
     "draft": st.column_config.TextColumn("draft"),
     "k": st.column_config.NumberColumn("k"),
     "tree": st.column_config.CheckboxColumn("tree", help="the draft proposed trees: k is the tree's depth"),
@@ -37,7 +40,6 @@ CELL_COLUMNS = {
         "real ✗", help="lossless failures where the target's choice was clear: a bug, not rounding"),
     "numeric_ties": st.column_config.NumberColumn(
         "ties", help="lossless failures at a numeric tie: the contested logits within rounding of each other"),
-    "mode": st.column_config.TextColumn("mode"),
     "target": st.column_config.TextColumn("target"),
 }
 
@@ -45,15 +47,22 @@ CELL_COLUMNS = {
 RUNS_SHOWN = 1000  # a table of every run would ship 100k rows to the browser on a large database
 
 
-def _headline(totals: pd.Series) -> None:
-    cols = st.columns(5)
-    cols[0].metric("speculative runs", f"{int(totals['runs']):,}", help="baselines not counted")
-    cols[1].metric("α", f"{totals['alpha']:.3f}", help="all accepted / all judged drafts")
-    cols[2].metric("τ", f"{totals['tau']:.2f}", help="tokens per round, mean over runs")
-    cols[3].metric("thrown drafts", f"{int(totals['thrown']):,} of {int(totals['drafted']):,}",
-                   f"{totals['thrown_share']:.0%} of all drafts", delta_color="off", delta_arrow="off")
-    speedup = totals["measured_speedup"]
-    cols[4].metric("measured speedup", "n/a" if pd.isna(speedup) else f"{speedup:.2f}×", help="geometric mean")
+def _headline(filters: metrics.Filters, runs: int) -> None:
+    """Per setup, the best draft of each category with its k, policy and speedup (`comparable.best_cells`, as the
+    Compare page's leaderboard): not one pool of every draft, mode, policy and kernel path."""
+    st.metric("speculative runs", f"{runs:,}", help="baselines not counted")
+    st.subheader("Best draft per category")
+    top = frames.best_per_category(common.load(comparable.best_cells, filters))
+    if top.empty:
+        st.info("No category has a prompt that every selected draft, k and policy ran with a baseline.")
+    for setup, rows in top.groupby("setup", sort=False):
+        st.markdown(f"**{setup}**")
+        lines = [f"- **{row.category}**: {frames.short_draft(row.draft)} at {row.choice}, **{row.speedup:.2f}×** "
+                 f"(α {row.alpha:.3f}, {row.prompts} prompt{'s' * (row.prompts > 1)})" for row in rows.itertuples()]
+        st.markdown("\n".join(lines))
+    st.caption("Each setup (mode, kernels, threads, device) is judged on its own; within a category every draft × "
+               "k × policy is measured on the same prompts (geometric mean of its runs' speedups). The Compare "
+               "page's leaderboard has every draft. " + frames.left_out_note(common.load(comparable.left_out, filters)))
 
 
 def _theory_chart(runs: pd.DataFrame, ks: list[int], filters: metrics.Filters) -> None:
@@ -84,7 +93,7 @@ def render() -> None:
     if (start := common.filtered("Overview", FILTERS, queries.cells)) is None:
         return
     filters, cells = start
-    _headline(common.load(metrics.cells, filters, ()).iloc[0])
+    _headline(filters, int(cells["runs"].sum()))
     st.subheader("Acceptance per category × draft × k")
     st.dataframe(cells, hide_index=True, column_config=CELL_COLUMNS, column_order=list(CELL_COLUMNS))
     runs = common.load(queries.runs, filters)

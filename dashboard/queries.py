@@ -18,7 +18,7 @@ import pandas as pd
 from runner.store import metrics
 from runner.store import trainings as trainings_store
 from runner.store.connect import reading
-from runner.store.metrics import CELL, RUNS_ONLY, Filters
+from runner.store.metrics import CELL, PASS_SETUP, RUNS_ONLY, Filters
 from runner.store.schema import schema_version
 
 T = TypeVar("T")
@@ -80,8 +80,10 @@ def nodes_per_round(con: duckdb.DuckDBPyConnection, filters: Filters, keys: tupl
 
 
 def cells(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
-    """The Overview's cells (`metrics.cells`), each with its nodes per round and whether it drafted trees."""
-    return metrics.cells(con, filters).merge(nodes_per_round(con, filters, CELL), on=list(CELL), how="left")
+    """The Overview's cells (`metrics.cells`), kept apart by device, kernels and threads (they change the pass, so
+    pooling them makes a speedup curve zigzag), each with its nodes per round and whether it drafted trees."""
+    keys = (*CELL, *PASS_SETUP)
+    return metrics.cells(con, filters, keys).merge(nodes_per_round(con, filters, keys), on=list(keys), how="left")
 
 
 def draft_categories(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
@@ -105,7 +107,7 @@ def verify_growth(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFr
     have no draft and no k, so only the other filters pick them.
     """
     spec_where, spec_params = filters.where(alias="s.")
-    base_where, base_params = filters.where(alias="s.", skip=("draft", "k"))
+    base_where, base_params = filters.where(alias="s.", skip=("draft", "k", "k_policy"))
     # The rounds are summed per (run, k) before the join: at 10M rounds that is 4x faster than joining each round.
     # Kernels and threads change the pass time itself, so each setting gets its own curve and its own reference.
     return _frame(con, f"""
@@ -149,7 +151,7 @@ def run_detail(con: duckdb.DuckDBPyConnection, run_id: str) -> pd.DataFrame:
             r.prompt_text, r.k, r.mode, r.temperature, r.top_p, r.seed, r.max_new_tokens, r.device, r.dtype,
             r.kernels, r.threads, r.new_tokens, r.n_rounds, r.wall_s, r.draft_s, r.verify_s, r.output_tokens,
             r.output_text, r.stop_reason, r.baseline_run_id, r.lossless, r.status, r.error, r.divergence,
-            r.divergence_at, r.divergence_gap, r.divergence_tolerance, r.host, r.concurrent_workers,
+            r.divergence_at, r.divergence_gap, r.divergence_tolerance, r.host, r.concurrent_workers, r.k_policy,
             s.accepted, s.rejected, s.thrown, s.drafted, s.alpha, s.tau, s.c, s.measured_speedup,
             s.theoretical_speedup, b.wall_s AS baseline_wall_s, b.output_tokens AS baseline_tokens
         FROM runs r LEFT JOIN run_stats s USING (run_id) LEFT JOIN runs b ON b.run_id = r.baseline_run_id
@@ -160,7 +162,7 @@ def run_rounds(con: duckdb.DuckDBPyConnection, run_id: str) -> pd.DataFrame:
     """The run's rounds in order."""
     return _frame(con, """
         SELECT round, k, accepted, rejected, thrown, bonus, emitted, draft_s, verify_s, draft_tokens,
-            target_tokens, draft_parents, accepted_path
+            target_tokens, draft_parents, accepted_path, draft_p, draft_q, draft_u, from_residual
         FROM rounds WHERE run_id = ? ORDER BY round""", [run_id])
 
 

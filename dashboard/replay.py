@@ -36,6 +36,8 @@ def _pick_from_table(shown: list[str]) -> None:
 
 def _picker() -> str | None:
     choices = common.load(queries.run_choices)
+    for missing in common.unknown_in_url("run", choices["run_id"].tolist()):
+        st.warning(f"No run “{missing}” in this database: pick one below.")
     # The URL holds the option's text, so options are bare run ids: ?run=<run_id>.
     run_id = st.selectbox("run", choices["run_id"].tolist(), index=None, key="run", bind="query-params",
                           placeholder="pick a run id, or choose one in the table below")
@@ -78,8 +80,12 @@ def _cost_panel(run: pd.Series) -> None:
     bottom[1].metric("verify time", _seconds(run["verify_s"]), help=f"wall time {run['wall_s']:.2f} s")
     bottom[2].metric("measured speedup", _fmt(run["measured_speedup"], ".2f", "×"),
                      help="baseline s/token ÷ this run's s/token")
-    bottom[3].metric("formula's prediction", _fmt(run["theoretical_speedup"], ".2f", "×"),
-                     help="(1 − α^(k+1)) / ((1 − α)(1 + k·c)) at this run's α, k and c")
+    if _adaptive(run):
+        bottom[3].metric("formula's prediction", "n/a", help=f"the formula assumes one k for every round; this run's "
+                         f"{run['k_policy']} policy chose k round by round, starting from {int(run['k'])}")
+    else:
+        bottom[3].metric("formula's prediction", _fmt(run["theoretical_speedup"], ".2f", "×"),
+                         help="(1 − α^(k+1)) / ((1 − α)(1 + k·c)) at this run's α, k and c")
     bottom[4].metric("lossless", lossless, help="greedy: the output equals the baseline's token for token "
                      "(n/a when sampling); a mismatch is a numeric tie (rounding) or a real divergence (a bug)")
 
@@ -98,8 +104,15 @@ def _alongside(workers: float) -> str:
     return f" alongside {int(workers) - 1} other worker(s) of the sweep"
 
 
+def _adaptive(run: pd.Series) -> bool:
+    """The run's k changed round by round (a policy other than fixed)."""
+    return isinstance(run["k_policy"], str) and run["k_policy"] != "fixed"
+
+
 def _header(run: pd.Series) -> None:
     k = "" if pd.isna(run["k"]) else f" k={int(run['k'])}"
+    if _adaptive(run):
+        k = f" k from {int(run['k'])} · {run['k_policy']}"
     st.subheader(f"{run['category']}/{run['prompt_id']} · {run['draft']}{k} · {run['mode']}")
     st.caption(f"run {run['run_id']} · sweep {run['sweep_id']} · target {run['target']} on {run['device']} "
                f"({run['dtype']}, {_setup(run)}) · temperature {run['temperature']:g}, top-p {run['top_p']:g}, "
@@ -121,7 +134,8 @@ def _tokens(run: pd.Series, rounds: pd.DataFrame) -> None:
     decode, problem = _decoder(run["target"])
     if problem:
         st.caption(f"Showing token ids: the tokenizer of {run['target']} could not be loaded ({problem}).")
-    st.html(fates.CSS + fates.legend_html())
+    sampled = run["mode"] == "sample"
+    st.html(fates.CSS + fates.legend_html(sampled))
     st.markdown("**Generated text**")
     st.html(fates.text_html(fates.text_tokens(list(run["output_tokens"]), rounds), decode))
     if not pd.isna(run["lossless"]) and not run["lossless"]:
@@ -131,6 +145,12 @@ def _tokens(run: pd.Series, rounds: pd.DataFrame) -> None:
     st.markdown("**Round by round**: the drafts as proposed (a tree's nodes in node order), then the target's own "
                 "token")
     st.html(fates.rounds_html(rounds, decode))
+    if sampled:
+        st.caption("Sampling: each judged draft x is accepted when the uniform draw u falls below min(1, p(x)/q(x)), "
+                   "p the target's probability of x and q the draft's (a deterministic draft has q(x) = 1). After "
+                   "a rejection the round's own token is the residual draw, from norm(max(0, p − q)); after all k "
+                   "pass, the bonus comes from p. In a tree the test runs along the walk: a refused sibling leaves "
+                   "the residual as the law the next sibling is tested against, and that law's p is shown.")
     _tree(run, rounds, decode)
 
 

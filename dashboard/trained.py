@@ -38,8 +38,9 @@ def _header(t: pd.Series) -> None:
         f"training {t.name} · {t['started_at']:%Y-%m-%d %H:%M} UTC · {t['status']} · target {t['target']} · "
         f"{t['train_prompts']} prompts, {t['train_tokens']:,} answer tokens ({t['heldout_prompts']} held out, "
         f"{t['heldout_tokens']:,} tokens) · draft vocabulary {t['draft_vocab']:,} covering "
-        f"{t['vocab_coverage']:.1%} of the answer tokens · layers {list(t['layers'])} · unroll {t['unroll']} · "
-        f"epoch {t['saved_epoch']} of {t['epochs']} saved{_resumed(t)} · data {t['data_s']:.0f} s"
+        f"{t['vocab_coverage']:.1%} of the answer tokens · layers {', '.join(str(int(x)) for x in t['layers'])} · "
+        f"unroll {t['unroll']} · epoch {t['saved_epoch']} of {t['epochs']} saved{_resumed(t)} · "
+        f"data {t['data_s']:.0f} s"
         f"{' (cached)' if t['data_cached'] else ''}, training {t['train_s']:.0f} s, {t['wall_s'] / 60:.1f} min in "
         f"all on {t['device']} ({t['threads']} threads, load average {t['load_before']:.1f}"
         f" → {t['load_after']:.1f})")
@@ -97,8 +98,14 @@ def render() -> None:
                             "saved_epoch", "heldout_first_acceptance", "runs"]], hide_index=True,
                  column_config={"heldout_first_acceptance": st.column_config.NumberColumn(
                      "held-out acceptance, 1st draft", format="%.3f")})
-    labels = dict(zip(trainings["train_id"], trainings["draft"] + " · " + trainings["train_id"], strict=True))
-    train_id = st.selectbox("training", list(labels), format_func=labels.get, key="train", bind="query-params")
+    ids = trainings["train_id"].tolist()
+    for missing in common.unknown_in_url("train", ids):
+        st.warning(f"No training “{missing}” in this database: pick one below.")
+    # The URL holds the option's text, so options are bare ids (?train=<id>). Without one, the page opens on the
+    # training whose head was used most, then trained longest: not on whichever test head came last.
+    default = trainings.sort_values(["runs", "epochs", "started_at"], ascending=False).index[0]
+    train_id = st.selectbox("training", ids, index=ids.index(trainings.loc[default, "train_id"]), key="train",
+                            bind="query-params", help="the table above names each training's draft")
     t = trainings.set_index("train_id").loc[train_id]  # t.name is the id
     _header(t)
     epochs = common.load(queries.training_epochs, train_id)

@@ -30,6 +30,14 @@ class Round:
     # still had children to judge, and bonus means it stopped at a leaf.
     draft_parents: tuple[int, ...] | None = None
     accepted_path: tuple[int, ...] | None = None  # a tree's accepted nodes from the root down; None for a chain
+    # Sampling only (None when greedy): the speculative-sampling test of every judged draft, in draft order (a tree:
+    # the nodes its walk judged, README "Schema"): p(x) the target's probability of the draft x (in a tree, of the
+    # law it was tested against: the residual after a refused sibling), q(x) the draft's, u the uniform draw; x was
+    # accepted iff u < p(x) / q(x), i.e. with probability min(1, p/q).
+    draft_p: tuple[float, ...] | None = None
+    draft_q: tuple[float, ...] | None = None
+    draft_u: tuple[float, ...] | None = None
+    from_residual: bool | None = None  # sampling: the round's own token was drawn from norm(max(0, p − q))
 
     @property
     def depth(self) -> int:

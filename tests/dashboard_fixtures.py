@@ -91,13 +91,18 @@ def speculative_record(run_id: str, prompt_id: str, draft: str, k: int, schedule
     return _record(run_id, prompt_id, draft, k, rounds, wall_s, f"{prompt_id}-base", lossless, target, minute)
 
 
+def baseline_record(prompt_id: str, target: str = TARGET, minute: int = 0) -> RunRecord:
+    """The plain greedy run `<prompt_id>-base`: 12 one-token rounds in BASELINE_WALL_S[prompt_id]."""
+    rounds = speculative_rounds(PROMPTS[prompt_id][1], 0, [0] * 12, 0.0)
+    return _record(f"{prompt_id}-base", prompt_id, "none", None, rounds, BASELINE_WALL_S[prompt_id], None, None,
+                   target, minute)
+
+
 def build(db: Path, target: str = TARGET) -> Path:
     """Write the fixture database at `db` (new file) and return its path."""
     minute = 0
-    for prompt_id, (_, truth) in PROMPTS.items():
-        rounds = speculative_rounds(truth, 0, [0] * len(truth), 0.0)
-        write_run(db, _record(f"{prompt_id}-base", prompt_id, "none", None, rounds,
-                                    BASELINE_WALL_S[prompt_id], None, None, target, minute))
+    for prompt_id in PROMPTS:
+        write_run(db, baseline_record(prompt_id, target, minute))
         minute += 1
     for run_id, prompt_id, draft, k, schedule, wall_s, lossless in SPECULATIVE:
         write_run(db, speculative_record(run_id, prompt_id, draft, k, schedule, wall_s, lossless, target,

@@ -92,8 +92,11 @@ def test_every_page_shows_real_content(server, browser):
     page = _open(browser, f"{server}/", '[data-testid="stVegaLiteChart"]')
     expect(page.locator('[data-testid="stVegaLiteChart"]')).to_have_count(3)
     expect(page.locator('[data-testid="stDataFrame"]').first).to_be_visible()
-    # the 9 chain runs and the tree run c2-tree-k3 (4 thrown of 13 nodes)
-    assert _metric(page, "speculative runs") == "10" and _metric(page, "thrown drafts") == "56 of 153"
+    # the 9 chain runs and the tree run c2-tree-k3; the headline's answer per category, on the prompts all cells ran
+    assert _metric(page, "speculative runs") == "10"
+    expect(page.get_by_text("greedy · skinny kernels · 2 threads · cpu")).to_be_visible()
+    expect(page.locator("li").filter(has_text="code: ngram at k=4 · fixed, 2.40×")).to_be_visible()
+    expect(page.locator("li").filter(has_text="poem: ngram at k=2 · fixed, 1.20×")).to_be_visible()
     _screenshot(page, "overview")
 
     page = _open(browser, f"{server}/compare", '[data-testid="stVegaLiteChart"]')

@@ -119,6 +119,9 @@ def test_verify_growth_is_relative_to_the_one_token_pass(db):
     ngram = queries.read(db, queries.verify_growth, Filters(draft=("ngram",)))
     assert rows(ngram, ["k", "rounds"]) == [[0, 36 + 5], [1, 2], [2, 16], [3, 2], [4, 10]]
     assert ngram["relative"].tolist() == pytest.approx([1.0, 1.1, 1.2, 1.3, 1.4])
+    # So does a policy filter: baselines have no policy either.
+    fixed = queries.read(db, queries.verify_growth, Filters(k_policy=("fixed",)))
+    assert rows(fixed, ["k", "rounds"]) == rows(growth, ["k", "rounds"])
 
 
 # Nodes per round: Σ k over the rounds that drafted / their count. The last round of a run often has no room left to
@@ -181,10 +184,11 @@ def test_leaderboard_ranks_drafts_with_best_k_and_lossless_rate(db):
 def test_head_to_head_puts_two_drafts_side_by_side(db):
     table = frames.head_to_head(queries.read(db, queries.cells, Filters()), "ngram", "layerskip:2")
     assert table.columns.tolist() == [
-        "target", "mode", "category", "k", "k_policy", "α · ngram", "α · layerskip:2", "nodes/round · ngram",
-        "nodes/round · layerskip:2", "τ · ngram", "τ · layerskip:2", "speedup · ngram", "speedup · layerskip:2"]
+        "target", "mode", "device", "kernels", "threads", "category", "k", "k_policy", "α · ngram", "α · layerskip:2",
+        "nodes/round · ngram", "nodes/round · layerskip:2", "τ · ngram", "τ · layerskip:2", "speedup · ngram",
+        "speedup · layerskip:2"]
     code_k4 = table[(table["category"] == "code") & (table["k"] == 4)].iloc[0]
-    assert code_k4.iloc[5:].tolist() == pytest.approx([9 / 10, 6 / 11, 11 / 3, 4.0, 4.0, 2.0, 2.4, 0.6])
+    assert code_k4.iloc[8:].tolist() == pytest.approx([9 / 10, 6 / 11, 11 / 3, 4.0, 4.0, 2.0, 2.4, 0.6])
 
 
 def test_speedup_by_k_marks_the_formulas_best_k(db):

@@ -71,3 +71,20 @@ def test_the_page_shows_how_a_head_learned_and_how_it_drafts_per_category(monkey
     got = {(s, p): a for s, p, a in positions[["series", "position", "acceptance"]].values.tolist()}
     assert got == pytest.approx({("code", 1): 1.0, ("code", 2): 0.75, ("poem", 1): 3 / 7, ("poem", 2): 1 / 3,
                                  ("held-out prompts (training)", 1): 0.6, ("held-out prompts (training)", 2): 0.5})
+
+
+def test_the_page_opens_on_the_head_in_use_and_follows_the_url(monkeypatch, tmp_path):
+    db = add_training(build(tmp_path / "runs.duckdb"))
+    later = TrainingLog(db, "t2")  # a newer one-epoch test head that no run used
+    later.start({"target": TARGET, "draft": "eagle:heads/scratch", "out_dir": "heads/scratch", "train_prompts": 2,
+                 "heldout_prompts": 1, "epochs": 1, "draft_vocab": 256, "layers": [2], "unroll": 1, "device": "cpu",
+                 "threads": 2, "load_before": 1.0, "command": "python -m runner train-draft --epochs 1"})
+    later.epoch(0, None, 5.0, 1.0, None, [(10, 1)])
+    later.finish("ok", {"saved_epoch": 0, "train_tokens": 10, "heldout_tokens": 5, "vocab_coverage": 0.5,
+                        "data_cached": False, "data_s": 1.0, "train_s": 1.0, "wall_s": 2.0, "load_after": 1.0})
+    at = app(monkeypatch, db, "trained.py")
+    assert not at.exception and at.selectbox(key="train").value == "t1"  # the head with recorded runs
+    assert "layers 2, 2, 1 · unroll 2" in at.caption[0].value  # plain numbers, not np.int32(2)
+    assert app(monkeypatch, db, "trained.py", train="t2").selectbox(key="train").value == "t2"
+    at = app(monkeypatch, db, "trained.py", train="nope")
+    assert [w.value for w in at.warning] == ["No training “nope” in this database: pick one below."]

@@ -100,7 +100,8 @@ def test_an_older_file_is_upgraded_on_a_copy_and_merged(sources, tmp_path):
         con.execute("INSERT INTO runs BY NAME SELECT * EXCLUDE (concurrent_workers, divergence_at, divergence_gap, "
                     "divergence_tolerance, divergence, kernels, threads, k_policy, turn, conversation) "
                     "REPLACE ('old-' || run_id AS run_id) FROM a.runs")
-        con.execute("INSERT INTO rounds BY NAME SELECT * EXCLUDE (draft_parents, accepted_path, depth) "
+        con.execute("INSERT INTO rounds BY NAME SELECT * EXCLUDE (draft_parents, accepted_path, depth, draft_p, "
+                    "draft_q, draft_u, from_residual) "
                     "REPLACE ('old-' || run_id AS run_id) FROM a.rounds")
     before = old.read_bytes()
     into = tmp_path / "all.duckdb"

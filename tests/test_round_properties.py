@@ -171,7 +171,7 @@ def distributions(draw: st.DrawFn) -> tuple[torch.Tensor, torch.Tensor, torch.Te
 def test_a_sampled_correction_is_never_a_token_the_residual_excludes(pqd, point_mass, seed):
     p, q, drafts = pqd
     k = drafts.numel()
-    n, token = accept_sampled(drafts, None if point_mass else q, p, torch.Generator().manual_seed(seed))
+    n, token, _ = accept_sampled(drafts, None if point_mass else q, p, torch.Generator().manual_seed(seed))
     assert 0 <= n <= k
     if n == k:
         assert p[k, token] > 0  # the bonus comes from p itself

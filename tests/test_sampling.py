@@ -59,7 +59,8 @@ def test_speculative_sampling_draws_from_its_generator_alone():
     def outcomes(global_seed: int) -> list[tuple[int, int]]:
         torch.manual_seed(global_seed)
         gen = torch.Generator().manual_seed(5)
-        return [accept_sampled(torch.tensor([1, 3]), q, P, gen) for q in (Q, None) for _ in range(50)]
+        return [[t.tolist() for t in accept_sampled(torch.tensor([1, 3]), q, P, gen)] for q in (Q, None)
+                for _ in range(50)]
 
     assert outcomes(0) == outcomes(1)
 
@@ -108,7 +109,7 @@ def _sample_rounds(q: torch.Tensor | None, n: int) -> tuple[list[int], list[int]
     first, second = [], []
     for _ in range(n):
         drafts = torch.multinomial(Q, 1, generator=gen).view(-1) if q is not None else torch.tensor([1, 3])
-        accepted, token = (int(t) for t in accept_sampled(drafts, q, P, gen))
+        accepted, token = (int(t) for t in accept_sampled(drafts, q, P, gen)[:2])
         emitted = drafts[:accepted].tolist() + [token]
         first.append(emitted[0])
         if accepted >= 1:

@@ -112,7 +112,8 @@ def test_runs_and_rounds_have_the_documented_columns(db):
     assert columns(db, "rounds") == [
         ("run_id", text), ("round", i), ("k", i), ("accepted", i), ("rejected", i), ("thrown", i),
         ("bonus", "BOOLEAN"), ("emitted", i), ("draft_s", f), ("verify_s", f), ("draft_tokens", ints),
-        ("target_tokens", ints), ("draft_parents", ints), ("accepted_path", ints), ("depth", i)]
+        ("target_tokens", ints), ("draft_parents", ints), ("accepted_path", ints), ("depth", i),
+        ("draft_p", "DOUBLE[]"), ("draft_q", "DOUBLE[]"), ("draft_u", "DOUBLE[]"), ("from_residual", "BOOLEAN")]
     assert [name for name, _ in columns(db, "run_stats")] == [
         "run_id", "sweep_id", "target", "draft", "draft_kind", "category", "prompt_id", "k", "mode",
         "temperature", "top_p", "seed", "device", "dtype", "new_tokens", "n_rounds", "accepted", "rejected",
@@ -123,8 +124,8 @@ def test_runs_and_rounds_have_the_documented_columns(db):
         (1, "create_runs_and_rounds"), (2, "create_run_stats"), (3, "add_device_name"), (4, "create_bench_results"),
         (5, "create_run_totals"), (6, "add_divergence"), (7, "add_kernels_and_threads"), (8, "define_metrics"),
         (9, "create_trainings"), (10, "add_concurrent_workers"), (11, "add_k_policy"), (12, "create_position_stats"),
-        (13, "add_bench_k_policy"), (14, "add_tree_columns"), (15, "add_depth"),
-        (16, "add_turns")]
+        (13, "add_bench_k_policy"), (14, "add_tree_columns"), (15, "add_depth"), (16, "add_turns"),
+        (17, "add_training_categories"), (18, "add_sampling_test")]
 
 
 @pytest.mark.parametrize("table, row", [("runs", run_row), ("rounds", round_columns), ("run_totals", totals_row)])

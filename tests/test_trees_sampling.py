@@ -39,7 +39,7 @@ def _rounds(sampled: bool, n: int) -> tuple[list[int], list[int]]:
         else:  # deterministic: distinct siblings, a point mass each
             q, tokens = None, [1, 3, 2, 0, 0]
         kids = trees.children(tokens, PARENTS, distinct=not sampled)
-        path, token = trees.accept_sampled(kids, tokens, q, P, gen)
+        path, token, _ = trees.accept_sampled(kids, tokens, q, P, gen)
         emitted = [tokens[j] for j in path] + [int(token)]
         first.append(emitted[0])
         if path[:1] == [0]:

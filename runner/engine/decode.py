@@ -174,10 +174,16 @@ def _chain_verdict(draft: Draft, logits: Tensor, finite: Tensor, decoding: Decod
         token = target_tokens[accepted]
         kept = torch.cat([draft.tokens[:accepted], choices[accepted : accepted + 1]])
     else:
-        n, drawn = accept_sampled(draft.tokens, draft.q, probabilities(logits, decoding), generator)
-        *draft_list, accepted, token, ok = host(torch.cat([draft.tokens, n.view(1), drawn.view(1), finite]))
+        n, drawn, test = accept_sampled(draft.tokens, draft.q, probabilities(logits, decoding), generator)
+        # One host sync for all: float64 holds every token id exactly.
+        read = host(torch.cat([draft.tokens.double(), n.view(1), drawn.view(1), finite, test]))
+        draft_list, (accepted, token, ok) = [int(t) for t in read[:k]], (int(v) for v in read[k : k + 3])
         kept = torch.cat([draft.tokens[:accepted], drawn.view(1)])
         target_tokens = draft_list[:accepted] + [token]
+        judged = min(accepted + 1, k)
+        p_d, q_d, u = (tuple(read[k + 3 + i * k : k + 3 + i * k + judged]) for i in range(3))
+        return trees.Verdict(draft_list, list(range(accepted)), token, kept, target_tokens, int(accepted < k),
+                             bool(ok), trees.Test(p_d, q_d, u, bool(read[-1])))
     return trees.Verdict(draft_list, list(range(accepted)), token, kept, target_tokens, int(accepted < k), bool(ok))
 
 
@@ -221,6 +227,7 @@ def speculative_round(
         bonus=not verdict.rejected, emitted=len(emitted), draft_s=0.0, verify_s=0.0,
         draft_tokens=tuple(verdict.drafts), target_tokens=tuple(verdict.target_tokens), draft_parents=draft.parents,
         accepted_path=None if draft.parents is None else tuple(verdict.path),
+        **({} if verdict.test is None else verdict.test.columns()),
     ), (start, drafted, verified))
 
 

@@ -82,19 +82,27 @@ def accept_greedy(drafts: list[int], choices: list[int]) -> int:
     return n
 
 
-def accept_sampled(drafts: Tensor, q: Tensor | None, p: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
-    """Speculative sampling over one round: (accepted count, the correction or bonus token) as 0-d tensors on
+def accept_sampled(drafts: Tensor, q: Tensor | None, p: Tensor,
+                   generator: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
+    """Speculative sampling over one round: (accepted count, the correction or bonus token, the test) as tensors on
     p's device, so the round reads them with its one host sync.
 
     drafts: (k,) ids; q: (k, V) draft probabilities or None (a deterministic draft); p: (k+1, V).
     Each d_i is accepted with probability min(1, p_i(d_i) / q_i(d_i)); the first failure is replaced
     by a draw from norm(max(0, p_i - q_i)); if all pass, the bonus is drawn from p_{k+1}.
+    The test, (3k + 1,) float64: p_i(d_i), q_i(d_i) and the uniform draw u_i of every draft (d_i accepted iff
+    u_i < p_i(d_i) / q_i(d_i); only the first accepted + 1 were judged), then 1 when the token was drawn from a
+    non-empty residual, else 0.
     """
     k, vocab = drafts.numel(), p.shape[-1]
     q = torch.nn.functional.one_hot(drafts, vocab).to(p.dtype) if q is None else q.to(p.dtype)
     rows = torch.arange(k, device=p.device)
     r = torch.rand(k, generator=generator, device=p.device)
-    n = (r * q[rows, drafts] < p[rows, drafts]).int().cumprod(0).sum()  # r < p/q without dividing by a tiny q
+    p_d, q_d = p[rows, drafts], q[rows, drafts]  # (k,) each
+    n = (r * q_d < p_d).int().cumprod(0).sum()  # r < p/q without dividing by a tiny q
     # Row k+1 of q is zero, so after k acceptances the residual is p_{k+1} itself: the bonus.
     q_next = torch.cat([q, q.new_zeros(1, vocab)]).index_select(0, n.view(1))[0]
-    return n, draw(residual(p.index_select(0, n.view(1))[0], q_next), generator)[0]
+    p_next = p.index_select(0, n.view(1))[0]
+    from_residual = (n < k) & ((p_next - q_next).clamp_min(0.0).sum() > 0)
+    test = torch.cat([p_d.double(), q_d.double(), r.double(), from_residual.double().view(1)])
+    return n, draw(residual(p_next, q_next), generator)[0], test

@@ -90,7 +90,7 @@ def accept_greedy(kids: list[list[int]], tokens: Sequence[int], choices: Sequenc
 
 
 def accept_sampled(kids: list[list[int]], tokens: Sequence[int], q: Tensor | None, p: Tensor,
-                   generator: torch.Generator) -> tuple[list[int], Tensor]:
+                   generator: torch.Generator) -> tuple[list[int], Tensor, Test]:
     """Multi-candidate speculative sampling (SpecInfer; EAGLE's recursive rejection sampling): the accepted path
     and the token drawn after it, (1,) on p's device; the emitted text follows the target's law exactly.
 
@@ -103,21 +103,49 @@ def accept_sampled(kids: list[list[int]], tokens: Sequence[int], q: Tensor | Non
     3. Once all are rejected, the correction is drawn from what is left (after a leaf: from p itself, the bonus).
     Each step is one speculative-sampling step of the current law against an independent proposal, so the token
     that leaves a row follows that row's p exactly.
+
+    The test records, per judged node in the order judged (ascending node ids), the law's and q's probability of its
+    token and the uniform draw; the nodes follow from the parents and the path (the dashboard's `fates.judged_nodes`).
     """
     path: list[int] = []
     row = 0
     law = p[0]
+    tested: list[Tensor] = []  # (3,) per judged node: law(x), q(x), u
+    # After a refusal, whether the residual kept any mass (it falls back to p when none is left); read at the end
+    # with the test, so recording it costs no host sync of its own.
+    left = torch.zeros((), dtype=torch.bool, device=p.device)
     while True:
         for c in kids[row]:
             q_c = _point_mass(tokens[c], p) if q is None else q[c].to(p.dtype)
-            if bool(torch.rand((), generator=generator, device=p.device) * q_c[tokens[c]] < law[tokens[c]]):
+            u = torch.rand((), generator=generator, device=p.device)
+            tested.append(torch.stack([law[tokens[c]], q_c[tokens[c]], u.to(p.dtype)]))
+            if bool(u * q_c[tokens[c]] < law[tokens[c]]):
                 path.append(c)  # r < p/q, written without dividing by a tiny q
                 row = c + 1
                 law = p[row]
+                left = torch.zeros_like(left)
                 break
+            left = (law - q_c).clamp_min(0.0).sum() > 0
             law = residual(law, q_c)
         else:
-            return path, draw(law, generator)
+            n = len(tested)
+            judged = torch.stack(tested).T.reshape(-1) if tested else p.new_zeros(0)  # the p's, the q's, the u's
+            values = host(torch.cat([judged.double(), left.double().view(1)]))
+            test = Test(tuple(values[:n]), tuple(values[n : 2 * n]), tuple(values[2 * n : 3 * n]), bool(values[-1]))
+            return path, draw(law, generator), test
+
+
+@dataclass(frozen=True)
+class Test:
+    """The speculative-sampling test of a round's judged drafts, in draft order (`Round.draft_p` and friends)."""
+
+    p: tuple[float, ...]  # the target's probability of each judged draft (a tree: of the law it was tested against)
+    q: tuple[float, ...]  # the draft's
+    u: tuple[float, ...]  # the uniform draw; accepted iff u < p / q
+    from_residual: bool  # the round's own token was drawn from the residual norm(max(0, p − q)), not from p
+
+    def columns(self) -> dict[str, object]:
+        return {"draft_p": self.p, "draft_q": self.q, "draft_u": self.u, "from_residual": self.from_residual}
 
 
 def _point_mass(token: int, p: Tensor) -> Tensor:
@@ -136,6 +164,7 @@ class Verdict:
     target_tokens: list[int]
     rejected: int  # 1 when the last accepted node still had children to judge (all failed); 0 at a leaf
     ok: bool  # the target's logits were finite
+    test: Test | None = None  # sampling: the test of each judged draft
 
 
 def verdict(draft: Draft, logits: Tensor, finite: Tensor, decoding: Decoding,
@@ -151,12 +180,13 @@ def verdict(draft: Draft, logits: Tensor, finite: Tensor, decoding: Decoding,
     else:
         drafts = host(draft.tokens)
         kids = children(drafts, draft.parents, distinct=draft.q is None)
-        path, drawn = accept_sampled(kids, drafts, draft.q, probabilities(logits, decoding), generator)
+        path, drawn, test = accept_sampled(kids, drafts, draft.q, probabilities(logits, decoding), generator)
         token, ok = host(torch.cat([drawn, finite]))
     emitted = [drafts[j] for j in path] + [token]
     kept = torch.tensor(emitted, dtype=draft.tokens.dtype, device=draft.tokens.device)
     rejected = int(bool(kids[path[-1] + 1 if path else 0]))
-    return Verdict(drafts, path, token, kept, target_tokens if decoding.greedy else emitted, rejected, bool(ok))
+    return Verdict(drafts, path, token, kept, target_tokens if decoding.greedy else emitted, rejected, bool(ok),
+                   None if decoding.greedy else test)
 
 
 def check_cache(cache: DynamicCache) -> None:

@@ -1,7 +1,8 @@
 """The k advisor: which k (and which draft-length policy) to use, predicted from what was measured on this device
 rather than from the flat-cost formula.
 
-Per target × device × kernels × threads × mode × category × draft, over the fixed-k runs at every k recorded:
+Per target × device × kernels × threads × mode × category × draft, over the fixed-k runs at every k recorded, on the
+prompts that every compared cell of the setup × category ran (`comparable`), baselines included:
 
 - s_i: the share of rounds (of runs whose k reaches position i) that accepted at least i drafts, and w_i: the share
   that drafted at least i (prompt lookup can find fewer; the budget cuts the last rounds), both from `position_stats`;
@@ -19,6 +20,7 @@ from __future__ import annotations
 import duckdb
 import pandas as pd
 
+from runner.store import comparable
 from runner.store.metrics import Filters
 
 GROUP = ("target", "device", "kernels", "threads")  # what a verify curve belongs to
@@ -35,9 +37,10 @@ def advisor_sql(filters: Filters) -> tuple[str, list]:
     key, group = ", ".join(KEY), ", ".join(GROUP)
     spec_where, spec_params = filters.where()
     base_where, base_params = filters.where(skip=("draft", "k", "k_policy"))
+    comparable_runs, comparable_params = comparable.comparable_runs_sql(filters)
     return f"""
     WITH picked AS (
-        SELECT * REPLACE ({_THREADS}) FROM runs WHERE status = 'ok'
+        SELECT * REPLACE ({_THREADS}) FROM runs WHERE status = 'ok' AND run_id IN ({comparable_runs})
             AND ((draft <> 'none' AND {spec_where}) OR (draft = 'none' AND {base_where}))),
     fixed AS (SELECT * FROM picked WHERE k_policy = 'fixed'),
     measured AS (SELECT {key}, k, count(*) AS runs, sum(new_tokens - 1) / sum(wall_s - prefill_s) AS tokens_per_s
@@ -84,7 +87,7 @@ def advisor_sql(filters: Filters) -> tuple[str, list]:
             AS formula_tokens_per_s
     FROM predicted p JOIN costs c USING ({key}) LEFT JOIN measured m USING ({key}, k)
         LEFT JOIN baseline b USING ({group}, mode, category)
-    ORDER BY {key}, k""", spec_params + base_params + spec_params
+    ORDER BY {key}, k""", comparable_params + spec_params + base_params + spec_params
 
 
 def k_curve(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
@@ -103,6 +106,7 @@ def k_advice(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
     sql, params = advisor_sql(filters)
     key = ", ".join(KEY)
     where, adaptive_params = filters.where()
+    comparable_runs, comparable_params = comparable.comparable_runs_sql(filters)
     return con.execute(f"""
         WITH curve AS ({sql}),
         summary AS (SELECT {key}, arg_max(k, predicted_tokens_per_s) AS predicted_best_k,
@@ -114,7 +118,8 @@ def k_advice(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
             FROM curve GROUP BY ALL),
         adaptive AS (SELECT {", ".join(c for c in KEY if c != "threads")}, threads, k_policy, k,
                 sum(new_tokens - 1) / sum(wall_s - prefill_s) AS tokens_per_s
-            FROM runs WHERE status = 'ok' AND draft <> 'none' AND k_policy <> 'fixed' AND {where} GROUP BY ALL),
+            FROM runs WHERE status = 'ok' AND draft <> 'none' AND k_policy <> 'fixed' AND {where}
+                AND run_id IN ({comparable_runs}) GROUP BY ALL),
         best_adaptive AS (SELECT {key}, arg_max(k_policy, tokens_per_s) AS adaptive_policy,
                 arg_max(k, tokens_per_s) AS adaptive_k, max(tokens_per_s) AS adaptive_best
             FROM adaptive GROUP BY ALL),
@@ -124,7 +129,7 @@ def k_advice(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
         SELECT *, measured_at_predicted >= (1 - {WITHIN}) * measured_best AS hit,
             CASE WHEN adaptive_wins THEN adaptive_policy ELSE 'fixed' END AS recommended_policy,
             CASE WHEN adaptive_wins THEN adaptive_k ELSE predicted_best_k END AS recommended_k
-        FROM joined ORDER BY {key}""", params + adaptive_params).df()
+        FROM joined ORDER BY {key}""", params + adaptive_params + comparable_params).df()
 
 
 def positions(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:

@@ -15,6 +15,8 @@ import duckdb
 import pandas as pd
 
 CELL = ("target", "mode", "category", "draft", "k", "k_policy")  # the Overview's cell: a line per draft, k, policy
+# What changes the target's pass itself: cells and curves the dashboard draws are kept apart by these too.
+PASS_SETUP = ("device", "kernels", "threads")
 K_RANGE = 16  # the formula's best k is looked for in 1..K_RANGE
 ALPHA_STEPS = 50  # the formula's curve over α in [0, 1]: fine enough to look smooth, few rows
 RUNS_ONLY = ("host", "concurrent_workers")  # filters on `runs` columns that run_stats does not carry
@@ -102,16 +104,17 @@ def formula_over_alpha(con: duckdb.DuckDBPyConnection, filters: Filters, k: int)
 
 
 def formula_over_k(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
-    """Per target × mode × draft × category, the formula's speedup at k = 1..K_RANGE at the α pooled over every k
-    and the mean c over runs, with the k the formula favours (`best`)."""
+    """Per target × mode × draft × category × `PASS_SETUP`, the formula's speedup at k = 1..K_RANGE at the α pooled
+    over every k and the mean c over runs, with the k the formula favours (`best`)."""
     where, params = filters.where()
+    keys = ", ".join(("target", "mode", "draft", "category", *PASS_SETUP))
     return con.execute(f"""
         WITH series AS (
-            SELECT target, mode, draft, category, alpha(sum(accepted), sum(rejected)) AS alpha, avg(c) AS c
+            SELECT {keys}, alpha(sum(accepted), sum(rejected)) AS alpha, avg(c) AS c
             FROM run_stats WHERE draft <> 'none' AND {where} GROUP BY ALL
             HAVING alpha IS NOT NULL AND c IS NOT NULL),
         curve AS (
             SELECT series.*, g.range AS k, formula_speedup(alpha, g.range, c) AS speedup
             FROM series CROSS JOIN range(1, {K_RANGE + 1}) g)
-        SELECT *, k = arg_max(k, speedup) OVER (PARTITION BY target, mode, draft, category) AS best
-        FROM curve ORDER BY target, mode, draft, category, k""", params).df()
+        SELECT *, k = arg_max(k, speedup) OVER (PARTITION BY {keys}) AS best
+        FROM curve ORDER BY {keys}, k""", params).df()

@@ -23,7 +23,8 @@ T = TypeVar("T")
 _ROUND_TYPES = {"run_id": "TEXT", "round": "INTEGER", "k": "INTEGER", "accepted": "INTEGER", "rejected": "INTEGER",
                 "thrown": "INTEGER", "bonus": "BOOLEAN", "emitted": "INTEGER", "draft_s": "DOUBLE",
                 "verify_s": "DOUBLE", "draft_tokens": "INTEGER[]", "target_tokens": "INTEGER[]",
-                "draft_parents": "INTEGER[]", "accepted_path": "INTEGER[]", "depth": "INTEGER"}
+                "draft_parents": "INTEGER[]", "accepted_path": "INTEGER[]", "depth": "INTEGER",
+                "draft_p": "DOUBLE[]", "draft_q": "DOUBLE[]", "draft_u": "DOUBLE[]", "from_residual": "BOOLEAN"}
 _PROVENANCE = ("torch_version", "transformers_version", "python_version", "host", "git_commit", "device_name")
 
 
@@ -62,10 +63,12 @@ def round_columns(record: RunRecord) -> dict[str, list]:
             "draft_tokens": [list(r.draft_tokens) for r in rounds],
             "target_tokens": [list(r.target_tokens) for r in rounds],
             "draft_parents": [_listed(r.draft_parents) for r in rounds],
-            "accepted_path": [_listed(r.accepted_path) for r in rounds], "depth": [r.depth for r in rounds]}
+            "accepted_path": [_listed(r.accepted_path) for r in rounds], "depth": [r.depth for r in rounds],
+            **{name: [_listed(getattr(r, name)) for r in rounds] for name in ("draft_p", "draft_q", "draft_u")},
+            "from_residual": [r.from_residual for r in rounds]}
 
 
-def _listed(values: tuple[int, ...] | None) -> list[int] | None:
+def _listed(values: tuple | None) -> list | None:
     return None if values is None else list(values)
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import duckdb
 
 from runner.records import tree_depth
-from runner.store.schema_trainings import add_training_categories
+from runner.store.schema_trainings import add_training_categories, create_trainings
 from runner.store.spec_bench import CONTEXT_STATS
 
 
@@ -171,25 +171,6 @@ def _create_position_stats(con: duckdb.DuckDBPyConnection) -> None:
     con.execute(POSITION_STATS.format(depth="k"))  # every round was a chain then
 
 
-def _create_trainings(con: duckdb.DuckDBPyConnection) -> None:
-    # `runner train-draft`: one row per training of a draft head, its epochs (0: the untrained head) and the
-    # held-out acceptance of each epoch at each draft position, as counts so that rates pool exactly.
-    con.execute("""CREATE TABLE trainings (
-        train_id TEXT PRIMARY KEY, started_at TIMESTAMP, finished_at TIMESTAMP, status TEXT, error TEXT,
-        target TEXT, draft TEXT, out_dir TEXT, prompts_file TEXT, train_prompts INTEGER, heldout_prompts INTEGER,
-        train_tokens INTEGER, heldout_tokens INTEGER, max_new_tokens INTEGER, epochs INTEGER, draft_vocab INTEGER,
-        vocab_coverage DOUBLE, layers INTEGER[], unroll INTEGER, lr DOUBLE, seed BIGINT, saved_epoch INTEGER,
-        head_bytes BIGINT, data_cached BOOLEAN, data_s DOUBLE, train_s DOUBLE, wall_s DOUBLE, cpu_s DOUBLE,
-        threads INTEGER, load_before DOUBLE, load_after DOUBLE, device TEXT, dtype TEXT, command TEXT,
-        torch_version TEXT, transformers_version TEXT, python_version TEXT, host TEXT, git_commit TEXT)""")
-    con.execute("""CREATE TABLE training_epochs (
-        train_id TEXT, epoch INTEGER, train_loss DOUBLE, heldout_loss DOUBLE, seconds DOUBLE, lr DOUBLE,
-        PRIMARY KEY (train_id, epoch))""")
-    con.execute("""CREATE TABLE training_positions (
-        train_id TEXT, epoch INTEGER, position INTEGER, judged BIGINT, accepted BIGINT,
-        PRIMARY KEY (train_id, epoch, position))""")
-
-
 def _add_concurrent_workers(con: duckdb.DuckDBPyConnection) -> None:
     # Workers that share a machine share its memory bandwidth, so their timings can differ from a process alone.
     # Every run recorded before this column was recorded by one process alone.
@@ -234,6 +215,14 @@ def _add_turns(con: duckdb.DuckDBPyConnection) -> None:
     con.execute(CONTEXT_STATS)  # acceptance by the round's place in the text, which a later turn's prompt extends
 
 
+def _add_sampling_test(con: duckdb.DuckDBPyConnection) -> None:
+    # Sampled rounds: the min(1, p/q) test of every judged draft (p(x), q(x), the uniform draw), and whether the
+    # round's own token came from the residual; NULL for greedy rounds and for rounds recorded before.
+    for column, kind in (("draft_p", "DOUBLE[]"), ("draft_q", "DOUBLE[]"), ("draft_u", "DOUBLE[]"),
+                         ("from_residual", "BOOLEAN")):
+        con.execute(f"ALTER TABLE rounds ADD COLUMN {column} {kind}")
+
+
 MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     _create_runs_and_rounds,
     _create_run_stats,
@@ -243,7 +232,7 @@ MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     _add_divergence,
     _add_kernels_and_threads,
     _define_metrics,
-    _create_trainings,
+    create_trainings,
     _add_concurrent_workers,
     _add_k_policy,
     _create_position_stats,
@@ -252,6 +241,7 @@ MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     _add_depth,
     _add_turns,
     add_training_categories,
+    _add_sampling_test,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
