@@ -79,7 +79,7 @@ def test_the_page_opens_on_the_head_in_use_and_follows_the_url(monkeypatch, tmp_
     later.start({"target": TARGET, "draft": "eagle:heads/scratch", "out_dir": "heads/scratch", "train_prompts": 2,
                  "heldout_prompts": 1, "epochs": 1, "draft_vocab": 256, "layers": [2], "unroll": 1, "device": "cpu",
                  "threads": 2, "load_before": 1.0, "command": "python -m runner train-draft --epochs 1"})
-    later.epoch(0, None, 5.0, 1.0, None, [(10, 1)])
+    later.epoch(0, None, 5.0, 1.0, None, {"code": [(10, 1)]})
     later.finish("ok", {"saved_epoch": 0, "train_tokens": 10, "heldout_tokens": 5, "vocab_coverage": 0.5,
                         "data_cached": False, "data_s": 1.0, "train_s": 1.0, "wall_s": 2.0, "load_after": 1.0})
     at = app(monkeypatch, db, "trained.py")
