@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))  # `python bench/bench.py` puts bench/, not the re
 import torch  # noqa: E402
 
 from bench.engines import PLAIN_CELL, BenchConfig, Cell, Engines, dtype_name, measure  # noqa: E402
-from bench.passes import copy_bandwidths, verify_curves, weight_bytes  # noqa: E402
+from bench.passes import at_each, copy_bandwidths, verify_curves, weight_bytes  # noqa: E402
 from bench.report import markdown_report, mismatch_lines, table  # noqa: E402
 from bench.rows import (  # noqa: E402
     Row,
@@ -122,13 +122,9 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None]) -> Outcome:
 def remeasure_kernels(target: models.Loaded, thread_counts: list[int]) -> None:
     """The skinny kernels' choices measured in this run, at each thread count, rather than read from a cache that a
     busier machine may have written."""
-    switch, before = kernels.attach(target.model), torch.get_num_threads()
-    try:
-        for threads in thread_counts:
-            torch.set_num_threads(threads)
-            switch.table(remeasure=True)
-    finally:
-        torch.set_num_threads(before)
+    switch = kernels.attach(target.model)
+    for _ in at_each(thread_counts):
+        switch.table(remeasure=True)
 
 
 class UsageError(ValueError):

@@ -4,7 +4,7 @@ pass reads, and the memory bandwidth a STREAM-style copy reaches at the same thr
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -92,15 +92,19 @@ def verify_curves(target: models.Loaded, context: int, repeats: int, thread_coun
     if target.device.type != "cpu":
         return {(kernels.STOCK, torch.get_num_threads()): verify_curve(target, context, repeats, [])}
     paths = {kernels.STOCK: [], kernels.SKINNY: [kernels.attach(target.model)]}
-    before, curves = torch.get_num_threads(), {}
+    return {(name, threads): verify_curve(target, context, repeats, switches)
+            for threads in at_each(thread_counts) for name, switches in paths.items()}
+
+
+def at_each(thread_counts: list[int]) -> Iterator[int]:
+    """Each thread count in turn, set as torch's for the body of the loop; the count before is set back after."""
+    before = torch.get_num_threads()
     try:
         for threads in thread_counts:
             torch.set_num_threads(threads)
-            for name, switches in paths.items():
-                curves[(name, threads)] = verify_curve(target, context, repeats, switches)
+            yield threads
     finally:
         torch.set_num_threads(before)
-    return curves
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
@@ -117,14 +121,7 @@ def copy_bandwidths(device: torch.device, repeats: int, thread_counts: list[int]
     """`copy_bandwidth` at each thread count (a GPU's at its own)."""
     if device.type != "cpu":
         return {torch.get_num_threads(): copy_bandwidth(device, repeats)}
-    before, rates = torch.get_num_threads(), {}
-    try:
-        for threads in thread_counts:
-            torch.set_num_threads(threads)
-            rates[threads] = copy_bandwidth(device, repeats)
-    finally:
-        torch.set_num_threads(before)
-    return rates
+    return {threads: copy_bandwidth(device, repeats) for threads in at_each(thread_counts)}
 
 
 def copy_bandwidth(device: torch.device, repeats: int) -> list[float]:
