@@ -17,7 +17,7 @@ from torch import nn
 from runner.cells import Cell as SweepCell
 from runner.cells import RunContext, judge, provenance
 from runner.engine import models
-from runner.engine.decode import Clock
+from runner.engine.clock import Clock
 from runner.engine.pair import PLAIN, DraftSpec, Pair, parse_draft
 from runner.engine.policies import FIXED, PolicySpec
 from runner.engine.sampling import Decoding

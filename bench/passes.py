@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from runner.engine import kernels, models, trees
-from runner.engine.decode import Clock
+from runner.engine.clock import Clock
 from runner.engine.drafters import crop_to, new_cache
 from runner.prompts import load_prompts
 

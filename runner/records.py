@@ -38,6 +38,7 @@ class Round:
     draft_q: tuple[float, ...] | None = None
     draft_u: tuple[float, ...] | None = None
     from_residual: bool | None = None  # sampling: the round's own token was drawn from norm(max(0, p − q))
+    batch_seqs: int = 1  # the sequences whose drafts the round's target pass verified (runner/engine/batch.py)
 
     @property
     def depth(self) -> int:

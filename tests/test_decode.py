@@ -12,7 +12,8 @@ import time
 import pytest
 import torch
 
-from runner.engine.decode import Clock, Sequence, Target, generate, speculative_round
+from runner.engine.clock import Clock
+from runner.engine.decode import Sequence, Target, generate, speculative_round
 from runner.engine.drafters import Draft, ModelDrafter, NgramDrafter, NoDraft
 from runner.engine.models import Loaded
 from runner.engine.pair import Pair, parse_draft

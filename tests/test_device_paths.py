@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from bench.engines import ForwardTimer
 from runner import cli
 from runner.engine import decode, models, pair
-from runner.engine.decode import Clock
+from runner.engine.clock import Clock
 from runner.engine.pair import PLAIN, Pair, parse_draft
 from runner.engine.sampling import Decoding
 

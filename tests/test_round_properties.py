@@ -12,7 +12,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runner.engine.decode import Clock, Sequence, Target, generate, speculative_round
+from runner.engine.clock import Clock
+from runner.engine.decode import Sequence, Target, generate, speculative_round
 from runner.engine.drafters import Draft
 from runner.engine.models import Loaded
 from runner.engine.sampling import Decoding, accept_sampled

@@ -13,7 +13,8 @@ import torch
 from scipy.stats import chisquare
 
 from runner.engine import sampling
-from runner.engine.decode import Clock, Sequence, Target, speculative_round
+from runner.engine.clock import Clock
+from runner.engine.decode import Sequence, Target, speculative_round
 from runner.engine.drafters import crop_to
 from runner.engine.pair import Pair, parse_draft
 from runner.engine.sampling import Decoding

@@ -8,7 +8,8 @@ import torch
 from transformers import MistralConfig, MistralForCausalLM
 
 from runner.engine import trees
-from runner.engine.decode import Clock, Sequence, Target, generate, speculative_round
+from runner.engine.clock import Clock
+from runner.engine.decode import Sequence, Target, generate, speculative_round
 from runner.engine.drafters import Draft, new_cache
 from runner.engine.ngram_tree import NgramTreeDrafter
 from runner.engine.pair import PLAIN, Pair, parse_draft

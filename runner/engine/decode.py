@@ -10,14 +10,12 @@ device's copy of the text by device-to-device copies.
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, replace
-
 import torch
 from torch import Tensor
 from transformers.utils import ModelOutput
 
 from runner.engine import trees
+from runner.engine.clock import Clock, Timed
 from runner.engine.drafters import Draft, Drafter, crop_to, new_cache
 from runner.engine.models import Loaded
 from runner.engine.policies import FIXED, PolicySpec, VerifyCosts
@@ -31,40 +29,6 @@ class NonFiniteLogits(ValueError):
     def __init__(self, dtype: torch.dtype) -> None:
         name = str(dtype).removeprefix("torch.")
         super().__init__(f"the target's logits are inf/NaN in {name} (an overflow); use --dtype bfloat16 or float32")
-
-
-class Clock:
-    """Time on the model's device. CPU: perf_counter. CUDA: events on the device's current stream, read once the
-    run has settled, so timing a round never makes the host wait for the device."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.cuda = device.type == "cuda"
-
-    def mark(self) -> float | torch.cuda.Event:
-        if not self.cuda:
-            return time.perf_counter()
-        event = torch.cuda.Event(enable_timing=True)
-        event.record(torch.cuda.current_stream(self.device))
-        return event
-
-    def settle(self) -> None:
-        """Wait for the work queued on this device (not on another GPU's, as a bare synchronize() would)."""
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
-
-    def done(self, mark: float | torch.cuda.Event) -> bool:
-        """Whether the device has passed `mark`, so that `seconds` can read it without waiting."""
-        return not self.cuda or mark.query()
-
-    def seconds(self, start: float | torch.cuda.Event, end: float | torch.cuda.Event) -> float:
-        """Between two marks; on CUDA only after `settle` or once `done(end)`."""
-        return start.elapsed_time(end) / 1000 if self.cuda else end - start
-
-    def __call__(self) -> float:
-        """Wall time with the device's queued work done."""
-        self.settle()
-        return time.perf_counter()
 
 
 class Target:
@@ -141,19 +105,7 @@ class Sequence:
         self.ids.extend(new)
 
 
-@dataclass(frozen=True)
-class Timed:
-    """A round whose times are still clock marks, read once the run has settled."""
-
-    round: Round  # draft_s and verify_s are filled in by `read`
-    marks: tuple  # start, drafted, verified
-
-    def read(self, clock: Clock) -> Round:
-        start, drafted, verified = self.marks
-        return replace(self.round, draft_s=clock.seconds(start, drafted), verify_s=clock.seconds(drafted, verified))
-
-
-def _cut(tokens: list[int], budget: int, eos: frozenset[int]) -> list[int]:
+def cut(tokens: list[int], budget: int, eos: frozenset[int]) -> list[int]:
     """The tokens a round may append: at most `budget`, and nothing after an end-of-sequence token."""
     tokens = tokens[:budget]
     for i, t in enumerate(tokens):
@@ -162,7 +114,7 @@ def _cut(tokens: list[int], budget: int, eos: frozenset[int]) -> list[int]:
     return tokens
 
 
-def _chain_verdict(draft: Draft, logits: Tensor, finite: Tensor, decoding: Decoding,
+def chain_verdict(draft: Draft, logits: Tensor, finite: Tensor, decoding: Decoding,
                    generator: torch.Generator) -> trees.Verdict:
     """Step 3 for a chain: accepted while the target agrees, left to right, with the round's one host sync."""
     k = draft.tokens.numel()
@@ -206,32 +158,41 @@ def speculative_round(
     # 3. Compare, from the root down: accepted while the target agrees; the first failure is rejected (in a tree:
     #    every child of the last accepted node failed), the rest are thrown (never judged); then the target's
     #    own token, the correction or the bonus.
-    judge = _chain_verdict if draft.parents is None else trees.verdict
+    judge = chain_verdict if draft.parents is None else trees.verdict
     verdict = judge(draft, logits, finite, decoding, generator)
     verified = clock.mark()
     if not verdict.ok:
         raise NonFiniteLogits(logits.dtype)
-    # 4. Append the kept drafts and the target's token, cut at EOS or max_new_tokens.
-    accepted = len(verdict.path)
-    emitted = _cut([verdict.drafts[j] for j in verdict.path] + [verdict.token], budget, eos)
-    text.append(emitted, verdict.kept)
+    # 4. Append the kept drafts and the target's token, cut at EOS or max_new_tokens; the drafter learns its fate.
+    done, kept_rows = commit(drafter, text, draft, verdict, logits, hidden, budget, eos)
     # 5. Roll back: both caches keep the committed text, i.e. the verify pass's rows of the root and the accepted
     #    path (for a chain, its first rows: a crop).
+    trees.keep(target.cache, committed - 1, kept_rows)
+    assert target.length == text.length - 1 == committed + done.emitted - 1
+    return Timed(done, (start, drafted, drafted, verified))
+
+
+def commit(drafter: Drafter, text: Sequence, draft: Draft, verdict: trees.Verdict, logits: Tensor,
+           hidden: Tensor | None, budget: int, eos: frozenset[int]) -> tuple[Round, list[int]]:
+    """Steps 4 and the drafter's half of 5: the judged round appended to `text` (at most `budget` tokens, nothing
+    after EOS) and told to the drafter. Returns the round, its times not yet read, and the verify rows whose cache
+    entries the target keeps: the root and the accepted path, as far as the text was appended."""
+    k, accepted = draft.tokens.numel(), len(verdict.path)
+    emitted = cut([verdict.drafts[j] for j in verdict.path] + [verdict.token], budget, eos)
+    text.append(emitted, verdict.kept)
     rows = [0, *(j + 1 for j in verdict.path)]
-    trees.keep(target.cache, committed - 1, rows[: len(emitted)])
     top = logits.topk(drafter.wants_top, dim=-1).indices if drafter.wants_top else None
     drafter.accepted(accepted, hidden[rows] if hidden is not None else None, top)
-    assert target.length == text.length - 1 == committed + len(emitted) - 1
-    return Timed(Round(
+    return Round(
         k=k, accepted=accepted, rejected=verdict.rejected, thrown=k - accepted - verdict.rejected,
         bonus=not verdict.rejected, emitted=len(emitted), draft_s=0.0, verify_s=0.0,
         draft_tokens=tuple(verdict.drafts), target_tokens=tuple(verdict.target_tokens), draft_parents=draft.parents,
         accepted_path=None if draft.parents is None else tuple(verdict.path),
         **({} if verdict.test is None else verdict.test.columns()),
-    ), (start, drafted, verified))
+    ), rows[: len(emitted)]
 
 
-def _first_token(logits: Tensor, decoding: Decoding, generator: torch.Generator) -> tuple[int, Tensor]:
+def first_token(logits: Tensor, decoding: Decoding, generator: torch.Generator) -> tuple[int, Tensor]:
     """The prefill's token, on the host and on the device (one host sync per run)."""
     token = (logits.argmax() if decoding.greedy else draw(probabilities(logits, decoding), generator)).view(1)
     value, ok = host(torch.cat([token, logits.isfinite().all().view(1)]))
@@ -240,13 +201,8 @@ def _first_token(logits: Tensor, decoding: Decoding, generator: torch.Generator)
     return value, token
 
 
-def generate(
-    target: Loaded, drafter: Drafter, prompt: list[int], k: int | None, decoding: Decoding,
-    max_new_tokens: int, generator: torch.Generator, policy: PolicySpec = FIXED, costs: VerifyCosts | None = None,
-) -> Generation:
-    """Decode `prompt` with speculative rounds of k drafts, or as many as `policy` gives each round starting from k;
-    k None (with `NoDraft`) is plain decoding. Every round's verify time goes into `costs` (shared by a Pair's
-    generations), which the `auto` policy reads."""
+def check_lengths(target: Loaded, prompt: list[int], max_new_tokens: int) -> None:
+    """ValueError for an empty prompt, a budget below 1, or a prompt and budget past the model's context."""
     if not prompt:
         raise ValueError("the prompt is empty")
     if max_new_tokens < 1:
@@ -256,6 +212,16 @@ def generate(
             f"prompt ({len(prompt)} tokens) + max-new-tokens ({max_new_tokens}) exceeds the model's "
             f"context of {target.max_context} tokens"
         )
+
+
+def generate(
+    target: Loaded, drafter: Drafter, prompt: list[int], k: int | None, decoding: Decoding,
+    max_new_tokens: int, generator: torch.Generator, policy: PolicySpec = FIXED, costs: VerifyCosts | None = None,
+) -> Generation:
+    """Decode `prompt` with speculative rounds of k drafts, or as many as `policy` gives each round starting from k;
+    k None (with `NoDraft`) is plain decoding. Every round's verify time goes into `costs` (shared by a Pair's
+    generations), which the `auto` policy reads."""
+    check_lengths(target, prompt, max_new_tokens)
     clock = Clock(target.device)
     with torch.inference_mode():
         start = clock()
@@ -264,7 +230,7 @@ def generate(
         # The prefill: one target pass over the prompt makes the first new token, as in plain decoding. The
         # drafter reads the prompt too; the new token is fed with round 0's drafts, like every later one.
         logits, features, top = model.prefill(text.tokens, drafter.wants_hidden, drafter.wants_top)
-        first, on_device = _first_token(logits, decoding, generator)
+        first, on_device = first_token(logits, decoding, generator)
         text.append([first], on_device)
         drafter.prefill(text.tokens, features, top)
         prefilled = clock()

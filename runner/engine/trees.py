@@ -59,16 +59,23 @@ def children(tokens: Sequence[int], parents: Sequence[int], distinct: bool = Tru
     return kids
 
 
-def attention_mask(parents: Sequence[int], past: int, dtype: torch.dtype, device: torch.device) -> Tensor:
-    """(1, 1, N+1, past + N+1): 0 where a verify row may look (the `past` cached positions, the root, its own
-    ancestors and itself), the dtype's minimum elsewhere (finite, so no row can turn into NaN)."""
+def branch_mask(parents: Sequence[int]) -> Tensor:
+    """(N+1, N+1) bool over the verify rows [root, node 0, …]: which of them each row may look at (the root, its own
+    ancestors and itself). A chain's is lower-triangular."""
     n = len(parents)
-    sees = torch.zeros(n + 1, past + n + 1, dtype=torch.bool)
-    sees[:, : past + 1] = True  # 1. every row sees the committed text and the root
+    sees = torch.zeros(n + 1, n + 1, dtype=torch.bool)
+    sees[:, 0] = True  # 1. every row sees the root
     for j, parent in enumerate(parents):
-        sees[j + 1, past + j + 1] = True  # 2. itself
+        sees[j + 1, j + 1] = True  # 2. itself
         if parent != ROOT:
-            sees[j + 1, past + 1 : past + j + 1] |= sees[parent + 1, past + 1 : past + j + 1]  # 3. its ancestors
+            sees[j + 1, 1 : j + 1] |= sees[parent + 1, 1 : j + 1]  # 3. its ancestors
+    return sees
+
+
+def attention_mask(parents: Sequence[int], past: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """(1, 1, N+1, past + N+1): 0 where a verify row may look (the `past` cached positions and its `branch_mask`),
+    the dtype's minimum elsewhere (finite, so no row can turn into NaN)."""
+    sees = torch.cat([torch.ones(len(parents) + 1, past, dtype=torch.bool), branch_mask(parents)], dim=1)
     mask = torch.full(sees.shape, torch.finfo(dtype).min, dtype=dtype)
     return mask.masked_fill(sees, 0.0)[None, None].to(device)
 
