@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from runner.engine import head_files, kernels, models
+from runner.engine.batch import generate_batch
 from runner.engine.decode import generate
 from runner.engine.drafters import (
     DEFAULT_MATCH,
@@ -147,6 +148,7 @@ class Pair:
         for switch in self.switches:
             switch.table()  # measured (or read from the cache) now, not inside a timed generation
         self.verify_costs = VerifyCosts()  # every generation's verify passes, for the `auto` policy
+        self.batch_costs: dict[int, VerifyCosts] = {}  # the same for batched generations, per batch size
 
     def drafter(self, spec: DraftSpec, decoding: Decoding, generator: torch.Generator,
                 policy: PolicySpec = FIXED) -> Drafter:
@@ -184,6 +186,21 @@ class Pair:
         with kernels.using(self.switches):
             return generate(self.target, drafter, prompt, k, decoding, max_new_tokens, generator, policy,
                             self.verify_costs)
+
+    def run_batch(
+        self, spec: DraftSpec, prompts: list[list[int]], k: int | None, decoding: Decoding, max_new_tokens: int,
+        seed: int, policy: PolicySpec = FIXED,
+    ) -> list[Generation]:
+        """The prompts decoded together (runner/engine/batch.py), each with its own drafter and a generator seeded
+        as `run` seeds one; the `auto` policy reads the verify costs of this batch size only."""
+        if (k is None) != spec.baseline:
+            raise ValueError(f"{spec.text}: k must be {'None' if spec.baseline else 'given'}, got {k}")
+        generators = [torch.Generator(device=self.target.device).manual_seed(seed) for _ in prompts]
+        drafters = [self.drafter(spec, decoding, g, policy) for g in generators]
+        costs = self.batch_costs.setdefault(len(prompts), VerifyCosts())
+        with kernels.using(self.switches):
+            return generate_batch(self.target, drafters, prompts, k, decoding, max_new_tokens, generators, policy,
+                                  costs)
 
     def warm_up(self, specs: list[DraftSpec], prompt: list[int], ks: tuple[int, ...], decoding: Decoding,
                 max_new_tokens: int) -> None:
