@@ -35,6 +35,17 @@ class Cell:
     draft: DraftSpec
     k: int | None  # None for the baseline
     policy: PolicySpec = FIXED  # how each round's k is chosen from k; recorded as None for the baseline
+    # A batch (runner/engine/batch.py): its prompts in order, this cell's at `slot`; () for a run alone
+    batch: tuple[Prompt, ...] = ()
+    slot: int = 0
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.batch) or 1
+
+    def mate(self, slot: int) -> Cell:
+        """The cell of the same batch at `slot`: decoded in the same passes, with the same draft, k and policy."""
+        return replace(self, prompt=self.batch[slot], slot=slot)
 
     @property
     def k_policy(self) -> str | None:
@@ -45,7 +56,8 @@ class Cell:
         """The cell's values of `CELL_KEY`, in its order."""
         d = self.decoding
         values = {"prompt_id": self.prompt.id, "draft": self.draft.text, "k": self.k, "mode": d.mode,
-                  "temperature": d.temperature, "top_p": d.top_p, "seed": seed, "k_policy": self.k_policy}
+                  "temperature": d.temperature, "top_p": d.top_p, "seed": seed, "k_policy": self.k_policy,
+                  "batch_size": self.batch_size, "batch_slot": self.slot}
         return tuple(values[name] for name in CELL_KEY)
 
     def baseline_key(self, seed: int, prompt_ids: tuple[int, ...], device: str, dtype: str) -> tuple:
@@ -53,19 +65,21 @@ class Cell:
         and dtype: equal to `RunRecord.baseline_key` of the run it makes."""
         d = self.decoding
         values = {"prompt_id": self.prompt.id, "mode": d.mode, "temperature": d.temperature, "top_p": d.top_p,
-                  "seed": seed, "prompt_tokens": tuple(prompt_ids), "device": device, "dtype": dtype}
+                  "seed": seed, "prompt_tokens": tuple(prompt_ids), "device": device, "dtype": dtype,
+                  "batch_size": self.batch_size, "batch_slot": self.slot}
         return tuple(values[name] for name in BASELINE_KEY)
 
     @property
     def baseline(self) -> Cell:
         """The plain-decoding cell this one is checked and timed against (itself for a baseline)."""
-        return Cell(self.prompt, self.decoding, PLAIN, None)
+        return Cell(self.prompt, self.decoding, PLAIN, None, batch=self.batch, slot=self.slot)
 
     @property
     def label(self) -> str:
         """The cell as progress and reports name it."""
         policy = "" if self.k_policy in (None, FIXED.text) else f" {self.k_policy}"
-        return f"{self.prompt.id} {self.draft.text} k={self.k}{policy} {self.decoding.mode}"
+        batch = f" batch={self.batch_size}" if self.batch else ""
+        return f"{self.prompt.id} {self.draft.text} k={self.k}{policy} {self.decoding.mode}{batch}"
 
 
 GREEDY = Decoding("greedy", 0.0, 1.0)
@@ -126,8 +140,10 @@ class RunContext:
     max_new_tokens: int
     provenance: dict[str, str]
 
-    def record(self, cell: Cell, generation: Generation | None, error: str | None, started: str) -> RunRecord:
-        """One row of `runs`: a cell's generation (or its error), not yet judged against its baseline."""
+    def record(self, cell: Cell, generation: Generation | None, error: str | None, started: str,
+               batch_id: str | None = None) -> RunRecord:
+        """One row of `runs`: a cell's generation (or its error), not yet judged against its baseline; `batch_id`
+        is shared by the runs of a batch."""
         d, target = cell.decoding, self.pair.target
         return RunRecord(
             run_id=new_run_id(), sweep_id=self.sweep_id, started_at=started, target=self.target_spec,
@@ -139,6 +155,7 @@ class RunContext:
             output_text=None if generation is None else target.tokenizer.decode(list(generation.output_tokens)),
             baseline_run_id=None, lossless=None, provenance=self.provenance, kernels=self.pair.kernels,
             threads=torch.get_num_threads(), turn=cell.prompt.turn, conversation=cell.prompt.thread,
+            batch_size=cell.batch_size, batch_slot=cell.slot, batch_id=batch_id,
         )
 
     def classify(self, prompt: tuple[int, ...], baseline: tuple[int, ...], ours: tuple[int, ...]) -> Divergence | None:

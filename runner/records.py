@@ -90,10 +90,12 @@ class Divergence:
 
 
 # The columns of `runs` that make a cell of a sweep: a resumed sweep records only the cells it has no 'ok' run for.
-CELL_KEY = ("prompt_id", "draft", "k", "mode", "temperature", "top_p", "seed", "k_policy")
+CELL_KEY = ("prompt_id", "draft", "k", "mode", "temperature", "top_p", "seed", "k_policy", "batch_size", "batch_slot")
 # The columns a run shares with the plain-decoding run of its sweep it is checked and timed against: the same prompt
-# ids (a chat template that stamps the date changes them), decoding, seed, device and dtype.
-BASELINE_KEY = ("prompt_id", "mode", "temperature", "top_p", "seed", "prompt_tokens", "device", "dtype")
+# ids (a chat template that stamps the date changes them), decoding, seed, device and dtype, and its place in a batch
+# of the same size (the baseline at batch B decodes the same B prompts together, plainly).
+BASELINE_KEY = ("prompt_id", "mode", "temperature", "top_p", "seed", "prompt_tokens", "device", "dtype", "batch_size",
+                "batch_slot")
 
 
 @dataclass(frozen=True)
@@ -137,6 +139,9 @@ class RunRecord:
     k_policy: str | None = None  # how each round's k was chosen from k (runner/engine/policies.py); None for baselines
     turn: int = 1  # 1-based turn of its conversation: turn n's prompt holds the earlier turns and their answers
     conversation: str | None = None  # the question the turn belongs to (Spec-Bench's question_id); else prompt_id
+    batch_size: int = 1  # the sequences decoded together with it, itself included (runner/engine/batch.py)
+    batch_slot: int = 0  # its place in that batch
+    batch_id: str | None = None  # shared by the runs of one batch; None at batch 1
 
     def cell_key(self) -> tuple:
         return tuple(getattr(self, name) for name in CELL_KEY)

@@ -28,7 +28,8 @@ def _columns(relation: str) -> list[str]:
 
 
 @pytest.mark.parametrize("relation", ["runs", "rounds", "run_totals", "run_stats", "trainings", "training_epochs",
-                                      "training_positions", "position_stats", "context_stats"])
+                                      "training_positions", "position_stats", "context_stats",
+                                      "batch_stats"])
 def test_the_readme_documents_every_column(relation):
     section = _section(f"### `{relation}`")
     documented = set(re.findall(r"\b[a-z_]+\b", section))

@@ -108,12 +108,14 @@ def test_runs_and_rounds_have_the_documented_columns(db):
         ("torch_version", text), ("transformers_version", text), ("python_version", text), ("host", text),
         ("git_commit", text), ("device_name", text), ("divergence_at", i), ("divergence_gap", f),
         ("divergence_tolerance", f), ("divergence", text), ("kernels", text), ("threads", i), ("concurrent_workers", i),
-        ("k_policy", text), ("turn", i), ("conversation", text)]
+        ("k_policy", text), ("turn", i), ("conversation", text), ("batch_size", i), ("batch_slot", i),
+        ("batch_id", text)]
     assert columns(db, "rounds") == [
         ("run_id", text), ("round", i), ("k", i), ("accepted", i), ("rejected", i), ("thrown", i),
         ("bonus", "BOOLEAN"), ("emitted", i), ("draft_s", f), ("verify_s", f), ("draft_tokens", ints),
         ("target_tokens", ints), ("draft_parents", ints), ("accepted_path", ints), ("depth", i),
-        ("draft_p", "DOUBLE[]"), ("draft_q", "DOUBLE[]"), ("draft_u", "DOUBLE[]"), ("from_residual", "BOOLEAN")]
+        ("draft_p", "DOUBLE[]"), ("draft_q", "DOUBLE[]"), ("draft_u", "DOUBLE[]"), ("from_residual", "BOOLEAN"),
+        ("batch_seqs", i)]
     assert [name for name, _ in columns(db, "run_stats")] == [
         "run_id", "sweep_id", "target", "draft", "draft_kind", "category", "prompt_id", "k", "mode",
         "temperature", "top_p", "seed", "device", "dtype", "new_tokens", "n_rounds", "accepted", "rejected",
@@ -125,7 +127,7 @@ def test_runs_and_rounds_have_the_documented_columns(db):
         (5, "create_run_totals"), (6, "add_divergence"), (7, "add_kernels_and_threads"), (8, "define_metrics"),
         (9, "create_trainings"), (10, "add_concurrent_workers"), (11, "add_k_policy"), (12, "create_position_stats"),
         (13, "add_bench_k_policy"), (14, "add_tree_columns"), (15, "add_depth"), (16, "add_turns"),
-        (17, "add_training_categories"), (18, "add_sampling_test")]
+        (17, "add_training_categories"), (18, "add_sampling_test"), (19, "add_batches")]
 
 
 @pytest.mark.parametrize("table, row", [("runs", run_row), ("rounds", round_columns), ("run_totals", totals_row)])
@@ -479,9 +481,9 @@ def test_a_write_locked_past_its_bound_spills_and_is_flushed_exactly_once(db):
     assert write_run(db, BASELINE, lock_timeout_s=0.2) > 0
     assert (db.parent / "runs.duckdb.pending" / "base.json").is_file()
     # Readers share the file with the holder, and see the spilled run as recorded.
-    assert recorded_runs(db, "s1") == {("p1", "ngram", 4, "greedy", 0.0, 1.0, 0, "fixed"),
-                                             ("p1", "none", None, "greedy", 0.0, 1.0, 0, None)}
-    assert baseline_for(db, "s1", ("p1", "greedy", 0.0, 1.0, 0, [1, 2, 3], "cpu", "float32")) == (
+    assert recorded_runs(db, "s1") == {("p1", "ngram", 4, "greedy", 0.0, 1.0, 0, "fixed", 1, 0),
+                                             ("p1", "none", None, "greedy", 0.0, 1.0, 0, None, 1, 0)}
+    assert baseline_for(db, "s1", ("p1", "greedy", 0.0, 1.0, 0, [1, 2, 3], "cpu", "float32", 1, 0)) == (
         "base", tuple(range(10, 20)))
     release(holder)
     assert flush_pending(db) == 1
@@ -515,22 +517,25 @@ def test_records_survive_the_json_round_trip():
 
 def test_reads_for_the_runner(db):
     assert recorded_runs(db, "s1") == set()
-    assert baseline_for(db, "s1", ("p1", "greedy", 0.0, 1.0, 0, [1, 2, 3], "cpu", "float32")) is None
+    assert baseline_for(db, "s1", ("p1", "greedy", 0.0, 1.0, 0, [1, 2, 3], "cpu", "float32", 1, 0)) is None
     assert list_sweeps(db).empty
     write_run(db, BASELINE)
     write_run(db, SPEC)
     write_run(db, record("other", SPEC.generation.rounds, 0.3, sweep_id="s2", seed=5, baseline_run_id=None))
     failed = replace(SPEC, run_id="bad", k=8, status="error", generation=None)
     write_run(db, failed)
-    assert recorded_runs(db, "s1") == {("p1", "ngram", 4, "greedy", 0.0, 1.0, 0, "fixed"),
-                                             ("p1", "none", None, "greedy", 0.0, 1.0, 0, None)}
-    assert baseline_for(db, "s1", ("p1", "greedy", 0.0, 1.0, 0, [1, 2, 3], "cpu", "float32")) == (
+    assert recorded_runs(db, "s1") == {("p1", "ngram", 4, "greedy", 0.0, 1.0, 0, "fixed", 1, 0),
+                                             ("p1", "none", None, "greedy", 0.0, 1.0, 0, None, 1, 0)}
+    assert baseline_for(db, "s1", ("p1", "greedy", 0.0, 1.0, 0, [1, 2, 3], "cpu", "float32", 1, 0)) == (
         "base", tuple(range(10, 20)))
-    assert baseline_for(db, "s1", ("p1", "greedy", 0.0, 1.0, 1, [1, 2, 3], "cpu", "float32")) is None
+    assert baseline_for(db, "s1", ("p1", "greedy", 0.0, 1.0, 1, [1, 2, 3], "cpu", "float32", 1, 0)) is None
     # the same cell fed other prompt ids, or on another device or dtype, has no baseline to compare with
-    assert baseline_for(db, "s1", ("p1", "greedy", 0.0, 1.0, 0, [1, 2, 4], "cpu", "float32")) is None
-    assert baseline_for(db, "s1", ("p1", "greedy", 0.0, 1.0, 0, [1, 2, 3], "cuda", "float32")) is None
-    assert baseline_for(db, "s1", ("p1", "greedy", 0.0, 1.0, 0, [1, 2, 3], "cpu", "bfloat16")) is None
+    assert baseline_for(db, "s1", ("p1", "greedy", 0.0, 1.0, 0, [1, 2, 4], "cpu", "float32", 1, 0)) is None
+    assert baseline_for(db, "s1", ("p1", "greedy", 0.0, 1.0, 0, [1, 2, 3], "cuda", "float32", 1, 0)) is None
+    assert baseline_for(db, "s1", ("p1", "greedy", 0.0, 1.0, 0, [1, 2, 3], "cpu", "bfloat16", 1, 0)) is None
+    # nor a run at another batch size, or at another place in its batch
+    assert baseline_for(db, "s1", ("p1", "greedy", 0.0, 1.0, 0, [1, 2, 3], "cpu", "float32", 4, 0)) is None
+    assert baseline_for(db, "s1", ("p1", "greedy", 0.0, 1.0, 0, [1, 2, 3], "cpu", "float32", 1, 2)) is None
     sweeps = list_sweeps(db)
     assert list(sweeps.columns) == ["sweep_id", "started", "target", "drafts", "runs", "errors", "lossless_failures",
                                     "real_divergences"]

@@ -94,5 +94,16 @@ def ints(value: str, name: str) -> list[int]:
     return [int(v) for v in items]
 
 
+MAX_BATCH = 64  # sequences decoded together
+
+
+def batch_sizes(value: str) -> tuple[int, ...]:
+    """A `--batch` list: each size from 1 to MAX_BATCH, ascending, once."""
+    sizes = ints(value, "batch")
+    if not all(1 <= b <= MAX_BATCH for b in sizes):
+        raise UsageError(f"--batch sizes must be between 1 and {MAX_BATCH}, got {value}")
+    return tuple(sorted(set(sizes)))
+
+
 def main() -> None:
     app(prog_name=f"{sys.executable.rsplit('/', 1)[-1]} -m runner")

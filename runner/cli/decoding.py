@@ -21,6 +21,7 @@ from runner.cli.common import (
     Threads,
     TrustRemoteCode,
     UsageError,
+    batch_sizes,
     check_run,
     csv,
     decoding_for,
@@ -32,10 +33,10 @@ from runner.cli.common import (
 )
 from runner.engine import models
 from runner.engine.kernels import SKINNY
-from runner.engine.pair import PLAIN, Pair, check_drafts
-from runner.engine.policies import FIXED, warm_ks
+from runner.engine.pair import PLAIN, DraftSpec, Pair, check_drafts
+from runner.engine.policies import FIXED, PolicySpec, warm_ks
 from runner.prompts import Prompt, load_prompts, select_prompts
-from runner.records import RunRecord
+from runner.records import Generation, RunRecord
 from runner.report import print_divergences, print_generation, sweep_table
 from runner.store.runs import in_scratch, list_sweeps, sweep_summary
 from runner.store.schema import StoreError
@@ -69,6 +70,8 @@ def generate(
     trust_remote_code: TrustRemoteCode = False,
     kernels: Kernels = SKINNY,
     threads: Threads = None,
+    batch: Annotated[int, typer.Option(help="decode B copies of the prompt together (each its own sequence), "
+                                            "speculatively and plainly")] = 1,
 ) -> None:
     """Decode one prompt speculatively and plainly; print the text, every round and the summary."""
     try:
@@ -79,7 +82,8 @@ def generate(
         chosen = _chosen_prompt(prompt, prompt_id, prompts)
         check_drafts(target, [spec], trust_remote_code)
         pair = Pair(models.load(target, device, dtype, trust_remote_code), [spec], kernels)
-        cell = Cell(chosen, decoding, spec, k, policy)
+        (size,) = batch_sizes(str(batch))
+        cell = Cell(chosen, decoding, spec, k, policy, batch=(chosen,) * size if size > 1 else ())
         records = _generate(pair, target, cell, seed, max_new_tokens)
     except ValueError as exc:  # ModelError, UsageError and the engine's checks are all ValueErrors
         fail(str(exc))
@@ -116,13 +120,21 @@ def _generate(pair: Pair, target: str, cell: Cell, seed: int, max_new_tokens: in
     if len(ids) + max_new_tokens > pair.target.max_context:
         raise UsageError(f"prompt ({len(ids)} tokens) + max-new-tokens ({max_new_tokens}) exceeds the model's "
                          f"context of {pair.target.max_context} tokens")
-    pair.warm_up([PLAIN, cell.draft], ids, warm_ks([cell.k], [cell.policy]), cell.decoding, max_new_tokens)
+    pair.warm_up([PLAIN, cell.draft], ids, warm_ks([cell.k], [cell.policy]), cell.decoding, max_new_tokens,
+                 (cell.batch_size,))
     context = RunContext(pair, target, "generate", seed, max_new_tokens, provenance={})
     started = datetime.now(UTC).isoformat()
-    baseline = context.record(cell.baseline, pair.run(PLAIN, ids, None, cell.decoding, max_new_tokens, seed),
-                              None, started)
-    run = context.record(cell, pair.run(cell.draft, ids, cell.k, cell.decoding, max_new_tokens, seed, cell.policy),
-                         None, started)
+
+    def first(spec: DraftSpec, k: int | None, policy: PolicySpec) -> Generation:
+        """Alone, or the first sequence of its batch; a batch's throughput is said on stdout."""
+        if not cell.batch:
+            return pair.run(spec, ids, k, cell.decoding, max_new_tokens, seed, policy)
+        batch = pair.run_batch(spec, [ids] * cell.batch_size, k, cell.decoding, max_new_tokens, seed, policy)
+        rate = sum(len(g.output_tokens) for g in batch) / max(g.wall_s for g in batch)
+        stdout.print(f"{spec.text}, {cell.batch_size} sequences together: {rate:.1f} tokens/s in all", highlight=False)
+        return batch[0]
+    baseline = context.record(cell.baseline, first(PLAIN, None, FIXED), None, started)
+    run = context.record(cell, first(cell.draft, cell.k, cell.policy), None, started)
     return baseline, judge(run, (baseline.run_id, baseline.generation.output_tokens), context.classify)
 
 
@@ -156,6 +168,8 @@ def sweep(
              "cluster's address")] = None,
     workers: Annotated[int | None, typer.Option(help="with --ray: actors (default: one per GPU, else one per node)")]
     = None,
+    batch: Annotated[str, typer.Option(help="batch sizes, comma-separated: B > 1 decodes B prompts of a category "
+                                            "together, against plain decoding at B")] = "1",
 ) -> None:
     """Record baseline and speculative runs for every prompt × draft × k into the database."""
     try:
@@ -171,8 +185,10 @@ def sweep(
             decodings=tuple(dict.fromkeys(decoding_for(m, temperature, top_p) for m in mode)),
             prompts=tuple(chosen), max_new_tokens=max_new_tokens, seed=seed, db=db, device=device, dtype=dtype,
             sweep_id=resume, trust_remote_code=trust_remote_code, kernels=kernels, threads=all_threads,
-            policies=policies,
+            policies=policies, batches=batch_sizes(batch),
         )
+        if ray and config.batches != (1,):
+            raise UsageError("--batch above 1 runs in this process only: drop --ray, or sweep --batch 1 on Ray")
         sweep_id, recorder = _record(config, resume, ray, workers)
     except (ValueError, StoreError, ConnectionError) as exc:  # ConnectionError: no Ray cluster at --ray
         fail(str(exc))

@@ -203,14 +203,18 @@ class Pair:
                                   costs)
 
     def warm_up(self, specs: list[DraftSpec], prompt: list[int], ks: tuple[int, ...], decoding: Decoding,
-                max_new_tokens: int) -> None:
-        """One short generation per drafter and k, so one-time costs (allocator growth, kernel choice for each
-        verify width k+1) stay out of the timings: k+2 tokens make the prefill's and one full round of k (no run
-        goes past max_new_tokens, so neither does its warm-up)."""
+                max_new_tokens: int, batches: tuple[int, ...] = (1,)) -> None:
+        """One short generation per drafter, k and batch size, so one-time costs (allocator growth, kernel choice
+        for each verify width k+1) stay out of the timings: k+2 tokens make the prefill's and one full round of k (no
+        run goes past max_new_tokens, so neither does its warm-up). A batch repeats the prompt."""
         for spec in specs:
             for k in [None] if spec.baseline else ks:
-                n = WARMUP_TOKENS if k is None else k + 2
-                self.run(spec, prompt, k, decoding, min(n, max_new_tokens), seed=0)
+                n = min(WARMUP_TOKENS if k is None else k + 2, max_new_tokens)
+                for size in batches:
+                    if size == 1:
+                        self.run(spec, prompt, k, decoding, n, seed=0)
+                    else:
+                        self.run_batch(spec, [prompt] * size, k, decoding, n, seed=0)
 
 
 def _check_embeds(draft: models.Loaded, target: models.Loaded) -> None:

@@ -24,7 +24,8 @@ _ROUND_TYPES = {"run_id": "TEXT", "round": "INTEGER", "k": "INTEGER", "accepted"
                 "thrown": "INTEGER", "bonus": "BOOLEAN", "emitted": "INTEGER", "draft_s": "DOUBLE",
                 "verify_s": "DOUBLE", "draft_tokens": "INTEGER[]", "target_tokens": "INTEGER[]",
                 "draft_parents": "INTEGER[]", "accepted_path": "INTEGER[]", "depth": "INTEGER",
-                "draft_p": "DOUBLE[]", "draft_q": "DOUBLE[]", "draft_u": "DOUBLE[]", "from_residual": "BOOLEAN"}
+                "draft_p": "DOUBLE[]", "draft_q": "DOUBLE[]", "draft_u": "DOUBLE[]", "from_residual": "BOOLEAN",
+                "batch_seqs": "INTEGER"}
 _PROVENANCE = ("torch_version", "transformers_version", "python_version", "host", "git_commit", "device_name")
 
 
@@ -35,7 +36,7 @@ def run_row(record: RunRecord) -> dict[str, object]:
               "mode", "temperature", "top_p", "seed", "max_new_tokens", "device", "dtype", "output_text",
               "baseline_run_id", "lossless", "status", "error", "divergence_at", "divergence_gap",
               "divergence_tolerance", "divergence", "kernels", "threads", "concurrent_workers", "k_policy", "turn",
-              "conversation")
+              "conversation", "batch_size", "batch_slot", "batch_id")
     row = {name: getattr(record, name) for name in fields}
     row["started_at"] = datetime.fromisoformat(record.started_at)
     row["conversation"] = record.conversation or record.prompt_id
@@ -65,7 +66,7 @@ def round_columns(record: RunRecord) -> dict[str, list]:
             "draft_parents": [_listed(r.draft_parents) for r in rounds],
             "accepted_path": [_listed(r.accepted_path) for r in rounds], "depth": [r.depth for r in rounds],
             **{name: [_listed(getattr(r, name)) for r in rounds] for name in ("draft_p", "draft_q", "draft_u")},
-            "from_residual": [r.from_residual for r in rounds]}
+            "from_residual": [r.from_residual for r in rounds], "batch_seqs": [r.batch_seqs for r in rounds]}
 
 
 def _listed(values: tuple | None) -> list | None:

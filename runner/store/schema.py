@@ -17,6 +17,7 @@ from pathlib import Path
 import duckdb
 
 from runner.records import tree_depth
+from runner.store.schema_batches import add_batches
 from runner.store.schema_trainings import add_training_categories, create_trainings
 from runner.store.spec_bench import CONTEXT_STATS
 
@@ -242,6 +243,7 @@ MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     _add_turns,
     add_training_categories,
     _add_sampling_test,
+    add_batches,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

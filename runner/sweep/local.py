@@ -8,10 +8,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from itertools import groupby
 
 import torch
 
-from runner.cells import Cell, PromptIds, RunContext, provenance
+from runner.cells import Cell, PromptIds, RunContext, new_run_id, provenance
 from runner.engine import lossless, models
 from runner.engine.pair import PLAIN, Pair
 from runner.engine.policies import warm_ks
@@ -60,6 +61,28 @@ class CellRunner:
         return Identity(str(target.device), lossless.dtype_name(target.dtype),
                         {p.id: tuple(self.prompt_ids(p)) for p in self.config.prompts})
 
+    def run_batch(self, cells: list[Cell]) -> list[Result]:
+        """Cells of one batch: the whole batch decoded together (every slot, so that a resumed sweep decodes a
+        batch as the first try did), the results of `cells` returned."""
+        first, cfg, started, failure = cells[0], self.config, datetime.now(UTC).isoformat(), None
+        try:
+            generations, error = self.pair.run_batch(
+                first.draft, [self.prompt_ids(p) for p in first.batch], first.k, first.decoding, cfg.max_new_tokens,
+                cfg.seed, first.policy), None
+        except Exception as exc:  # noqa: BLE001 - as in `run`
+            first_line = str(exc).splitlines()[0] if str(exc) else ""
+            generations, error = [None] * first.batch_size, f"{type(exc).__name__}: {first_line}"
+            failure = error if device_error(exc) else None
+        batch_id = new_run_id()
+        return [Result(cell, self.context.record(cell, generations[cell.slot], error, started, batch_id),
+                       device_error=failure) for cell in cells]
+
+    def results(self, cells: list[Cell]) -> Iterator[Result]:
+        """Each cell's result, a batch's cells all at once."""
+        for _, group in groupby(cells, key=lambda c: c.mate(0) if c.batch else c):
+            group = list(group)
+            yield from self.run_batch(group) if group[0].batch else [self.run(group[0])]
+
     def run(self, cell: Cell) -> Result:
         cfg, started, failure = self.config, datetime.now(UTC).isoformat(), None
         try:
@@ -85,7 +108,7 @@ def load_pair(config: SweepConfig, sweep_id: str) -> CellRunner:
     ks = warm_ks(config.ks, config.policies)
     for d in config.decodings:
         runner.pair.warm_up([PLAIN, *config.drafts], runner.prompt_ids(config.prompts[0]), ks, d,
-                            config.max_new_tokens)
+                            config.max_new_tokens, config.batches)
     return runner
 
 
@@ -100,7 +123,7 @@ class LocalSource:
         return self.runner.identity()
 
     def results(self, cells: list[Cell]) -> Iterator[Result]:
-        return map(self.runner.run, cells)
+        return self.runner.results(cells)
 
     def close(self) -> None:
         """Nothing to stop: the models go with the process."""

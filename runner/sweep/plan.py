@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -37,6 +37,7 @@ class SweepConfig:
     kernels: str = "skinny"  # the linears' path on CPU: 'skinny' (measured per shape) or 'stock' (F.linear)
     threads: int | None = None  # torch CPU threads; None leaves torch's setting as it is
     policies: tuple[PolicySpec, ...] = (FIXED,)  # draft-length policies (--k-policy), each with every draft and k
+    batches: tuple[int, ...] = (1,)  # batch sizes (--batch): B > 1 decodes B prompts of a category together
 
     def plan_id(self) -> str:
         """What the sweep records, as a short hash: a sweep is resumable by a later one with the same plan."""
@@ -44,8 +45,10 @@ class SweepConfig:
         # recorded before policies keeps its hash.
         texts = tuple(p.text for p in self.policies)
         policies = () if texts == (FIXED.text,) else (texts,)
+        batches = () if self.batches == (1,) else (("batches", self.batches),)
         return progress.fingerprint(self.target, tuple(d.text for d in self.drafts), self.ks, self.decodings,
-                                    self.prompts, self.max_new_tokens, self.seed, self.device, self.dtype, *policies)
+                                    self.prompts, self.max_new_tokens, self.seed, self.device, self.dtype, *policies,
+                                    *batches)
 
 
 def interleaved(prompts: tuple[Prompt, ...]) -> list[Prompt]:
@@ -60,14 +63,38 @@ def interleaved(prompts: tuple[Prompt, ...]) -> list[Prompt]:
 
 
 def plan(config: SweepConfig) -> Iterator[Cell]:
-    """Baseline first, so each speculative run can be checked against it as soon as it finishes. A policy a draft
-    cannot follow (`skipped`) is left out for that draft."""
-    for prompt in interleaved(config.prompts):
-        for decoding in config.decodings:
-            yield Cell(prompt, decoding, PLAIN, None)
-            for draft in config.drafts:
-                for policy in (p for p in config.policies if p.applies_to(draft.kind)):
-                    yield from (Cell(prompt, decoding, draft, k, policy) for k in config.ks)
+    """Baseline first, so each speculative run can be checked against it as soon as it finishes; at batch B, the B
+    plain runs of a batch first, then each draft's B runs. A policy a draft cannot follow (`skipped`) is left out
+    for that draft."""
+    for size in config.batches:
+        for prompts in [(p,) for p in interleaved(config.prompts)] if size == 1 else batches_of(config.prompts, size):
+            for decoding in config.decodings:
+                yield from _batch(Cell(prompts[0], decoding, PLAIN, None), prompts)
+                for draft in config.drafts:
+                    for policy in (p for p in config.policies if p.applies_to(draft.kind)):
+                        for k in config.ks:
+                            yield from _batch(Cell(prompts[0], decoding, draft, k, policy), prompts)
+
+
+def _batch(cell: Cell, prompts: tuple[Prompt, ...]) -> Iterator[Cell]:
+    """The cell alone, or one cell per slot of its batch."""
+    if len(prompts) == 1:
+        yield cell
+    else:
+        yield from (replace(cell, batch=prompts).mate(slot) for slot in range(len(prompts)))
+
+
+def batches_of(prompts: tuple[Prompt, ...], size: int) -> list[tuple[Prompt, ...]]:
+    """Each category's prompts, `size` at a time in order, its first ones reused in turn to fill its last batch (all
+    of its batches, when it has fewer than `size`); the first batch of every category, then the second of each, …"""
+    by_category: dict[str, list[Prompt]] = {}
+    for prompt in prompts:
+        by_category.setdefault(prompt.category, []).append(prompt)
+    ranked = []
+    for position, group in enumerate(by_category.values()):
+        for j in range(-(-len(group) // size)):
+            ranked.append((j, position, tuple(group[(j * size + s) % len(group)] for s in range(size))))
+    return [batch for *_, batch in sorted(ranked, key=lambda item: item[:2])]
 
 
 def skipped(config: SweepConfig) -> list[str]:
