@@ -1,8 +1,8 @@
 """specdash dashboard: `streamlit run dashboard/app.py [-- --db runs.duckdb]` (or set SPECDASH_DB).
 
-The router: page config, the navigation, and where the database is. Each page is its own file so
-that every page keeps its URL (/ for the Overview, /compare, /replay, /bench, /trained, /sql, /spec-bench) and its
-state in the query string.
+The router: page config, the navigation, and where the database is. Each page is its own file so that every page
+keeps its URL (/ for the Overview, /compare, /replay, /bench, /trained, /sql, /spec-bench, /batches) and its state in
+the query string.
 """
 
 import sys
@@ -26,6 +26,7 @@ page = st.navigation([
     st.Page("trained.py", title="Trained drafts", icon=":material/model_training:", url_path="trained"),
     st.Page("sql_page.py", title="SQL", icon=":material/database:", url_path="sql"),
     st.Page("spec_bench_page.py", title="Spec-Bench", icon=":material/table_chart:", url_path="spec-bench"),
+    st.Page("batches_page.py", title="Batches", icon=":material/stacks:", url_path="batches"),
 ])
 st.sidebar.caption(f"database: `{common.db_path()}`")
 common.recording_banner()

@@ -224,3 +224,19 @@ def position_title(drafts: set[str], trees: set[str]) -> str:
     if drafts and drafts <= trees:
         return "depth (level of the tree)"
     return "draft position / tree depth" if drafts & trees else "draft position"
+
+
+def by_batch_size(frame: pd.DataFrame, y: str, title: str) -> alt.FacetChart:
+    """Per category: `y` against batch size, a line per series (draft · k · policy, and plain decoding)."""
+    base = alt.Chart(frame)
+    x = alt.X("batch_size:Q", title="batch size (sequences decoded together)",
+              scale=alt.Scale(type="log", base=2), axis=alt.Axis(format="d"))
+    tips = ["series:N", "category:N", "batch_size:Q", "runs:Q", "batches:Q",
+            alt.Tooltip("speedup:Q", format=".2f"), alt.Tooltip("tokens_per_s_per_seq:Q", format=".1f"),
+            alt.Tooltip("tokens_per_s_per_batch:Q", format=".1f")]
+    lines = base.mark_line(point=True).encode(x, alt.Y(f"{y}:Q", title=title),
+                                              alt.Color("series:N", title="draft · k · policy", scale=_SCHEME),
+                                              tooltip=tips)
+    layers = [lines, _rule_at_one(base, ["category"])] if y == "speedup" else [lines]
+    return alt.layer(*layers).properties(**PANEL).facet(facet=alt.Facet("category:N", title=None),
+                                                        columns=FACET_COLUMNS)

@@ -98,10 +98,11 @@ def test_an_older_file_is_upgraded_on_a_copy_and_merged(sources, tmp_path):
         migrate(con, to_version=4)  # before run_totals and concurrent_workers existed
         con.execute(f"ATTACH '{a}' AS a (READ_ONLY)")
         con.execute("INSERT INTO runs BY NAME SELECT * EXCLUDE (concurrent_workers, divergence_at, divergence_gap, "
-                    "divergence_tolerance, divergence, kernels, threads, k_policy, turn, conversation) "
+                    "divergence_tolerance, divergence, kernels, threads, k_policy, turn, conversation, batch_size, "
+                    "batch_slot, batch_id) "
                     "REPLACE ('old-' || run_id AS run_id) FROM a.runs")
         con.execute("INSERT INTO rounds BY NAME SELECT * EXCLUDE (draft_parents, accepted_path, depth, draft_p, "
-                    "draft_q, draft_u, from_residual) "
+                    "draft_q, draft_u, from_residual, batch_seqs) "
                     "REPLACE ('old-' || run_id AS run_id) FROM a.rounds")
     before = old.read_bytes()
     into = tmp_path / "all.duckdb"

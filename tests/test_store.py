@@ -121,7 +121,7 @@ def test_runs_and_rounds_have_the_documented_columns(db):
         "temperature", "top_p", "seed", "device", "dtype", "new_tokens", "n_rounds", "accepted", "rejected",
         "thrown", "drafted", "alpha", "tau", "thrown_share", "tokens_per_s", "baseline_tokens_per_s",
         "measured_speedup", "target_pass_s", "verify_pass_s", "draft_token_s", "c", "theoretical_speedup",
-        "lossless", "divergence", "kernels", "threads", "k_policy"]
+        "lossless", "divergence", "kernels", "threads", "k_policy", "batch_size"]
     assert query(db, "SELECT version, name FROM schema_migrations ORDER BY version") == [
         (1, "create_runs_and_rounds"), (2, "create_run_stats"), (3, "add_device_name"), (4, "create_bench_results"),
         (5, "create_run_totals"), (6, "add_divergence"), (7, "add_kernels_and_threads"), (8, "define_metrics"),

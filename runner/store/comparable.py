@@ -2,7 +2,7 @@
 
 A speedup depends on more than the draft: the kernels and threads change the pass itself, the mode and temperature
 the acceptance, and an easy prompt lifts any cell that ran it. So the answers are per **setup** (target, device,
-kernels, threads, mode, temperature, top-p), never pooled across setups, and within a setup × category every
+kernels, threads, mode, temperature, top-p, batch size), never pooled across setups, and within a setup × category every
 (draft, k, policy) cell is judged on the **common prompts**: those that the most selected cells of that setup ×
 category ran (with a baseline to measure against), which is all of them when they share any. A cell that missed one
 is left out and named (`left_out`). Baselines are kept to the same prompts.
@@ -17,7 +17,7 @@ import pandas as pd
 
 from runner.store.metrics import Filters
 
-SETUP = ("target", "device", "kernels", "threads", "mode", "temperature", "top_p")
+SETUP = ("target", "device", "kernels", "threads", "mode", "temperature", "top_p", "batch_size")
 # NULL never matches in a join: runs recorded before kernels or threads existed get a stand-in value.
 _NORMALISED = "coalesce(kernels, 'not recorded') AS kernels, coalesce(threads, 0) AS threads"
 _KEYS = ", ".join(SETUP)
@@ -110,7 +110,8 @@ def setup_label(row: pd.Series, several_targets: bool = False) -> str:
     threads = "threads not recorded" if row["threads"] == 0 else f"{int(row['threads'])} thread" + (
         "s" * (row["threads"] > 1))
     target = f"{row['target']} · " if several_targets else ""
-    return f"{target}{mode} · {row['kernels']} kernels · {threads} · {row['device']}"
+    batch = f" · batch {int(row['batch_size'])}" if row.get("batch_size", 1) > 1 else ""
+    return f"{target}{mode} · {row['kernels']} kernels · {threads} · {row['device']}{batch}"
 
 
 def labelled(frame: pd.DataFrame) -> pd.Series:

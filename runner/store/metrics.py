@@ -16,7 +16,7 @@ import pandas as pd
 
 CELL = ("target", "mode", "category", "draft", "k", "k_policy")  # the Overview's cell: a line per draft, k, policy
 # What changes the target's pass itself: cells and curves the dashboard draws are kept apart by these too.
-PASS_SETUP = ("device", "kernels", "threads")
+PASS_SETUP = ("device", "kernels", "threads", "batch_size")
 K_RANGE = 16  # the formula's best k is looked for in 1..K_RANGE
 ALPHA_STEPS = 50  # the formula's curve over α in [0, 1]: fine enough to look smooth, few rows
 RUNS_ONLY = ("host", "concurrent_workers")  # filters on `runs` columns that run_stats does not carry
@@ -38,6 +38,7 @@ class Filters:
     host: tuple[str, ...] = ()
     concurrent_workers: tuple[int, ...] = ()
     k_policy: tuple[str, ...] = ()
+    batch_size: tuple[int, ...] = ()
 
     def where(self, alias: str = "", skip: tuple[str, ...] = ()) -> tuple[str, list]:
         """A SQL condition (always valid, 'true' when nothing is picked) and its parameters."""

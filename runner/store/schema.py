@@ -1,10 +1,9 @@
 """The schema of runs.duckdb: an ordered list of migrations, `schema_migrations` recording which ran, and the
 version check that refuses foreign and newer files.
 
-Append new migrations; never edit one that has shipped. A view's SQL is a template that more than one migration
-may create it from (`RUN_STATS`: migrations 8 and 11), so changing a template changes what those migrations make
-on a new file but not on a file that already ran them: a change to a view needs a new migration that re-creates it,
-and the template then serves the migrations before it as well (each re-creates the view whole; the newest wins).
+Append new migrations; never edit one that has shipped. A view's SQL is a template that several migrations may
+create it from (`RUN_STATS`: 8, 11, 19), so a template's change reaches new files only: a change to a view needs a
+new migration that re-creates it, and the template then serves the migrations before it as well (the newest wins).
 Column names are the public SQL contract (README, "Schema").
 """
 
@@ -17,7 +16,7 @@ from pathlib import Path
 import duckdb
 
 from runner.records import tree_depth
-from runner.store.schema_batches import add_batches
+from runner.store.schema_batches import BATCH_STATS, batch_columns
 from runner.store.schema_trainings import add_training_categories, create_trainings
 from runner.store.spec_bench import CONTEXT_STATS
 
@@ -224,6 +223,13 @@ def _add_sampling_test(con: duckdb.DuckDBPyConnection) -> None:
         con.execute(f"ALTER TABLE rounds ADD COLUMN {column} {kind}")
 
 
+
+def _add_batches(con: duckdb.DuckDBPyConnection) -> None:
+    batch_columns(con)
+    con.execute(RUN_STATS.format(more=", k_policy, batch_size"))  # a batch's size changes the target's pass itself
+    con.execute(BATCH_STATS)
+
+
 MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     _create_runs_and_rounds,
     _create_run_stats,
@@ -243,7 +249,7 @@ MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     _add_turns,
     add_training_categories,
     _add_sampling_test,
-    add_batches,
+    _add_batches,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -1,4 +1,5 @@
-"""The migration of batched runs (runner/engine/batch.py), kept beside `schema.py`, which lists it in MIGRATIONS."""
+"""Batched runs (runner/engine/batch.py) in the schema: their columns and `batch_stats`, which `schema.py`'s
+migration `add_batches` creates (it is kept here to keep that file short)."""
 
 from __future__ import annotations
 
@@ -25,11 +26,10 @@ BATCH_STATS = """CREATE OR REPLACE VIEW batch_stats AS
     FROM batches GROUP BY ALL"""
 
 
-def add_batches(con: duckdb.DuckDBPyConnection) -> None:
+def batch_columns(con: duckdb.DuckDBPyConnection) -> None:
     # Runs decoded together: how many (1 for every run before), the batch they share and each one's place in it;
     # per round, the sequences still in its shared pass.
     con.execute("ALTER TABLE runs ADD COLUMN batch_size INTEGER DEFAULT 1")
     con.execute("ALTER TABLE runs ADD COLUMN batch_slot INTEGER DEFAULT 0")
     con.execute("ALTER TABLE runs ADD COLUMN batch_id TEXT")
     con.execute("ALTER TABLE rounds ADD COLUMN batch_seqs INTEGER DEFAULT 1")
-    con.execute(BATCH_STATS)

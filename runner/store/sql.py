@@ -182,6 +182,11 @@ SELECT target, mode, category, draft, k_policy, k AS start_k, round(speedup, 3) 
        round(best_fixed, 3) AS best_fixed, round(speedup / best_fixed, 3) AS of_best_fixed
 FROM cells JOIN best USING (target, mode, category, draft) WHERE k_policy <> 'fixed'
 ORDER BY target, mode, draft, k_policy, start_k, category""",
+    "speedup by batch size (where speculation stops paying)": """\
+SELECT draft, k, k_policy, category, batch_size, sum(runs) AS runs, round(avg(measured_speedup), 2) AS speedup,
+       round(avg(tokens_per_s_per_batch), 1) AS batch_tokens_per_s
+FROM batch_stats WHERE draft <> 'none'
+GROUP BY ALL ORDER BY draft, k, k_policy, category, batch_size""",
     "acceptance by context length": """\
 SELECT draft, category, context_from, sum(rounds) AS rounds, alpha(sum(accepted), sum(rejected)) AS alpha,
        tau(sum(emitted), sum(rounds)) AS tau

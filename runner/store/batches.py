@@ -1,0 +1,71 @@
+"""How the gain changes as sequences share the target: speedup and throughput against batch size, per setup × draft
+× k × policy × category; where speculation stops paying (the crossover); the best k at each batch size.
+
+Each run's speedup is against plain decoding of the same prompts at the same batch size (`run_stats`); they pool by
+geometric mean, as every speedup does. A batch's throughput is its new tokens over its slowest member's wall time.
+"""
+
+from __future__ import annotations
+
+import duckdb
+import pandas as pd
+
+from runner.store.comparable import choice
+from runner.store.metrics import Filters
+
+SETUP = ("target", "mode", "temperature", "top_p", "device", "kernels", "threads")
+CURVE = (*SETUP, "draft", "k", "k_policy", "category", "batch_size")
+
+
+def curve(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
+    """Per `CURVE` key (plain decoding too, its k and k_policy NULL): runs, batches, the speedup's geometric mean,
+    tokens/s per sequence (mean over runs) and per batch (mean over batches: each holds batch_size runs)."""
+    where, params = filters.where("r.", skip=("draft", "k", "k_policy", "batch_size"))
+    return con.execute(f"""
+        WITH picked AS (
+            SELECT {", ".join(f"r.{key}" for key in CURVE)}, coalesce(r.batch_id, r.run_id) AS batch,
+                   s.measured_speedup, s.tokens_per_s,
+                   sum(r.new_tokens) OVER batch / nullif(max(r.wall_s) OVER batch, 0) AS per_batch
+            FROM runs r JOIN run_stats s USING (run_id) WHERE {where}
+            WINDOW batch AS (PARTITION BY coalesce(r.batch_id, r.run_id)))
+        SELECT {", ".join(CURVE)}, count(*) AS runs, count(DISTINCT batch) AS batches,
+               geomean(measured_speedup) AS speedup, avg(tokens_per_s) AS tokens_per_s_per_seq,
+               avg(per_batch) AS tokens_per_s_per_batch
+        FROM picked GROUP BY ALL ORDER BY ALL""", params).df()
+
+
+def crossovers(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per setup × draft × k × policy × category with speedups measured: the batch sizes, the smallest one at which
+    the speedup is below 1 after paying at a smaller one (`crossover`), and that in words (`pays`)."""
+    drafts = frame[frame["draft"] != "none"].dropna(subset=["speedup"])
+    rows = []
+    for key, group in drafts.groupby([*SETUP, "draft", "k", "k_policy", "category"], dropna=False, sort=True):
+        group = group.sort_values("batch_size")
+        sizes, speedups = group["batch_size"].tolist(), group["speedup"].tolist()
+        below = [b for b, s in zip(sizes, speedups, strict=True) if s < 1]
+        paid = [b for b, s in zip(sizes, speedups, strict=True) if s >= 1]
+        crossover = next((b for b in below if paid and b > min(paid)), None)
+        if not paid:
+            pays = f"never: below 1× from batch {sizes[0]}"
+        elif crossover is None:
+            pays = f"at every batch measured (to {sizes[-1]})"
+        else:
+            pays = f"up to batch {max(b for b in paid if b < crossover)}; below 1× at {crossover}"
+        rows.append(dict(zip([*SETUP, "draft", "k", "k_policy", "category"], key, strict=True))
+                    | {"batch_sizes": sizes, "crossover": crossover, "pays": pays})
+    return pd.DataFrame(rows)
+
+
+def best_k_by_batch(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per setup × draft × category, a column per batch size: the k and policy with the best speedup there and that
+    speedup, e.g. 'k=2 · fixed (1.31×)': the table a serving engine's draft length per batch size takes."""
+    drafts = frame[frame["draft"] != "none"].dropna(subset=["speedup"])
+    if drafts.empty:
+        return pd.DataFrame()
+    best = drafts.sort_values("speedup", ascending=False).drop_duplicates([*SETUP, "draft", "category", "batch_size"])
+    best = best.assign(best=[f"{choice(k, policy)} ({s:.2f}×)" for k, policy, s in
+                             best[["k", "k_policy", "speedup"]].itertuples(index=False)])
+    table = best.pivot_table(index=[*SETUP, "draft", "category"], columns="batch_size", values="best",
+                             aggfunc="first")
+    table.columns = [f"batch {int(b)}" for b in table.columns]
+    return table.reset_index()

@@ -1,0 +1,116 @@
+"""Speedup and throughput against batch size (runner/store/batches.py) and the Batches page, over the hand-built
+database plus batches whose numbers are chosen by hand.
+
+ngram k=2 on the two code prompts: alone (the fixture) 2.0× and 4.0×, geometric mean √8 = 2.83×. At batch 2 the
+plain batch takes 1.5 s for 12 tokens each; ngram's members take 1.0 s and 1.2 s: speedups 1.5× and 1.25×, geometric
+mean √1.875 = 1.37×, and 24 tokens / 1.2 s = 20 tokens/s per batch (plain: 24 / 1.5 = 16). At batch 4 every plain
+member takes 2.0 s and every ngram member 2.5 s: 0.8×. So ngram k=2 pays up to batch 2 and is below 1× at 4.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import duckdb
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from dashboard_fixtures import baseline_record, build, speculative_record
+from runner.store import batches
+from runner.store.metrics import Filters
+from runner.store.runs import write_run
+
+APP = str(Path(__file__).resolve().parent.parent / "dashboard" / "app.py")
+CODE = ["code-01", "code-02"]
+
+
+def _member(record, run_id: str, wall_s: float, size: int, slot: int, batch_id: str, baseline: str | None):
+    return replace(record, run_id=run_id, generation=replace(record.generation, wall_s=wall_s), batch_size=size,
+                   batch_slot=slot, batch_id=batch_id, baseline_run_id=baseline)
+
+
+def add_batches(db: Path) -> Path:
+    for size, plain_s, ngram_s in ((2, [1.5, 1.5], [1.0, 1.2]), (4, [2.0] * 4, [2.5] * 4)):
+        for slot in range(size):
+            prompt = CODE[slot % 2]
+            base = f"b{size}-none-{slot}"
+            write_run(db, _member(baseline_record(prompt), base, plain_s[slot], size, slot, f"b{size}-none", None))
+            spec = speculative_record("x", prompt, "ngram", 2, [2, 2, 2, 2], 1.0)
+            write_run(db, _member(spec, f"b{size}-ng-{slot}", ngram_s[slot], size, slot, f"b{size}-ng", base))
+    return db
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return add_batches(build(tmp_path_factory.mktemp("batches") / "runs.duckdb"))
+
+
+@pytest.fixture(scope="module")
+def curve(db: Path):
+    with duckdb.connect(str(db), read_only=True) as con:
+        frame = batches.curve(con, Filters(category=("code",)))
+    return frame
+
+
+def row(frame, draft: str, size: int):
+    picked = frame[(frame["draft"] == draft) & (frame["batch_size"] == size) & (frame["k"].fillna(0) != 4)]
+    assert len(picked) == 1
+    return picked.iloc[0]
+
+
+def test_the_curve_gives_speedup_and_throughput_per_batch_size(curve):
+    assert row(curve, "ngram", 1)["speedup"] == pytest.approx(math.sqrt(8))
+    two = row(curve, "ngram", 2)
+    assert (two["runs"], two["batches"]) == (2, 1)
+    assert two["speedup"] == pytest.approx(math.sqrt(1.5 * 1.25))
+    assert two["tokens_per_s_per_batch"] == pytest.approx(24 / 1.2)
+    assert two["tokens_per_s_per_seq"] == pytest.approx((12 / 1.0 + 12 / 1.2) / 2)
+    assert row(curve, "none", 2)["tokens_per_s_per_batch"] == pytest.approx(16)
+    assert math.isnan(row(curve, "none", 2)["speedup"])
+    assert row(curve, "ngram", 4)["speedup"] == pytest.approx(0.8)
+    assert row(curve, "ngram", 4)["tokens_per_s_per_batch"] == pytest.approx(48 / 2.5)
+
+
+def test_the_crossover_is_the_first_batch_size_below_one_after_paying(curve):
+    cross = batches.crossovers(curve).set_index(["draft", "k"])
+    assert list(cross.loc[("ngram", 2), "batch_sizes"]) == [1, 2, 4]
+    assert cross.loc[("ngram", 2), "crossover"] == 4
+    assert cross.loc[("ngram", 2), "pays"] == "up to batch 2; below 1× at 4"
+    assert cross.loc[("ngram", 4), "pays"] == "at every batch measured (to 1)"  # k=4 ran alone only
+    assert math.isnan(cross.loc[("layerskip:2", 2), "crossover"])
+
+
+def test_the_best_k_table_has_a_column_per_batch_size(curve):
+    table = batches.best_k_by_batch(curve)
+    ngram = table[table["draft"] == "ngram"].iloc[0]
+    # alone, k=2 (2.83×) beats k=4 (2.40×, code-01 only)
+    assert (ngram["batch 1"], ngram["batch 2"], ngram["batch 4"]) == (
+        "k=2 · fixed (2.83×)", "k=2 · fixed (1.37×)", "k=2 · fixed (0.80×)")
+
+
+def test_batch_stats_and_the_sql_example_agree_with_the_curve(db):
+    with duckdb.connect(str(db), read_only=True) as con:
+        got = con.execute("""SELECT batches, runs, measured_speedup, tokens_per_s_per_batch FROM batch_stats
+                             WHERE draft = 'ngram' AND batch_size = 2""").fetchall()
+    assert got == [(1, 2, pytest.approx((1.5 + 1.25) / 2), pytest.approx(20.0))]
+
+
+def test_the_batches_page_draws_both_curves_and_names_the_crossover(monkeypatch, db):
+    monkeypatch.setenv("SPECDASH_DB", str(db))
+    at = AppTest.from_file(APP, default_timeout=30)
+    at.run()
+    at.switch_page("batches_page.py")
+    at.query_params.update({"category": "code"})
+    at.run()
+    assert not at.exception
+    charts = at.get("vega_lite_chart")
+    titles = [json.loads(c.proto.spec)["spec"]["layer"][0]["encoding"]["y"]["title"] for c in charts]
+    assert titles == ["speedup over plain decoding at the same batch size", "tokens/s per batch"]
+    tables = [t.value for t in at.dataframe]
+    pays = tables[0].set_index(["draft", "k", "category"])["pays"]
+    assert pays[("ngram", 2, "code")] == "up to batch 2; below 1× at 4"
+    best = tables[1].set_index(["draft", "category"])
+    assert best.loc[("ngram", "code"), "batch 2"] == "k=2 · fixed (1.37×)"
