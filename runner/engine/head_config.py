@@ -21,8 +21,8 @@ ID_KEYS = (IDS, f"eagle_config.{IDS}")
 # config key -> HeadConfig field, for the flags that change what the head computes
 FLAGS = {"norm_before_residual": "norm_before_residual", "norm_before_fc": "norm_before_fc", "fc_norm": "fc_norm",
          "norm_output": "norm_output", "bias": "fc_bias", "attention_bias": "attention_bias"}
-# Flags refused: what they would change is not implemented here.
-REFUSED = {"mlp_bias": "biases in the MLP, which no EAGLE-3 implementation builds"}
+# Flags refused: the engines do not agree on them (vLLM's layer would build MLP biases, SGLang's would not).
+REFUSED = {"mlp_bias": "MLP biases"}
 
 
 class HeadError(ModelError):
@@ -85,7 +85,7 @@ class HeadConfig:
         hidden, heads = int(obj["hidden_size"]), int(obj["num_attention_heads"])
         for key, why in REFUSED.items():
             if obj.get(key):
-                raise HeadError(f"{key} is set: {why}; not supported")
+                raise HeadError(f"{key} is set: {why} are not supported")
         aux_key, aux = _layer_ids(obj)
         rope = {name: obj[name] for name in ROPE_KEYS if obj.get(name)} or {"rope_theta": 10000.0}
         return cls(

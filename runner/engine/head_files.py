@@ -97,12 +97,12 @@ def _config(path: Path) -> HeadConfig:
         raise HeadError(f"{path / CONFIG}: expected a JSON object")
     try:
         config = HeadConfig.from_json(obj)
+    except HeadError as refused:
+        raise HeadError(f"{path / CONFIG}: {refused}") from None
     except KeyError as missing:
         raise HeadError(f"{path / CONFIG}: missing {missing}") from None
     except (TypeError, ValueError, AttributeError):
         raise HeadError(f"{path / CONFIG}: a field has the wrong type") from None
-    except HeadError as refused:
-        raise HeadError(f"{path / CONFIG}: {refused}") from None
     if config.aux_layer_ids is not None and len(config.aux_layer_ids) != READS:
         raise HeadError(f"{path / CONFIG}: {config.aux_key} must name {READS} layers, it names "
                         f"{len(config.aux_layer_ids)}")
