@@ -34,11 +34,17 @@ def drafted(tiny: models.Loaded, path: Path, k: int = 3, dtype: torch.dtype = to
     head = head_files.load(checked, tiny.model.get_input_embeddings(), tiny.device, dtype)
     tokens = torch.tensor(PROMPT)
     with torch.inference_mode():
-        _, features = hidden_states.forward(tiny.model, head.target_layers, input_ids=tokens[None, :-1])
+        features = target_features(tiny, head.target_layers, tokens[:-1])
         drafter = EagleDrafter(head, SAMPLE, torch.Generator().manual_seed(0))
         drafter.prefill(tokens, features[0], None)
         draft = drafter.propose(tokens, k)
     return checked, draft.tokens, draft.q
+
+
+def target_features(tiny: models.Loaded, layers: tuple[int, ...], tokens: torch.Tensor) -> torch.Tensor:
+    """(1, T, 3·H) the target's hidden states at `layers`, as a verify pass reads them."""
+    with hidden_states.reading(tiny.model, layers) as features_of:
+        return features_of(tiny.model(input_ids=tokens[None], output_hidden_states=True))
 
 
 def with_ids(config: dict, top: list[int] | None = None, nested: list[int] | None = None) -> dict:
@@ -116,9 +122,10 @@ def test_sglangs_rule_and_vllms_key_order_on_a_32_layer_target():
 def test_the_last_layers_output_is_read_before_the_final_norm(tiny):
     seen: list[torch.Tensor] = []
     hook = tiny.model.model.layers[-1].register_forward_hook(lambda _m, _a, output: seen.append(output))
-    with torch.inference_mode():
-        out, features = hidden_states.forward(tiny.model, (0, 4), input_ids=torch.tensor([PROMPT]))
+    with torch.inference_mode(), hidden_states.reading(tiny.model, (0, 4)) as features_of:
+        out = tiny.model(input_ids=torch.tensor([PROMPT]), output_hidden_states=True)
     hook.remove()
+    features = features_of(out)
     assert torch.equal(features[..., :64], out.hidden_states[0]) and torch.equal(features[..., 64:], seen[0])
     normed = tiny.model.model.norm(seen[0])
     assert torch.equal(out.hidden_states[4], normed) and not torch.allclose(seen[0], normed)  # what HF's [4] is
@@ -198,7 +205,7 @@ def test_each_variant_drafts_what_the_written_out_forward_computes(tiny, tmp_pat
     t = {n: v.double() for n, v in tensors.items() if v.is_floating_point()}
     t.setdefault("embed_tokens.weight", tiny.model.get_input_embeddings().weight.double())
     with torch.inference_mode():
-        _, features = hidden_states.forward(tiny.model, checked.layers, input_ids=torch.tensor([PROMPT[:-1]]))
+        features = target_features(tiny, checked.layers, torch.tensor(PROMPT[:-1]))
     scores = two_drafts(t, config, features[0].double(), torch.tensor(PROMPT), int(tokens[0]))
     for step, expected_scores in enumerate(scores):
         expected = torch.zeros(VOCAB, dtype=torch.float64)
@@ -241,8 +248,8 @@ def refused_heads(root: Path) -> dict[str, tuple[Path, str]]:
          c=narrow, t={n: v for n, v in variant_tensors(narrow, 0).items() if n != "embed_tokens.weight"})
     case("two layer ids", "{p}/config.json: eagle_config.eagle_aux_hidden_state_layer_ids must name 3 layers, it "
          "names 2", c=with_ids(config, nested=[2, 3]))
-    case("a layer past the target's", "{p}: the head reads hidden states [2, 3, 5], the target has 4 layers (0 to "
-         "4)", c=with_ids(config, top=[2, 3, 5]))
+    case("a layer past the target's", "{p}: the head reads hidden states [2, 3, 5], the target has 4 layers, so "
+         "hidden states 0 to 4", c=with_ids(config, top=[2, 3, 5]))
     case("a flag that is not a boolean", "{p}/config.json: a field has the wrong type", c=config | {"bias": "yes"})
     case("no d2t", "{p}: no tensor d2t, which a draft vocabulary smaller than the target's needs",
          t={n: v for n, v in tensors.items() if n not in ("d2t", "t2d")})

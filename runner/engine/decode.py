@@ -81,13 +81,14 @@ class Target:
     def prefill(self, tokens: Tensor, layers: tuple[int, ...] = (),
                 top: int = 0) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """One pass over the whole prompt: the logits (V,) of the first new token, the `layers` hidden states of its
-        positions (P, n·H) (`hidden_states.forward`), and with `top` the target's `top` likeliest tokens at every
+        positions (P, n·H) (`hidden_states.reading`), and with `top` the target's `top` likeliest tokens at every
         prompt position (P, top), else None."""
-        out, features = hidden_states.forward(self.model, layers, input_ids=tokens[None], cache=self.cache,
-                                              use_cache=True, logits_to_keep=tokens.numel() if top else 1)
+        with hidden_states.reading(self.model, layers) as features_of:
+            out = self.model(input_ids=tokens[None], cache=self.cache, use_cache=True,
+                             logits_to_keep=tokens.numel() if top else 1, output_hidden_states=bool(layers))
         crop_to(self.cache, tokens.numel())  # trims sliding-window layers back to their window
         logits = out.logits[0, :, : self.vocab]
-        return logits[-1], _row(features), logits.topk(top, dim=-1).indices if top else None
+        return logits[-1], _row(features_of(out)), logits.topk(top, dim=-1).indices if top else None
 
     def verify(self, fed: Tensor, layers: tuple[int, ...] = (),
                parents: tuple[int, ...] | None = None) -> tuple[Tensor, Tensor | None]:
@@ -99,10 +100,12 @@ class Target:
             trees.check_cache(self.cache)
             mask = trees.attention_mask(parents, self.length, self.model.dtype, fed.device)  # (1, 1, T, past + T)
             positions = trees.position_ids(parents, self.length, fed.device)  # (1, T)
-        out, features = hidden_states.forward(self.model, layers, input_ids=fed[None], attention_mask=mask,
-                                              position_ids=positions, cache=self.cache, use_cache=True,
-                                              logits_to_keep=fed.numel())
-        return out.logits[0, :, : self.vocab], _row(features)
+        with hidden_states.reading(self.model, layers) as features_of:
+            out = self.model(
+                input_ids=fed[None], attention_mask=mask, position_ids=positions, cache=self.cache, use_cache=True,
+                logits_to_keep=fed.numel(), output_hidden_states=bool(layers),
+            )
+        return out.logits[0, :, : self.vocab], _row(features_of(out))
 
     @property
     def length(self) -> int:

@@ -151,7 +151,7 @@ def _check_target(path: Path, config: HeadConfig, shapes: dict[str, tuple[int, .
     layers = config.hidden_layers(target.num_hidden_layers)
     if not all(0 <= i <= target.num_hidden_layers for i in layers):
         raise HeadError(f"{path}: the head reads hidden states {list(layers)}, the target has "
-                        f"{target.num_hidden_layers} layers (0 to {target.num_hidden_layers})")
+                        f"{target.num_hidden_layers} layers, so hidden states 0 to {target.num_hidden_layers}")
     return layers
 
 

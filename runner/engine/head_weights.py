@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,8 +52,7 @@ class Weights:
 
     @property
     def described(self) -> str:
-        return self.layout if len(self.files) == 1 and INDEX not in self.layout else \
-            f"{self.layout} ({len(self.files)} shards)"
+        return f"{self.layout} ({len(self.files)} shards)" if self.layout.endswith(INDEX) else self.layout
 
 
 def find(path: Path) -> Weights:
@@ -81,7 +81,7 @@ def _shards(path: Path, layout: str) -> tuple[Path, ...]:
         names = sorted(set(weight_map.values()))
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError):
         raise HeadError(f"{index}: not an index of shards (a JSON object with a weight_map)") from None
-    if not names or not all(isinstance(n, str) and "/" not in n and n != ".." for n in names):
+    if not names or not all(isinstance(n, str) and "/" not in n for n in names):
         raise HeadError(f"{index}: its weight_map names no shard files beside it")
     missing = [n for n in names if not (path / n).is_file()]
     if missing:
@@ -103,7 +103,8 @@ def _read(path: Path, mmap: bool) -> dict[str, Tensor]:
         except (SafetensorError, OSError, ValueError):
             raise HeadError(f"{path}: not a readable safetensors file") from None
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+        # mapped when it can be: only the zip format torch.save writes since 1.6 maps
+        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap and zipfile.is_zipfile(path))
     except (pickle.UnpicklingError, RuntimeError, OSError, EOFError, ValueError):
         raise HeadError(f"{path}: not a PyTorch state dict of plain tensors (read with weights_only)") from None
     if not isinstance(obj, dict) or not all(isinstance(k, str) and isinstance(v, Tensor) for k, v in obj.items()):

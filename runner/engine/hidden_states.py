@@ -7,6 +7,9 @@ state the LM head reads, while EAGLE-3 heads (and vLLM, SGLang) read the residua
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
 import torch
 from torch import Tensor, nn
 from transformers.utils import ModelOutput
@@ -14,21 +17,25 @@ from transformers.utils import ModelOutput
 from runner.engine.models import ModelError
 
 
-def forward(model: nn.Module, layers: tuple[int, ...], **inputs: object) -> tuple[ModelOutput, Tensor | None]:
-    """`model(**inputs)`, and the hidden states `layers` asks for side by side, (B, T, len(layers)·H); None when it
-    asks for none (the pass then keeps no hidden states at all)."""
-    if not layers:
-        return model(**inputs), None
+@contextmanager
+def reading(model: nn.Module, layers: tuple[int, ...]) -> Iterator[Callable[[ModelOutput], Tensor | None]]:
+    """Around one forward pass of `model`, run with `output_hidden_states=bool(layers)`: yields what takes its
+    output to the `layers` hidden states side by side, (B, T, len(layers)·H), or None when `layers` is empty."""
     last = model.config.get_text_config().num_hidden_layers
-    seen: list[Tensor] = []
+    seen: list[Tensor] = []  # the final norm's input: the last layer's output
     hook = _final_norm(model).register_forward_pre_hook(lambda _, args: seen.append(args[0])) if last in layers \
         else None
+
+    def features(out: ModelOutput) -> Tensor | None:
+        if not layers:
+            return None
+        return torch.cat([seen[-1] if i == last else out.hidden_states[i] for i in layers], dim=-1)
+
     try:
-        out = model(**inputs, output_hidden_states=True)
+        yield features
     finally:
         if hook is not None:
             hook.remove()
-    return out, torch.cat([seen[-1] if i == last else out.hidden_states[i] for i in layers], dim=-1)
 
 
 def _final_norm(model: nn.Module) -> nn.Module:
