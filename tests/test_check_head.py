@@ -17,11 +17,14 @@ from typer.testing import CliRunner
 
 from runner.cli import app
 from runner.engine import head_files, hidden_states, models
+from runner.engine.decode import generate
+from runner.engine.drafters import NoDraft
 from runner.engine.eagle_drafter import EagleDrafter
 from runner.engine.head_config import HeadConfig
+from runner.engine.pair import Pair, parse_draft
 from runner.engine.sampling import Decoding
 from tests.eagle_reference import two_drafts
-from tests.test_heads import DRAFT_IDS, published_config, published_tensors, write_head
+from tests.test_heads import DRAFT_IDS, GREEDY, published_config, published_tensors, write_head
 
 SAMPLE = Decoding("sample", 1.0, 1.0)  # q is then the head's plain softmax, scattered over the target's vocabulary
 PROMPT = list(range(300, 330)) + [7]  # the prompt and the prefill's token
@@ -73,17 +76,24 @@ def test_every_weight_layout_drafts_what_the_base_layout_drafts(tiny, tmp_path):
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "config.json").write_text(json.dumps(config))
     torch.save(tensors, tmp_path / "bin" / "pytorch_model.bin")
+    (tmp_path / "old-bin").mkdir()
+    (tmp_path / "old-bin" / "config.json").write_text(json.dumps(config))
+    torch.save(tensors, tmp_path / "old-bin" / "pytorch_model.bin", _use_new_zipfile_serialization=False)
     variants = {
         "pytorch_model.bin": tmp_path / "bin",
+        "pytorch_model.bin (the format before torch 1.6)": tmp_path / "old-bin",
         "model.safetensors.index.json (2 shards)": write_shards(tmp_path / "st", config, tensors, "safetensors"),
         "pytorch_model.bin.index.json (2 shards)": write_shards(tmp_path / "pt", config, tensors, "bin"),
         "model.safetensors": write_head(tmp_path / "no-t2d", config, {n: t for n, t in tensors.items() if n != "t2d"}),
     }
     for described, path in variants.items():
         checked, other_tokens, other_q = drafted(tiny, path)
-        assert checked.weights.described == described
+        assert checked.weights.described == described.split(" (the")[0]
         assert torch.equal(other_tokens, tokens) and torch.equal(other_q, q), described
     assert drafted(tiny, variants["model.safetensors"])[0].t2d == "derived from d2t"
+    spec = parse_draft(f"eagle:{tmp_path / 'pt'}")  # and a sharded .bin head drafts losslessly in a generation
+    expected = generate(tiny, NoDraft(), PROMPT, 0, GREEDY, 24, torch.Generator()).output_tokens
+    assert Pair(tiny, [spec]).run(spec, PROMPT, 3, GREEDY, 24, seed=0).output_tokens == expected
 
 
 def test_layer_ids_in_either_convention_and_either_place_read_the_same_layers(tiny, tmp_path):
