@@ -260,6 +260,9 @@ def refused_heads(root: Path) -> dict[str, tuple[Path, str]]:
          "names 2", c=with_ids(config, nested=[2, 3]))
     case("a layer past the target's", "{p}: the head reads hidden states [2, 3, 5], the target has 4 layers, so "
          "hidden states 0 to 4", c=with_ids(config, top=[2, 3, 5]))
+    case("a speculators config", "{p}/config.json: a speculators-format config (transformer_layer_config, "
+         "speculators_config) is not read here; the published EAGLE-3 format is",
+         c={"architectures": ["Eagle3Speculator"], "transformer_layer_config": config, "speculators_config": {}})
     case("a flag that is not a boolean", "{p}/config.json: a field has the wrong type", c=config | {"bias": "yes"})
     case("no d2t", "{p}: no tensor d2t, which a draft vocabulary smaller than the target's needs",
          t={n: v for n, v in tensors.items() if n not in ("d2t", "t2d")})

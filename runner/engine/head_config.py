@@ -82,6 +82,9 @@ class HeadConfig:
     @classmethod
     def from_json(cls, obj: dict) -> HeadConfig:
         """Raises KeyError for a missing field, TypeError or ValueError for a wrong one, HeadError for a refused one."""
+        if "transformer_layer_config" in obj:
+            raise HeadError("a speculators-format config (transformer_layer_config, speculators_config) is not read "
+                            "here; the published EAGLE-3 format is")
         hidden, heads = int(obj["hidden_size"]), int(obj["num_attention_heads"])
         for key, why in REFUSED.items():
             if obj.get(key):
