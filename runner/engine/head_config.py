@@ -2,8 +2,8 @@
 
 Published heads are Llama configs with `num_hidden_layers`, `vocab_size` (the target's), `draft_vocab_size`,
 optional `target_hidden_size` and the target layers they read; the variants below are flags that change the
-computation, each implemented as the engine that introduced it runs it. A flag whose meaning is not known here
-is refused rather than ignored.
+computation, each implemented as the engine that introduced it runs it. `mlp_bias`, which the engines do not
+agree on (vLLM's layer would build MLP biases, SGLang's would not), is refused rather than guessed.
 """
 
 from __future__ import annotations
@@ -21,8 +21,6 @@ ID_KEYS = (IDS, f"eagle_config.{IDS}")
 # config key -> HeadConfig field, for the flags that change what the head computes
 FLAGS = {"norm_before_residual": "norm_before_residual", "norm_before_fc": "norm_before_fc", "fc_norm": "fc_norm",
          "norm_output": "norm_output", "bias": "fc_bias", "attention_bias": "attention_bias"}
-# Flags refused: the engines do not agree on them (vLLM's layer would build MLP biases, SGLang's would not).
-REFUSED = {"mlp_bias": "MLP biases"}
 
 
 class HeadError(ModelError):
@@ -86,9 +84,8 @@ class HeadConfig:
             raise HeadError("a speculators-format config (transformer_layer_config, speculators_config) is not read "
                             "here; the published EAGLE-3 format is")
         hidden, heads = int(obj["hidden_size"]), int(obj["num_attention_heads"])
-        for key, why in REFUSED.items():
-            if obj.get(key):
-                raise HeadError(f"{key} is set: {why} are not supported")
+        if obj.get("mlp_bias"):
+            raise HeadError("mlp_bias is set: MLP biases are not supported")
         aux_key, aux = _layer_ids(obj)
         rope = {name: obj[name] for name in ROPE_KEYS if obj.get(name)} or {"rope_theta": 10000.0}
         return cls(
