@@ -39,7 +39,7 @@ def test_the_readme_documents_every_column(relation):
 
 def test_the_readme_shows_every_command():
     commands = sorted(c.name or c.callback.__name__ for c in app.registered_commands)
-    assert commands == ["generate", "list", "merge", "serve", "sql", "sweep", "train-draft",
+    assert commands == ["check-head", "generate", "list", "merge", "serve", "sql", "sweep", "train-draft",
                         "write-prompts"]
     for command in commands:
         assert f"python -m runner {command}" in README

@@ -18,7 +18,8 @@ from runner.engine import head_files, models
 from runner.engine.decode import generate
 from runner.engine.drafters import NoDraft
 from runner.engine.eagle_drafter import EagleDrafter
-from runner.engine.heads import EagleHead, HeadConfig
+from runner.engine.head_config import HeadConfig
+from runner.engine.heads import EagleHead
 from runner.engine.pair import Pair, parse_draft
 from runner.engine.sampling import Decoding
 from runner.train.data import Sample
@@ -151,7 +152,7 @@ def one_pass(head: EagleHead, target: models.Loaded, text: list[int]) -> torch.T
     cache must match after any sequence of rounds and rollbacks."""
     with torch.inference_mode():
         hidden = target.model(input_ids=torch.tensor([text]), output_hidden_states=True).hidden_states
-        features = torch.cat([hidden[i][0] for i in head.layers], dim=-1)[:-1]
+        features = torch.cat([hidden[i][0] for i in head.target_layers], dim=-1)[:-1]
         sample = Sample("p", "c", torch.tensor(text), features, 1)
         (out,) = unroll(head, batches([sample], 10**6, None, torch.device("cpu"))[0], 1)
         return head.logits(out[0])
@@ -182,7 +183,7 @@ def test_the_training_time_test_computes_what_the_drafter_drafts(tiny, published
     prompt = list(range(300, 330))
     with torch.inference_mode():
         hidden = tiny.model(input_ids=torch.tensor([prompt]), output_hidden_states=True).hidden_states
-    features = torch.cat([hidden[i][0] for i in head.layers], dim=-1)  # (P, 3H): every prompt position
+    features = torch.cat([hidden[i][0] for i in head.target_layers], dim=-1)  # (P, 3H): every prompt position
     drafter = EagleDrafter(head, Decoding("sample", 1.0, 1.0), torch.Generator().manual_seed(0))
     tokens = torch.tensor(prompt + [7])  # + the prefill's token
     drafter.prefill(tokens, features, None)
@@ -254,9 +255,7 @@ def bad_heads(root: Path) -> dict[str, tuple[str, str]]:
     case("corrupt config", "config.json: not valid JSON", config="{hidden_size: 64")
     case("config without a size", "config.json: missing 'hidden_size'",
          config={k: v for k, v in good_config.items() if k != "hidden_size"})
-    case("no weights", "no model.safetensors", tensors=None)
-    case("pickled weights only", "only model.safetensors is read", tensors=None)
-    torch.save(good, root / "pickled-weights-only" / "pytorch_model.bin")
+    case("no weights", "no weights (model.safetensors, model.safetensors.index.json, pytorch_model.bin", tensors=None)
     case("weights that are not safetensors", "not a readable safetensors file", tensors=b"\x00" * 64)
     save_file(good, root / "whole.safetensors")
     case("truncated weights", "not a readable safetensors file",
@@ -270,7 +269,7 @@ def bad_heads(root: Path) -> dict[str, tuple[str, str]]:
     small = torch.arange(0, 1000, 10)
     case("a head for another vocabulary", "vocabulary has 1000 tokens, the target's 49152",
          config=published_config(64, 1000, small.numel()), tensors=published_tensors(64, 1000, small, 0))
-    case("d2t outside the vocabulary", "d2t and t2d do not map",
+    case("d2t outside the vocabulary", "d2t does not map the draft vocabulary onto distinct target tokens",
          tensors=good | {"d2t": good["d2t"] + 49152})
     return cases
 

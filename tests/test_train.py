@@ -61,6 +61,17 @@ def test_the_shipped_training_prompts_are_not_the_built_in_suite_and_every_categ
     assert passages(heldout) and not passages(heldout) & passages(train)
 
 
+def pass_with_last_layer(model: torch.nn.Module, tokens: torch.Tensor) -> tuple[object, torch.Tensor]:
+    """One plain pass, and the last decoder layer's own output (1, T, H): what index L of L layers reads, before the
+    final norm that transformers' hidden_states[L] has been through."""
+    seen: list[torch.Tensor] = []
+    hook = model.model.layers[-1].register_forward_hook(lambda _m, _a, output: seen.append(output))
+    with torch.inference_mode():
+        out = model(input_ids=tokens[None], output_hidden_states=True)
+    hook.remove()
+    return out, seen[0]
+
+
 def test_the_data_are_the_targets_greedy_answers_with_its_features_at_every_position(tiny):
     """Answered in one batch (rows leaving as they end), checked against one plain pass over each finished text."""
     prompts = [p for p in load_prompts() if p.category == "poem"][:3]
@@ -70,11 +81,10 @@ def test_the_data_are_the_targets_greedy_answers_with_its_features_at_every_posi
     for sample, prompt in zip(samples, prompts, strict=True):
         assert sample.tokens[: sample.answer_start].tolist() == models.encode_chat(tiny, prompt.text)
         assert sample.answer_tokens == 9 or sample.tokens[-1].item() in tiny.eos_ids
-        with torch.inference_mode():
-            out = tiny.model(input_ids=sample.tokens[None], output_hidden_states=True)
+        out, last = pass_with_last_layer(tiny.model, sample.tokens)
         greedy = out.logits[0, sample.answer_start - 1 : -1].argmax(-1)
         assert greedy.tolist() == sample.tokens[sample.answer_start :].tolist()
-        features = torch.cat([out.hidden_states[2][0], out.hidden_states[4][0]], dim=-1)[:-1]
+        features = torch.cat([out.hidden_states[2][0], last[0]], dim=-1)[:-1]
         torch.testing.assert_close(sample.features.float(), features, atol=0.05, rtol=0.01)  # stored in bf16
 
 

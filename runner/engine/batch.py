@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache
 
-from runner.engine import trees
+from runner.engine import hidden_states, trees
 from runner.engine.clock import Clock, Timed
 from runner.engine.decode import NonFiniteLogits, Sequence, Target, chain_verdict, check_lengths, commit, first_token
 from runner.engine.drafters import Drafter
@@ -54,7 +54,8 @@ class BatchCache:
     def verify(self, fed: list[Tensor], parents: list[tuple[int, ...] | None],
                layers: tuple[int, ...]) -> tuple[Tensor, Tensor | None]:
         """One pass over every row's `fed` (T_i,) (its newest token and drafts; `parents` as `Draft.parents`): the
-        logits (B, T, V), T = max T_i, and the hidden states `layers` asks for, (B, T, L·H), or None."""
+        logits (B, T, V), T = max T_i, and the hidden states `layers` asks for (`hidden_states.reading`), (B, T, L·H),
+        or None."""
         rows, columns, widest = len(fed), self.valid.shape[1], max(f.numel() for f in fed)
         ids = torch.stack([torch.cat([f, f[:1].expand(widest - f.numel())]) for f in fed])  # (B, T), padding repeats
         sees = torch.zeros(rows, widest, columns + widest, dtype=torch.bool)
@@ -70,13 +71,13 @@ class BatchCache:
             positions[row] = self.cached[row] + torch.cat([depth, torch.arange(n, widest)])
         device = ids.device
         mask = torch.full(sees.shape, torch.finfo(self.model.dtype).min, dtype=self.model.dtype)
-        out = self.model(input_ids=ids, attention_mask=mask.masked_fill(sees, 0.0)[:, None].to(device),
-                         position_ids=positions.to(device), cache=self.cache, use_cache=True,
-                         logits_to_keep=widest, output_hidden_states=bool(layers))
+        with hidden_states.reading(self.model, layers) as features_of:
+            out = self.model(input_ids=ids, attention_mask=mask.masked_fill(sees, 0.0)[:, None].to(device),
+                             position_ids=positions.to(device), cache=self.cache, use_cache=True,
+                             logits_to_keep=widest, output_hidden_states=bool(layers))
         self.fed_at = columns
         self.valid = torch.cat([self.valid, torch.zeros(rows, widest, dtype=torch.bool)], dim=1)
-        hidden = torch.cat([out.hidden_states[i] for i in layers], dim=-1) if layers else None
-        return out.logits[:, :, : self.vocab], hidden
+        return out.logits[:, :, : self.vocab], features_of(out)
 
     def keep(self, row: int, kept: list[int]) -> None:
         """Roll row `row` back: of the last pass's rows, its cache keeps `kept` (the root and the accepted path)."""

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
-from transformers.utils import ModelOutput
 
-from runner.engine import trees
+from runner.engine import hidden_states, trees
 from runner.engine.clock import Clock, Timed
 from runner.engine.drafters import Draft, Drafter, crop_to, new_cache
 from runner.engine.models import Loaded
@@ -45,17 +44,19 @@ class Target:
 
     def prefill(self, tokens: Tensor, layers: tuple[int, ...] = (),
                 top: int = 0) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        """One pass over the whole prompt: the logits (V,) of the first new token, `features_of` its positions, and
-        with `top` the target's `top` likeliest tokens at every prompt position (P, top), else None."""
-        out = self.model(input_ids=tokens[None], cache=self.cache, use_cache=True,
-                         logits_to_keep=tokens.numel() if top else 1, output_hidden_states=bool(layers))
+        """One pass over the whole prompt: the logits (V,) of the first new token, the `layers` hidden states of its
+        positions (P, n·H) (`hidden_states.reading`), and with `top` the target's `top` likeliest tokens at every
+        prompt position (P, top), else None."""
+        with hidden_states.reading(self.model, layers) as features_of:
+            out = self.model(input_ids=tokens[None], cache=self.cache, use_cache=True,
+                             logits_to_keep=tokens.numel() if top else 1, output_hidden_states=bool(layers))
         crop_to(self.cache, tokens.numel())  # trims sliding-window layers back to their window
         logits = out.logits[0, :, : self.vocab]
-        return logits[-1], features_of(out, layers), logits.topk(top, dim=-1).indices if top else None
+        return logits[-1], _row(features_of(out)), logits.topk(top, dim=-1).indices if top else None
 
     def verify(self, fed: Tensor, layers: tuple[int, ...] = (),
                parents: tuple[int, ...] | None = None) -> tuple[Tensor, Tensor | None]:
-        """One pass over `fed` (T,): the logits at every fed position (T, V), and `features_of` those positions.
+        """One pass over `fed` (T,): the logits at every fed position (T, V), and the `layers` hidden states there.
         With `parents`, `fed` is the root and a tree's nodes, each row seeing only its own branch (trees.py); a
         chain passes no mask, so the model runs its own causal one."""
         mask = positions = None
@@ -63,20 +64,20 @@ class Target:
             trees.check_cache(self.cache)
             mask = trees.attention_mask(parents, self.length, self.model.dtype, fed.device)  # (1, 1, T, past + T)
             positions = trees.position_ids(parents, self.length, fed.device)  # (1, T)
-        out = self.model(
-            input_ids=fed[None], attention_mask=mask, position_ids=positions, cache=self.cache, use_cache=True,
-            logits_to_keep=fed.numel(), output_hidden_states=bool(layers),
-        )
-        return out.logits[0, :, : self.vocab], features_of(out, layers)
+        with hidden_states.reading(self.model, layers) as features_of:
+            out = self.model(
+                input_ids=fed[None], attention_mask=mask, position_ids=positions, cache=self.cache, use_cache=True,
+                logits_to_keep=fed.numel(), output_hidden_states=bool(layers),
+            )
+        return out.logits[0, :, : self.vocab], _row(features_of(out))
 
     @property
     def length(self) -> int:
         return self.cache.get_seq_length()
 
 
-def features_of(out: ModelOutput, layers: tuple[int, ...]) -> Tensor | None:
-    """(T, len(layers)·H): the hidden states a drafter asked for, side by side; None when it asked for none."""
-    return torch.cat([out.hidden_states[i][0] for i in layers], dim=-1) if layers else None
+def _row(features: Tensor | None) -> Tensor | None:
+    return None if features is None else features[0]
 
 
 class Sequence:

@@ -47,8 +47,9 @@ class Drafter(Protocol):
     """Proposes tokens and learns, after each verify pass, how many the target kept."""
 
     calls: int  # forward passes (or lookups) so far: the denominator of the draft cost c
-    # Indices into the target's hidden_states (0: embeddings, i: input of layer i, -1: the final normed output)
-    # whose rows the drafter gets at the committed positions, side by side; () asks for nothing and costs nothing.
+    # Indices into the target's hidden states whose rows the drafter gets at the committed positions, side by side
+    # (0: embeddings, i: input of layer i, L: the last layer's output before the final norm; hidden_states.py);
+    # () asks for nothing and costs nothing.
     wants_hidden: tuple[int, ...]
     # How many of the target's likeliest tokens at every verify row the drafter reads (token recycling); 0 asks for
     # none and costs nothing.

@@ -52,19 +52,20 @@ class EagleDrafter:
                  stop_below: float | None = None) -> None:
         self.head = head
         self.stop_below = stop_below  # the confidence policy's threshold: stop after a draft less likely than this
-        self.wants_hidden = head.layers
+        self.wants_hidden = head.target_layers
         self.decoding = decoding
         self.generator = generator
         self.draft_ids = head.draft_ids  # (Vd,) target id of each draft row
         self.calls = 0
-        self.cache = KVBuffer()
+        self.caches = [KVBuffer() for _ in range(head.config.num_layers)]  # one per decoder layer of the head
         self.settled = 0  # pairs in the cache built from the target's own features (the rest are drafts)
         self.features: Tensor | None = None  # (m, n·H) target features the head has not read yet
-        self.hidden: Tensor | None = None  # (1, 1, h) the head's output at its newest position
+        self.hidden: Tensor | None = None  # (1, 1, h) what the head feeds itself after its newest position
         self.next_logits: Tensor | None = None  # (Vd,) its scores for the token that follows
 
     def prefill(self, tokens: Tensor, hidden: Tensor | None, top: Tensor | None) -> None:
-        self.cache, self.settled, self.features = KVBuffer(), 0, hidden
+        self.settled, self.features = 0, hidden
+        self.caches = [KVBuffer() for _ in self.caches]
 
     def accepted(self, n: int, hidden: Tensor | None, top: Tensor | None) -> None:
         # Read on the next proposal, so that its cost counts as drafting time; a round that drafted without the head
@@ -91,21 +92,27 @@ class EagleDrafter:
         """Drop the drafts from the cache, then read the target's features of the newly committed positions."""
         features, start = self.features, self.settled
         assert features is not None and start + features.shape[0] == tokens.numel() - 1
-        self.cache.length = start
+        for cache in self.caches:
+            cache.length = start
         following = tokens[start + 1 : start + 1 + features.shape[0]]  # token i+1 goes with features of position i
-        self._forward(self.head.fc(features.to(self.head.fc.weight.dtype))[None], following[None], start)
+        self._forward(self.head.fuse(features)[None], following[None], start)
         self.settled, self.features = start + features.shape[0], None
 
     def _forward(self, hidden: Tensor, tokens: Tensor, start: int) -> None:
         positions = torch.arange(start, start + tokens.shape[1], device=tokens.device)[None]
         out = self.head.step(hidden, tokens, positions, self._attend)  # (1, T, h)
         self.calls += 1
-        self.hidden = out[:, -1:]
+        self.hidden = self.head.feedback(out[:, -1:])
         self.next_logits = self.head.logits(out[0, -1])
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        start = self.cache.length
-        keys, values = self.cache.append(k, v)
+    @property
+    def cached(self) -> int:
+        """Positions in the head's caches (every layer holds the same ones)."""
+        return self.caches[0].length
+
+    def _attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        start = self.caches[layer].length
+        keys, values = self.caches[layer].append(k, v)
         rows = q.shape[2]
         # Row t sees every cached position up to its own (start + t).
         mask = None if rows == 1 else (

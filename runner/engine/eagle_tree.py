@@ -48,13 +48,13 @@ class EagleTreeDrafter(EagleDrafter):
         score, row = F.log_softmax(self.next_logits.float(), -1).topk(width)  # level 1: the root's children
         drafted, scores, parents = [row], [score], [torch.full_like(row, ROOT)]  # per level: draft rows, scores
         frontier = torch.arange(width, device=row.device)  # candidate ids of the nodes to expand
-        hidden = self.hidden.expand(1, width, -1)  # (1, F, h) the head's output that predicted each frontier node
+        hidden = self.hidden.expand(1, width, -1)  # (1, F, h) fed back from the output that chose each node
         ancestry: dict[int, list[int]] = {}  # candidate id -> the cache rows of it and its fed ancestors
         count = width
         for level in range(1, k):
             ids = host(frontier)
             parent_of = host(torch.cat(parents)[frontier])
-            rows = [self.cache.length + i for i in range(len(ids))]
+            rows = [self.cached + i for i in range(len(ids))]
             for node, parent, at in zip(ids, parent_of, rows, strict=True):
                 ancestry[node] = (ancestry[parent] if parent != ROOT else []) + [at]
             out = self._forward_tree(hidden, self.draft_ids[torch.cat(drafted)[frontier]][None], ancestry, ids, level)
@@ -66,7 +66,7 @@ class EagleTreeDrafter(EagleDrafter):
             parents.append(frontier.repeat_interleave(width))
             best = child_score.flatten().topk(min(width, child_score.numel())).indices
             frontier = count + best
-            hidden = out[:, best // width]
+            hidden = self.head.feedback(out[:, best // width])
             count += child_score.numel()
         return self._best(torch.cat(drafted), torch.cat(scores), torch.cat(parents))
 
@@ -85,14 +85,14 @@ class EagleTreeDrafter(EagleDrafter):
                       level: int) -> Tensor:
         """One head pass over the frontier at depth `level`: each row sees the settled pairs, its ancestors' rows and
         itself, at the position its depth gives."""
-        start = self.cache.length
+        start = self.cached
         sees = torch.zeros(len(ids), start + len(ids), dtype=torch.bool, device=tokens.device)
         sees[:, : self.settled] = True
         for i, node in enumerate(ids):
             sees[i, ancestry[node]] = True
 
-        def attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-            keys, values = self.cache.append(k, v)
+        def attend(layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+            keys, values = self.caches[layer].append(k, v)
             return F.scaled_dot_product_attention(q, keys, values, attn_mask=sees, enable_gqa=True)
 
         positions = torch.full((1, len(ids)), self.settled + level - 1, device=tokens.device)

@@ -1,113 +1,41 @@
-"""EAGLE-style draft heads: one decoder layer over the target's own hidden states and the next token's embedding.
+"""EAGLE-style draft heads: decoder layers over the target's own hidden states and the next token's embedding.
 
 A head reads the target's hidden states from a few layers (EAGLE-3: a low, a middle and a high one), fuses
-them with `fc`, runs one Llama decoder layer whose attention sees [embedding of the next token; fused
-features], and scores a draft vocabulary: the V most frequent target tokens, mapped back to target ids
-(Li et al. 2024, 2025; FR-Spec). The checkpoint is a directory with `config.json` + `model.safetensors` in the
-layout EAGLE-3 heads are published in (SafeAILab/EAGLE, SpecForge): `fc`, `midlayer.*`, `norm`, `lm_head`,
-`d2t` (draft id + d2t = target id) and `t2d` (which target ids the draft vocabulary holds).
+them with `fc`, runs a Llama decoder layer whose attention sees [embedding of the next token; fused features],
+and scores a draft vocabulary: the V most frequent target tokens, mapped back to target ids (Li et al. 2024, 2025;
+FR-Spec). The weights keep the names EAGLE-3 heads are published under (SafeAILab/EAGLE, SpecForge, vLLM, SGLang):
+`fc`, `midlayer.*`, `norm`, `lm_head`, `d2t` (draft id + d2t = target id) and `t2d` (which target ids the draft
+vocabulary holds); the variants the serving engines read are flags of `HeadConfig` (`head_config.py`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
-from transformers import LlamaConfig
 from transformers.activations import ACT2FN
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-from runner.engine.models import ModelError
+from runner.engine.head_config import HeadConfig
 
-ROPE_KEYS = ("rope_theta", "rope_scaling", "rope_parameters")  # older configs: the first two; transformers 5: the last
-# attend(q (B, H, T, d), k, v (B, KV, T, d)) -> (B, H, T, d): the cache at inference, the unrolled mask in training
-Attend = Callable[[Tensor, Tensor, Tensor], Tensor]
-
-
-class HeadError(ModelError):
-    """A draft head that cannot be used with this target; the message is one line for the user."""
-
-
-@dataclass(frozen=True)
-class HeadConfig:
-    """The head's shape, as `config.json` of a published EAGLE-3 head gives it."""
-
-    hidden_size: int  # the head's width (published heads use the target's)
-    target_hidden_size: int  # the target's width: `fc` reads len(layers) of its hidden states side by side
-    intermediate_size: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    vocab_size: int  # the target's vocabulary: draft tokens are target ids
-    draft_vocab_size: int  # rows of the head's own LM head
-    # Target layers whose OUTPUT is read (EAGLE-3's `eagle_aux_hidden_state_layer_ids`); None: the published
-    # default, the inputs of layers 2, L/2 and L-3 of an L-layer target.
-    aux_layer_ids: tuple[int, ...] | None = None
-    hidden_act: str = "silu"
-    max_position_embeddings: int = 8192
-    rope: dict = field(default_factory=lambda: {"rope_theta": 10000.0})  # the config's ROPE_KEYS, as given
-    target: str | None = None  # the target spec a specdash-trained head was trained for (informative)
-
-    def hidden_layers(self, target_layers: int) -> tuple[int, ...]:
-        """Indices into the target's `hidden_states` (0: embeddings, i: the input of layer i)."""
-        if self.aux_layer_ids is None:
-            return (2, target_layers // 2, target_layers - 3)
-        return tuple(i + 1 for i in self.aux_layer_ids)
-
-    def llama(self) -> LlamaConfig:
-        """The rotary embedding and activation of transformers' Llama, which published heads use."""
-        return LlamaConfig(
-            hidden_size=self.hidden_size, num_attention_heads=self.num_attention_heads, head_dim=self.head_dim,
-            num_key_value_heads=self.num_key_value_heads, max_position_embeddings=self.max_position_embeddings,
-            **self.rope,
-        )
-
-    @classmethod
-    def from_json(cls, obj: dict) -> HeadConfig:
-        hidden, heads = int(obj["hidden_size"]), int(obj["num_attention_heads"])
-        aux = (obj.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-        rope = {name: obj[name] for name in ROPE_KEYS if obj.get(name)} or {"rope_theta": 10000.0}
-        return cls(
-            hidden_size=hidden, target_hidden_size=int(obj.get("target_hidden_size") or hidden),
-            intermediate_size=int(obj["intermediate_size"]), num_attention_heads=heads,
-            num_key_value_heads=int(obj.get("num_key_value_heads") or heads),
-            head_dim=int(obj.get("head_dim") or hidden // heads), rms_norm_eps=float(obj.get("rms_norm_eps", 1e-6)),
-            vocab_size=int(obj["vocab_size"]), draft_vocab_size=int(obj.get("draft_vocab_size") or obj["vocab_size"]),
-            aux_layer_ids=None if aux is None else tuple(int(i) for i in aux),
-            hidden_act=str(obj.get("hidden_act", "silu")),
-            max_position_embeddings=int(obj.get("max_position_embeddings", 8192)), rope=rope,
-            target=(obj.get("specdash") or {}).get("target"),
-        )
-
-    def to_json(self) -> dict:
-        return {
-            "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "num_hidden_layers": 1,
-            "hidden_size": self.hidden_size, "target_hidden_size": self.target_hidden_size,
-            "intermediate_size": self.intermediate_size, "num_attention_heads": self.num_attention_heads,
-            "num_key_value_heads": self.num_key_value_heads, "head_dim": self.head_dim,
-            "rms_norm_eps": self.rms_norm_eps, "hidden_act": self.hidden_act,
-            "max_position_embeddings": self.max_position_embeddings, "tie_word_embeddings": False,
-            "vocab_size": self.vocab_size, "draft_vocab_size": self.draft_vocab_size, "torch_dtype": "bfloat16",
-            **self.rope,
-            **({} if self.aux_layer_ids is None else {
-                "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(self.aux_layer_ids)}}),
-            **({} if self.target is None else {"specdash": {"target": self.target}}),
-        }
+# attend(layer, q (B, H, T, d), k, v (B, KV, T, d)) -> (B, H, T, d): the layer's cache at inference, the unrolled
+# mask in training
+Attend = Callable[[int, Tensor, Tensor, Tensor], Tensor]
 
 
 class Attention(nn.Module):
-    """Llama attention whose projections read 2h: [normed embedding; normed hidden state]."""
+    """Llama attention whose projections read `width` features: 2h in the midlayer ([embedding; hidden]), h after."""
 
-    def __init__(self, c: HeadConfig) -> None:
+    def __init__(self, c: HeadConfig, width: int, layer: int) -> None:
         super().__init__()
+        self.layer = layer  # which of the head's caches its keys go to
         self.head_dim = c.head_dim
-        self.q_proj = nn.Linear(2 * c.hidden_size, c.num_attention_heads * c.head_dim, bias=False)
-        self.k_proj = nn.Linear(2 * c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
-        self.v_proj = nn.Linear(2 * c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
-        self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False)
+        bias = c.attention_bias
+        self.q_proj = nn.Linear(width, c.num_attention_heads * c.head_dim, bias=bias)
+        self.k_proj = nn.Linear(width, c.num_key_value_heads * c.head_dim, bias=bias)
+        self.v_proj = nn.Linear(width, c.num_key_value_heads * c.head_dim, bias=bias)
+        self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=bias)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, attend: Attend) -> Tensor:
         batch, length, _ = x.shape
@@ -116,7 +44,7 @@ class Attention(nn.Module):
         k = self.k_proj(x).view(shape).transpose(1, 2)  # (B, KV, T, d)
         v = self.v_proj(x).view(shape).transpose(1, 2)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        return self.o_proj(attend(q, k, v).transpose(1, 2).reshape(batch, length, -1))
+        return self.o_proj(attend(self.layer, q, k, v).transpose(1, 2).reshape(batch, length, -1))
 
 
 class MLP(nn.Module):
@@ -131,38 +59,71 @@ class MLP(nn.Module):
         return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
 
+class DecoderLayer(nn.Module):
+    """A plain pre-norm Llama layer: the layers after the midlayer (`layers.1.*`, …), as vLLM runs them."""
+
+    def __init__(self, c: HeadConfig, width: int, layer: int) -> None:
+        super().__init__()
+        self.self_attn = Attention(c, width, layer)
+        self.mlp = MLP(c)
+        self.input_layernorm = nn.RMSNorm(c.hidden_size, eps=c.rms_norm_eps)
+        self.post_attention_layernorm = nn.RMSNorm(c.hidden_size, eps=c.rms_norm_eps)
+
+    def forward(self, hidden: Tensor, cos: Tensor, sin: Tensor, attend: Attend) -> Tensor:
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin, attend)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
 class MidLayer(nn.Module):
-    """EAGLE-3's decoder layer: the residual stream is the hidden state; the embedding only enters the attention."""
+    """EAGLE-3's first layer: the residual stream is the hidden state; the embedding only enters the attention."""
 
     def __init__(self, c: HeadConfig) -> None:
         super().__init__()
-        self.self_attn = Attention(c)
+        self.self_attn = Attention(c, 2 * c.hidden_size, 0)
         self.mlp = MLP(c)
         self.input_layernorm = nn.RMSNorm(c.hidden_size, eps=c.rms_norm_eps)
         self.hidden_norm = nn.RMSNorm(c.hidden_size, eps=c.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(c.hidden_size, eps=c.rms_norm_eps)
+        self.norm_before_residual = c.norm_before_residual
 
     def forward(self, emb: Tensor, hidden: Tensor, cos: Tensor, sin: Tensor, attend: Attend) -> Tensor:
-        x = torch.cat([self.input_layernorm(emb), self.hidden_norm(hidden)], dim=-1)  # (B, T, 2h)
-        hidden = hidden + self.self_attn(x, cos, sin, attend)
+        normed = self.hidden_norm(hidden)
+        residual = normed if self.norm_before_residual else hidden  # vLLM's norm_before_residual: starts normed
+        x = torch.cat([self.input_layernorm(emb), normed], dim=-1)  # (B, T, 2h)
+        hidden = residual + self.self_attn(x, cos, sin, attend)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
 class EagleHead(nn.Module):
-    """The head's weights under the published names; `embed_tokens` is the target's own (frozen, not saved)."""
+    """The head's weights under the published names; `embed_tokens` is the target's own (frozen, not saved) unless
+    the checkpoint carries one."""
 
-    def __init__(self, c: HeadConfig, embed_tokens: nn.Embedding, layers: tuple[int, ...]) -> None:
+    def __init__(self, c: HeadConfig, embed_tokens: nn.Embedding | None, target_layers: tuple[int, ...]) -> None:
         super().__init__()
         self.config = c
-        self.layers = layers  # the target hidden_states it reads, resolved for the target's depth
+        self.target_layers = target_layers  # the target hidden_states it reads, resolved for the target's depth
         self.embed_tokens = embed_tokens
-        self.fc = nn.Linear(c.target_hidden_size * 3, c.hidden_size, bias=False)
+        features = c.target_hidden_size * len(target_layers)
+        if c.norm_before_fc:  # one RMSNorm over the concatenated features (speculators, vLLM: `input_norm`)
+            self.input_norm = nn.RMSNorm(features, eps=c.rms_norm_eps)
+        if c.fc_norm:  # EAGLE-3.1: an RMSNorm per target layer's features, before they are concatenated
+            self.fc_norm = nn.ModuleList(nn.RMSNorm(c.target_hidden_size, eps=c.rms_norm_eps)
+                                         for _ in target_layers)
+        self.fc = nn.Linear(features, c.hidden_size, bias=c.fc_bias)
         self.midlayer = MidLayer(c)
+        self.layers = nn.ModuleDict({str(i): DecoderLayer(c, c.hidden_size, i) for i in range(1, c.num_layers)})
         self.norm = nn.RMSNorm(c.hidden_size, eps=c.rms_norm_eps)
         self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.zeros(c.vocab_size, dtype=torch.bool))
         self.rotary = LlamaRotaryEmbedding(c.llama())
+
+    def placed(self, device: torch.device, dtype: torch.dtype) -> EagleHead:
+        """The head on `device` with its weights in `dtype`, the rotary inverse frequencies kept in fp32 as
+        transformers and the serving engines keep them (cast to bf16 they shift every angle)."""
+        self.to(device=device, dtype=dtype)
+        self.rotary = LlamaRotaryEmbedding(self.config.llama()).to(device)  # built in fp32, moved as it is
+        return self
 
     @property
     def draft_ids(self) -> Tensor:
@@ -175,16 +136,34 @@ class EagleHead(nn.Module):
         self.t2d.zero_()
         self.t2d[target_ids] = True
 
+    def fuse(self, features: Tensor) -> Tensor:
+        """(…, n·H) the target's features side by side -> (…, h), the midlayer's first `hidden`."""
+        features = features.to(self.fc.weight.dtype)
+        if self.config.fc_norm:
+            parts = features.split(self.config.target_hidden_size, dim=-1)
+            features = torch.cat([norm(part) for norm, part in zip(self.fc_norm, parts, strict=True)], dim=-1)
+        if self.config.norm_before_fc:
+            features = self.input_norm(features)
+        return self.fc(features)
+
     def step(self, hidden: Tensor, tokens: Tensor, positions: Tensor, attend: Attend) -> Tensor:
-        """One pass of the layer: `hidden` (B, T, h) is fused target features or the head's own previous output,
-        `tokens` (B, T) the tokens that follow them; returns the layer's output (B, T, h), the next `hidden`."""
+        """One pass of the layers: `hidden` (B, T, h) is fused target features or what the head fed itself,
+        `tokens` (B, T) the tokens that follow them; returns the last layer's output (B, T, h), before the norm."""
         emb = self.embed_tokens(tokens).to(hidden.dtype)
         cos, sin = self.rotary(hidden, positions)
-        return self.midlayer(emb, hidden, cos, sin, attend)
+        out = self.midlayer(emb, hidden, cos, sin, attend)
+        for layer in self.layers.values():
+            out = layer(out, cos, sin, attend)
+        return out
 
-    def logits(self, hidden: Tensor) -> Tensor:
-        """(…, h) -> (…, Vd) scores over the draft vocabulary."""
-        return self.lm_head(self.norm(hidden))
+    def feedback(self, out: Tensor) -> Tensor:
+        """What the next draft step reads as `hidden`: the output before the norm (EAGLE-3), or after it with
+        `norm_output` (EAGLE-3.1)."""
+        return self.norm(out) if self.config.norm_output else out
+
+    def logits(self, out: Tensor) -> Tensor:
+        """(…, h) a step's output -> (…, Vd) scores over the draft vocabulary."""
+        return self.lm_head(self.norm(out))
 
     def weights(self) -> dict[str, Tensor]:
         """The tensors a checkpoint holds: everything but the target's embedding."""

@@ -24,7 +24,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 from transformers import DynamicCache
 
-from runner.engine import models
+from runner.engine import hidden_states, models
 from runner.train.conversations import Conversation
 
 FEATURE_DTYPE = torch.bfloat16  # half the memory of fp32 for (tokens × 3 layers × H) features; training upcasts
@@ -79,9 +79,10 @@ def answer_batch(loaded: models.Loaded, contexts: list[Context], layers: tuple[i
     live = list(range(len(rows)))  # the context each batch row answers
     with torch.inference_mode():
         for step in range(max_new_tokens):
-            out = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
-                        output_hidden_states=True, logits_to_keep=1)
-            features = torch.cat([out.hidden_states[i] for i in layers], dim=-1).to(FEATURE_DTYPE)  # (b, t, L·H)
+            with hidden_states.reading(model, layers) as features_of:
+                out = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
+                            output_hidden_states=True, logits_to_keep=1)
+            features = features_of(out).to(FEATURE_DTYPE)  # (b, t, L·H)
             chosen = out.logits[:, -1].argmax(-1)  # (b,)
             keep = []
             for b, (row, token) in enumerate(zip(live, chosen.tolist(), strict=True)):

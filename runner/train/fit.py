@@ -20,7 +20,8 @@ import torch
 from transformers import PretrainedConfig
 
 from runner.engine import head_files, models
-from runner.engine.heads import EagleHead, HeadConfig
+from runner.engine.head_config import HeadConfig
+from runner.engine.heads import EagleHead
 from runner.store.trainings import pooled
 from runner.train.conversations import Conversation, Read, read_data
 from runner.train.data import Sample
@@ -141,9 +142,9 @@ def initial_head(loaded: models.Loaded, layers: tuple[int, ...], draft_ids: torc
         hidden_size=tc.hidden_size, target_hidden_size=tc.hidden_size, intermediate_size=tc.intermediate_size,
         num_attention_heads=heads, num_key_value_heads=tc.num_key_value_heads or heads,
         head_dim=getattr(tc, "head_dim", None) or tc.hidden_size // heads, rms_norm_eps=tc.rms_norm_eps,
-        vocab_size=tc.vocab_size, draft_vocab_size=draft_ids.numel(), aux_layer_ids=tuple(i - 1 for i in layers),
-        hidden_act=tc.hidden_act, max_position_embeddings=tc.max_position_embeddings, rope=rope_of(tc),
-        target=loaded.spec,
+        vocab_size=tc.vocab_size, draft_vocab_size=draft_ids.numel(),
+        aux_layer_ids=layer_ids(layers, tc.num_hidden_layers), hidden_act=tc.hidden_act,
+        max_position_embeddings=tc.max_position_embeddings, rope=rope_of(tc), target=loaded.spec,
     )
     head = EagleHead(config, loaded.model.get_input_embeddings(), layers).to(loaded.device)
     head.set_vocabulary(draft_ids.to(loaded.device))
@@ -256,6 +257,16 @@ def fit(head: EagleHead, train: list[Sample], heldout: list[Sample], config: Tra
 def default_layers(target_layers: int) -> tuple[int, ...]:
     """EAGLE-3's choice: the inputs of layers 2, L/2 and L-3 (indices into the target's hidden_states)."""
     return (2, target_layers // 2, target_layers - 3)
+
+
+def layer_ids(layers: tuple[int, ...], target_layers: int) -> tuple[int, ...] | None:
+    """How config.json names `layers`: as SpecForge does (outputs of layers, the first 1), which reads back as
+    `layers` when they ascend from 2; else nothing, which is EAGLE-3's default (not ascending under 6 layers)."""
+    if layers[0] == 2 and list(layers) == sorted(layers):
+        return tuple(i - 1 for i in layers)
+    if layers == default_layers(target_layers):
+        return None
+    raise ValueError(f"target layers {list(layers)} cannot be written as EAGLE-3 layer ids")
 
 
 def load_info() -> float:

@@ -69,10 +69,13 @@ def _pad(group: list[Sample], device: torch.device) -> Batch:
     return Batch(tokens.to(device), features.to(device), lengths.to(device), starts.to(device))
 
 
-def _unrolled_attend(keys: list[Tensor], values: list[Tensor]) -> Attend:
-    """Attention of step j = len(keys) - 1: causal over step 0's keys, plus each later step's key at the same index."""
+def _unrolled_attend() -> Attend:
+    """Attention of step j, for each layer of the head: causal over step 0's keys, plus each later step's key at the
+    same index (j + 1 keys per layer so far)."""
+    cached: dict[int, tuple[list[Tensor], list[Tensor]]] = {}
 
-    def attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    def attend(layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        keys, values = cached.setdefault(layer, ([], []))
         keys.append(k)
         values.append(v)
         groups = q.shape[1] // k.shape[1]  # query heads per key head (grouped-query attention)
@@ -103,15 +106,13 @@ class StepResult:
 
 def unroll(head: EagleHead, batch: Batch, depth: int) -> list[Tensor]:
     """The head's output (B, T-1, h) at every index for each step 0..depth-1."""
-    keys: list[Tensor] = []
-    values: list[Tensor] = []
-    attend = _unrolled_attend(keys, values)
-    hidden = head.fc(batch.features)  # (B, T-1, h)
+    attend = _unrolled_attend()
+    hidden = head.fuse(batch.features)  # (B, T-1, h)
     positions = torch.arange(hidden.shape[1], device=hidden.device)[None]
     outputs = []
     for step in range(depth):
-        hidden = head.step(hidden, batch.fed(step), positions + step, attend)
-        outputs.append(hidden)
+        outputs.append(head.step(hidden, batch.fed(step), positions + step, attend))
+        hidden = head.feedback(outputs[-1])
     return outputs
 
 
