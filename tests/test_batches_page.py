@@ -16,9 +16,9 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from dashboard_fixtures import baseline_record, build, speculative_record
 from streamlit.testing.v1 import AppTest
 
-from dashboard_fixtures import baseline_record, build, speculative_record
 from runner.store import batches
 from runner.store.metrics import Filters
 from runner.store.runs import write_run
