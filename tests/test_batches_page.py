@@ -128,3 +128,20 @@ def test_the_advisor_predicts_each_batch_size_from_its_own_shared_passes(db):
     assert two["predicted_tokens_per_s"] == pytest.approx(12.0)
     assert two["measured_tokens_per_s"] == pytest.approx(11.0)
     assert sorted(advice["batch_size"]) == [1, 2, 4]  # one recommendation per batch size
+
+
+def test_the_compare_page_keeps_each_batch_size_its_own_setup(monkeypatch, db):
+    monkeypatch.setenv("SPECDASH_DB", str(db))
+    at = AppTest.from_file(APP, default_timeout=30)
+    at.run()
+    at.switch_page("compare.py")
+    at.run()
+    assert not at.exception
+    leaderboard, *_, advice = [t.value for t in at.dataframe]
+    setups = sorted(set(leaderboard["setup"]))
+    assert setups == ["greedy · skinny kernels · 2 threads · cpu", "greedy · skinny kernels · 2 threads · cpu · batch 2",
+                      "greedy · skinny kernels · 2 threads · cpu · batch 4"]
+    ngram = advice[(advice["draft"] == "ngram") & (advice["category"] == "code")]
+    assert sorted(ngram["setup"]) == setups  # the advisor's answer per batch size, beside the leaderboard's
+    # alone, on code-01 (the prompt every compared cell ran), k=4's 2.4× beats k=2's 2.0×
+    assert list(ngram.sort_values("setup")["measured_choice"]) == ["k=4 · fixed", "k=2 · fixed", "k=2 · fixed"]

@@ -282,9 +282,10 @@ def test_prompt_lookups_counterpart_is_transformers_best_fixed_k_per_category_by
 def test_what_is_printed_is_what_is_stored(quick):
     _, printed, rows = quick
     table_lines = [line for line in printed.splitlines() if line.startswith("| ") and "| metric |" not in line]
-    # plain + spec, adaptive (per policy, then best), passes, overheads, speedups, verify curves, rooflines
+    # plain + spec, adaptive (per policy, then best), passes, overheads, speedups, batches (plain and each draft),
+    # verify curves, rooflines
     passes_per_curve = sum(len(widths) for widths in passes.WIDTHS.values())
-    assert len(rows) == 2 + 4 + (4 + 12) + 6 + (3 + 1) + 4 * 2 + 4 + 3 * passes_per_curve * len({1, all_cores()}) \
+    assert len(rows) == 2 + 4 + (4 + 12) + 6 + (3 + 1) + 4 * 2 + 4 + 3 + 3 * passes_per_curve * len({1, all_cores()}) \
         + 2 * len({1, all_cores()})
     assert [report.format_line(r) for r in rows] == table_lines
 

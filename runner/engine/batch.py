@@ -26,7 +26,7 @@ from transformers import DynamicCache
 
 from runner.engine import hidden_states, trees
 from runner.engine.clock import Clock, Timed
-from runner.engine.decode import NonFiniteLogits, Sequence, Target, chain_verdict, check_lengths, commit, first_token
+from runner.engine.decode import NonFiniteLogits, Sequence, chain_verdict, check_lengths, commit, prefilled_text
 from runner.engine.drafters import Drafter
 from runner.engine.models import Loaded
 from runner.engine.policies import FIXED, PolicySpec, Schedule, VerifyCosts
@@ -187,12 +187,7 @@ def generate_batch(
         start = clock()
         members, caches = [], []
         for prompt, drafter, generator in zip(prompts, drafters, generators, strict=True):
-            alone = Target(target)
-            text = Sequence(prompt, len(prompt) + max_new_tokens, target.device)
-            logits, features, top = alone.prefill(text.tokens, drafter.wants_hidden, drafter.wants_top)
-            first, on_device = first_token(logits, decoding, generator)
-            text.append([first], on_device)
-            drafter.prefill(text.tokens, features, top)
+            alone, text = prefilled_text(target, drafter, prompt, max_new_tokens, decoding, generator)
             members.append(Member(prompt, drafter, generator, text, policy.schedule(k or 0, costs)))
             caches.append(alone.cache)
         prefill_s = clock() - start  # every member's: no round starts before the last prefill
