@@ -139,8 +139,8 @@ def test_the_compare_page_keeps_each_batch_size_its_own_setup(monkeypatch, db):
     assert not at.exception
     leaderboard, *_, advice = [t.value for t in at.dataframe]
     setups = sorted(set(leaderboard["setup"]))
-    assert setups == ["greedy · skinny kernels · 2 threads · cpu", "greedy · skinny kernels · 2 threads · cpu · batch 2",
-                      "greedy · skinny kernels · 2 threads · cpu · batch 4"]
+    alone = "greedy · skinny kernels · 2 threads · cpu"
+    assert setups == [alone, f"{alone} · batch 2", f"{alone} · batch 4"]
     ngram = advice[(advice["draft"] == "ngram") & (advice["category"] == "code")]
     assert sorted(ngram["setup"]) == setups  # the advisor's answer per batch size, beside the leaderboard's
     # alone, on code-01 (the prompt every compared cell ran), k=4's 2.4× beats k=2's 2.0×
