@@ -192,12 +192,13 @@ def generate_batch(
             caches.append(alone.cache)
         prefill_s = clock() - start  # every member's: no round starts before the last prefill
         batch = BatchCache(target, caches)
-        live = list(range(len(members)))
+        live = list(range(len(members)))  # the members still decoding, in the cache's row order
         while True:
             for i in live:
-                if members[i].end is None and members[i].finished(target.eos_ids, max_new_tokens):
+                if members[i].finished(target.eos_ids, max_new_tokens):
                     members[i].end = clock()
-            if len(still := [i for i in live if members[i].end is None]) < len(live):
+            still = [i for i in live if members[i].end is None]
+            if len(still) < len(live):  # the finished leave the batch
                 batch.select([live.index(i) for i in still])
                 live = still
             if not live:
