@@ -92,8 +92,8 @@ def check(source: str, target: PretrainedConfig) -> MedusaFile:
     expected = expected_shapes(heads, layers, hidden, vocab)
     for bare, name in names.items():
         if bare not in expected:
-            raise HeadError(f"{weights.files[0]}: tensor {name} is not read by {heads} Medusa heads of {layers} "
-                            "blocks each; refused, not dropped")
+            raise HeadError(f"{weights.files[0]}: tensor {name} is not in the layout of {heads} heads of {layers} "
+                            "residual blocks each; refused, not dropped")
         if weights.shapes[name] != expected[bare]:
             raise HeadError(f"{weights.files[0]}: {name} has shape {list(weights.shapes[name])}, the target (hidden "
                             f"size {hidden}, vocabulary {vocab}) implies {list(expected[bare])}")
