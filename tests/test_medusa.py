@@ -8,9 +8,11 @@ import json
 import math
 from pathlib import Path
 
+import duckdb
 import pytest
 import torch
 import torch.nn.functional as F
+from rich.console import Console
 from safetensors.torch import save_file
 
 from runner.engine import medusa_files, sampling, trees
@@ -20,8 +22,13 @@ from runner.engine.medusa import MedusaDrafter, MedusaTreeDrafter, rank_tree
 from runner.engine.models import Loaded, encode_chat
 from runner.engine.pair import Pair, parse_draft
 from runner.engine.sampling import Decoding
+from runner.train import medusa_fit
+from runner.train.data import Sample
+from runner.train.medusa_fit import IGNORE
+from runner.train.run import train_draft
 from tests.laws import pooled_chisquare, two_token_law
 from tests.test_cli import invoke
+from tests.test_train import tiny_config
 from tests.test_trees_sampling import PROMPT, VOCAB, _no_residual, _target
 
 GREEDY = Decoding("greedy", 0.0, 1.0)
@@ -282,3 +289,35 @@ def test_every_refusal_is_one_line(tiny_dir, tmp_path):
     cases[p] = f"{p}/medusa_lm_head.safetensors: holds both 0.0.linear.weight and medusa_head.0.0.linear.weight"
     cases["/no/such/heads"] = "no such draft head directory: /no/such/heads"
     assert {str(p): _refusal(tiny_dir, p) for p in cases} == {str(p): m for p, m in cases.items()}
+
+
+def test_training_rows_pair_each_state_with_the_tokens_two_and_more_places_on():
+    # tokens 10..15, the answer from index 3: states 2, 3, 4 can start a round (state 2 made token 13)
+    sample = Sample("p", "code", torch.arange(10, 16), torch.arange(5.0)[:, None].expand(5, 4), answer_start=3)
+    x, y, categories = medusa_fit.rows([sample], heads=2)
+    assert x[:, 0].tolist() == [2.0, 3.0, 4.0] and categories == ["code"] * 3
+    assert y.tolist() == [[14, 15], [15, IGNORE], [IGNORE, IGNORE]]  # head i: token t + 2 + i
+
+
+def test_trained_medusa_heads_load_back_and_draft(tmp_path, tiny_dir, tiny, monkeypatch):
+    monkeypatch.setenv("SPECDASH_CACHE", str(tmp_path / "cache"))
+    config = tiny_config(tmp_path, tiny_dir, kind="medusa", unroll=3, epochs=2, lr=1e-2)
+    trained = train_draft(config, Console(quiet=True))
+    assert [e.number for e in trained.epochs] == [0, 1, 2]
+    assert trained.epochs[-1].heldout_loss < trained.epochs[0].heldout_loss
+    con = duckdb.connect(str(config.db), read_only=True)
+    row = con.execute("SELECT status, draft, unroll, draft_vocab, layers FROM trainings").fetchall()
+    assert row == [("ok", f"medusa:{config.out}", 3, 49152, [-1])]
+    positions = con.execute("SELECT epoch, position, judged, accepted FROM training_positions WHERE category = 'all' "
+                            "ORDER BY ALL").fetchall()
+    con.close()
+    assert positions == [(e.number, j + 1, *e.positions[j]) for e in trained.epochs for j in range(3)]
+    assert json.loads((config.out / "config.json").read_text())["medusa_num_heads"] == 3
+    assert set(medusa_files.check(str(config.out), tiny.model.config).names) == {
+        f"{i}.0.linear.{w}" for i in range(3) for w in ("weight", "bias")}  # the target's LM head is not saved
+    prompt = encode_chat(tiny, "Tell me about poem number 9, please.")
+    expected = generate(tiny, NoDraft(), prompt, 0, GREEDY, 12, torch.Generator()).output_tokens
+    for draft in (f"medusa:{config.out}", f"medusa-tree:{config.out}"):
+        spec = parse_draft(draft)
+        run = Pair(tiny, [spec]).run(spec, prompt, 3, GREEDY, 12, seed=0)
+        assert run.output_tokens == expected and all(r.k > 0 for r in run.rounds[:-1])
