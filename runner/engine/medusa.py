@@ -105,6 +105,8 @@ class MedusaDrafter:
         return self.heads(self.last)[:k]
 
     def propose(self, tokens: Tensor, k: int) -> Draft:
+        if k == 0:
+            return Draft(tokens=tokens[:0], q=None)
         return Draft(tokens=self.logits(k).argmax(-1), q=None)
 
 
