@@ -10,6 +10,8 @@ For every prompt, the two engines alternate (which goes first flips each time) a
 (e) our draft-length policies (`--policies`, from `--policy-k`) against transformers' adaptive schedules: its
     heuristic schedule for an assistant model and for early exit (a layer-skip draft), and, for prompt lookup, which
     transformers does not adapt, its best fixed `prompt_lookup_num_tokens` of the bench's k.
+(f) batches: B prompts decoded together, ours (plain and each chain draft at --policy-k) against transformers'
+    plain batched generate on the same prompts, tokens/s.
 And the verify curve: one target pass over 1-64 rows at a ~200-token context (a chain of k+1 tokens, a tree under
 its mask, a batch of sequences of 5 tokens each), on stock F.linear and on our skinny kernels, at 1 thread and at
 the bench's; and the roofline: the weight bytes a one-token pass reads over its time, against the bandwidth of a
@@ -37,6 +39,7 @@ sys.path.insert(0, str(ROOT))  # `python bench/bench.py` puts bench/, not the re
 
 import torch  # noqa: E402
 
+from bench.batched import batch_rows  # noqa: E402
 from bench.engines import PLAIN_CELL, BenchConfig, Cell, Engines, dtype_name, measure  # noqa: E402
 from bench.passes import at_each, copy_bandwidths, verify_curves, weight_bytes  # noqa: E402
 from bench.report import markdown_report, mismatch_lines, table  # noqa: E402
@@ -95,15 +98,18 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None]) -> Outcome:
         samples = measure(engines, cells, prompts, config.repeats, config.max_new_tokens, progress)
     finally:
         engines.record_dir.cleanup()
+    progress(f"batches of {config.batch}: ours against transformers' batched generate")
+    reference = {(s.engine, s.prompt.id): s.tokens for s in samples if s.cell == PLAIN_CELL and s.repeat == 0}
+    batch_cells = [PLAIN_CELL] + [Cell(d, config.policy_k) for d in drafts]
+    rows_batched = batched(engines, batch_cells, prompts, reference, config)
     progress("verify curves and the copy bandwidth")
     thread_counts = sorted({1, config.threads})
     curves = verify_curves(target, config.verify_context, config.verify_repeats, thread_counts)
     copy_gbs = copy_bandwidths(target.device, config.verify_repeats, thread_counts)
-    reference = {(s.engine, s.prompt.id): s.tokens for s in samples if s.cell == PLAIN_CELL and s.repeat == 0}
     fixed = [cell for cell in cells if cell.policy == FIXED]
     rows = (throughput_rows(samples, fixed, reference) + adaptive_rows(samples, cells, reference)
             + pass_rows(samples, fixed) + overhead_rows(samples, fixed[1:]) + speedup_rows(samples, fixed[1:])
-            + verify_rows(curves, config.threads)
+            + rows_batched + verify_rows(curves, config.threads)
             + roofline_rows(curves, config.threads, weight_bytes(target.model), copy_gbs))
     bench_id = started.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:4]
     prov = engines.provenance
@@ -117,6 +123,15 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None]) -> Outcome:
     write_bench(config.db, records)
     return Outcome(bench_id, rows, records, table(records), mismatch_lines(samples, reference))
 
+
+
+def batched(engines: Engines, cells: list[Cell], prompts: dict, reference: dict, config: BenchConfig) -> list[Row]:
+    """The batch rows: the prompts reused in turn to fill whole batches of `config.batch`, warmed up once."""
+    chosen = list(prompts.items())
+    filled = [chosen[i % len(chosen)] for i in range(max(len(chosen), config.batch) // config.batch * config.batch)]
+    ids, ref = [i for _, i in filled], [reference[("ours", p.id)] for p, _ in filled]
+    batch_rows(engines, cells, ids[: config.batch], ref[: config.batch], config.batch, 1, config.warmup_tokens)
+    return batch_rows(engines, cells, ids, ref, config.batch, config.repeats, config.max_new_tokens)
 
 
 def remeasure_kernels(target: models.Loaded, thread_counts: list[int]) -> None:
@@ -146,6 +161,8 @@ def parse_args(argv: list[str]) -> tuple[BenchConfig, Path | None]:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--prompts-per-category", type=int, default=1)
+    parser.add_argument("--batch", type=int, default=4,
+                        help="sequences decoded together in the batched comparison (default: %(default)s)")
     parser.add_argument("--verify-repeats", type=int, default=9)
     parser.add_argument("--verify-context", type=int, default=200)
     parser.add_argument("--threads", type=int, default=None,
@@ -174,8 +191,9 @@ def parse_args(argv: list[str]) -> tuple[BenchConfig, Path | None]:
         ks, policy_k, per_category, repeats, n, verify = (2,), 2, 1, 1, 8, 3
     warm = max(ks) + 2  # the prefill's token and one full round at the largest k: every verify width is warm
     if (min(ks + (policy_k,)) < 1 or repeats < 1 or n < 1 or verify < 1
-            or (args.threads is not None and args.threads < 1)):
-        raise UsageError("k, --policy-k, --repeats, --max-new-tokens, --verify-repeats and --threads must be >= 1")
+            or (args.threads is not None and args.threads < 1) or args.batch < 1):
+        raise UsageError("k, --policy-k, --repeats, --max-new-tokens, --verify-repeats, --threads and --batch must "
+                         "be >= 1")
     if any(d.kind == "baseline" for d in drafts):
         raise UsageError("--drafts: plain decoding is always measured; name drafts only")
     prompts = tuple(select_prompts(load_prompts(), None, per_category))
@@ -187,7 +205,7 @@ def parse_args(argv: list[str]) -> tuple[BenchConfig, Path | None]:
         policy_k=policy_k, prompts=prompts, max_new_tokens=n,
         repeats=repeats, verify_repeats=verify, verify_context=args.verify_context, warmup_tokens=warm, db=args.db,
         device=args.device, dtype=args.dtype, threads=all_cores() if args.threads is None else args.threads,
-        kernels=args.kernels, command=command,
+        kernels=args.kernels, command=command, batch=args.batch,
     ), args.report
 
 

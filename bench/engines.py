@@ -50,6 +50,7 @@ class BenchConfig:
     threads: int  # CPU threads for torch (the verify curve is also timed at 1)
     kernels: str  # our engine's linears on CPU: 'skinny' or 'stock'; transformers' generate always runs stock
     command: str  # as typed, for the record
+    batch: int = 4  # sequences decoded together in the batched comparison (bench/batched.py)
 
 
 @dataclass(frozen=True)

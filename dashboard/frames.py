@@ -28,6 +28,8 @@ def series_label(frame: pd.DataFrame) -> pd.Series:
         if column in frame and frame[column].nunique(dropna=False) > 1:
             label = label + " · " + frame[column].map(lambda v, unit=unit: "?" if pd.isna(v) else
                                                        f"{int(v) if unit else v}{unit}")
+    if "batch_size" in frame and frame["batch_size"].nunique() > 1:
+        label = label + " · batch " + frame["batch_size"].map(lambda v: "?" if pd.isna(v) else str(int(v)))
     if frame["target"].nunique() > 1:
         label = frame["target"].astype(str) + " / " + label
     return label
@@ -94,8 +96,8 @@ def leaderboard(per_category: pd.DataFrame, lossless: pd.DataFrame) -> pd.DataFr
 def head_to_head(cells: pd.DataFrame, a: str, b: str) -> pd.DataFrame:
     """Per target × mode × category × k × policy: α, nodes per round, τ and measured speedup of draft a next to
     draft b."""
-    keys = ["target", "mode", *(c for c in ("device", "kernels", "threads") if c in cells), "category", "k",
-            "k_policy"]
+    setup = ("device", "kernels", "threads", "batch_size")
+    keys = ["target", "mode", *(c for c in setup if c in cells), "category", "k", "k_policy"]
     metrics = {"alpha": "α", "nodes_per_round": "nodes/round", "tau": "τ", "measured_speedup": "speedup"}
     two = cells[cells["draft"].isin([a, b])].fillna({"kernels": "not recorded", "threads": 0})
     wide = two.pivot(index=keys, columns="draft", values=list(metrics))
@@ -149,7 +151,7 @@ def advice_table(advice: pd.DataFrame, best: pd.DataFrame) -> pd.DataFrame:
     """The k advisor's rows (`advisor.k_advice`) next to the measured best k and policy of the same setup ×
     category × draft (`comparable.best_cells`, as the leaderboard has it), so both pages give one answer; the
     advisor's hit in words, since an unjudged prediction is not a miss."""
-    keys = ["target", "device", "kernels", "threads", "mode", "category", "draft"]
+    keys = ["target", "device", "kernels", "threads", "batch_size", "mode", "category", "draft"]
     advice = advice.assign(kernels=advice["kernels"].fillna("not recorded"),
                            threads=advice["threads"].fillna(0).astype(int))
     measured = best[[*keys, "temperature", "top_p", "k", "k_policy", "speedup"]].rename(

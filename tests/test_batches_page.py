@@ -19,7 +19,7 @@ import pytest
 from dashboard_fixtures import baseline_record, build, speculative_record
 from streamlit.testing.v1 import AppTest
 
-from runner.store import batches
+from runner.store import advisor, batches
 from runner.store.metrics import Filters
 from runner.store.runs import write_run
 
@@ -114,3 +114,34 @@ def test_the_batches_page_draws_both_curves_and_names_the_crossover(monkeypatch,
     assert pays[("ngram", 2, "code")] == "up to batch 2; below 1× at 4"
     best = tables[1].set_index(["draft", "category"])
     assert best.loc[("ngram", "code"), "batch 2"] == "k=2 · fixed (1.37×)"
+
+
+def test_the_advisor_predicts_each_batch_size_from_its_own_shared_passes(db):
+    """At batch 2 (ngram k=2, code): every round accepts both drafts (emitted 3, drafted 2); d = 0.0025 s a draft;
+    v(0) = 0.05 s (the plain batch's passes), v(2) = 0.06 s; l = Σ(wall − prefill − 2·draft − verify) / rounds =
+    ((1.0 − 0.1 − 0.04 − 0.24) + (1.2 − 0.1 − 0.04 − 0.24)) / 8 = 0.18 s. Predicted: 3 / (2·2·0.0025 + 0.06 + 0.18)
+    = 12 tokens/s; measured: (11 + 11) / (0.9 + 1.1) = 11."""
+    with duckdb.connect(str(db), read_only=True) as con:
+        curve = advisor.k_curve(con, Filters(category=("code",), draft=("ngram",)))
+        advice = advisor.k_advice(con, Filters(category=("code",), draft=("ngram",)))
+    two = curve[(curve["batch_size"] == 2) & (curve["k"] == 2)].iloc[0]
+    assert two["predicted_tokens_per_s"] == pytest.approx(12.0)
+    assert two["measured_tokens_per_s"] == pytest.approx(11.0)
+    assert sorted(advice["batch_size"]) == [1, 2, 4]  # one recommendation per batch size
+
+
+def test_the_compare_page_keeps_each_batch_size_its_own_setup(monkeypatch, db):
+    monkeypatch.setenv("SPECDASH_DB", str(db))
+    at = AppTest.from_file(APP, default_timeout=30)
+    at.run()
+    at.switch_page("compare.py")
+    at.run()
+    assert not at.exception
+    leaderboard, *_, advice = [t.value for t in at.dataframe]
+    setups = sorted(set(leaderboard["setup"]))
+    alone = "greedy · skinny kernels · 2 threads · cpu"
+    assert setups == [alone, f"{alone} · batch 2", f"{alone} · batch 4"]
+    ngram = advice[(advice["draft"] == "ngram") & (advice["category"] == "code")]
+    assert sorted(ngram["setup"]) == setups  # the advisor's answer per batch size, beside the leaderboard's
+    # alone, on code-01 (the prompt every compared cell ran), k=4's 2.4× beats k=2's 2.0×
+    assert list(ngram.sort_values("setup")["measured_choice"]) == ["k=4 · fixed", "k=2 · fixed", "k=2 · fixed"]

@@ -5,15 +5,17 @@ from __future__ import annotations
 import contextlib
 import io
 import math
+from pathlib import Path
 
 import duckdb
 import pytest
 import torch
 
 from bench import bench, passes, report, rows
-from bench.engines import PLAIN_CELL, Cell, Sample
+from bench.batched import theirs
+from bench.engines import GREEDY, PLAIN_CELL, BenchConfig, Cell, Engines, Sample
 from runner.engine.kernels import all_cores
-from runner.engine.pair import parse_draft
+from runner.engine.pair import PLAIN, parse_draft
 from runner.engine.policies import parse_policy
 from runner.prompts import Prompt
 from runner.store.bench_rows import BENCH_COLUMNS, bench_results, goal_for
@@ -85,6 +87,32 @@ def test_quick_bench_has_a_row_for_every_draft_and_k_with_lossless_outputs(quick
         assert (r["repeats"], r["prompts"], r["max_new_tokens"]) == (1, 1, 8)
         assert r["goal"] == ("ratio >= 1.1" if r["metric"] == "plain_tokens_per_s" else None)  # goals: ngram k=4
         assert (r["threads"], r["kernels"]) == (all_cores(), "skinny")
+
+
+def test_quick_bench_decodes_batches_with_ours_against_transformers_batched_generate(quick):
+    _, _, rows = quick
+    batch = of(rows, "batch_tokens_per_s")
+    assert [(r["draft"], r["k"], r["category"]) for r in batch] == [
+        ("none", 0, "batch=4"), ("ngram", 2, "batch=4"), ("layerskip:2", 2, "batch=4")]
+    # one prompt reused four times; every sequence equal to ours decoded alone
+    assert [r["mismatches"] for r in batch] == [0, 0, 0]
+    assert len({r["theirs"] for r in batch}) == 1  # one counterpart: transformers' plain batched generate
+    for r in batch:
+        assert r["ours"] > 0 and r["ratio"] == pytest.approx(r["ours"] / r["theirs"])
+    assert [r["goal"] for r in batch] == ["ratio >= 1.1", None, None]
+
+
+def test_transformers_batched_generate_left_pads_and_stops_each_row_at_its_end(tiny):
+    config = BenchConfig(target="x", drafts=(), ks=(2,), policies=(), policy_k=2, prompts=(), max_new_tokens=6,
+                         repeats=1, verify_repeats=1, verify_context=8, warmup_tokens=2, db=Path("unused"),
+                         device=None, dtype=None, threads=1, kernels="stock", command="")
+    engines = Engines(config, tiny)
+    try:
+        prompts = [[5, 9, 14, 5, 9], [301, 7]]
+        alone = [engines.pair.run(PLAIN, p, None, GREEDY, 6, 0).output_tokens for p in prompts]
+        assert theirs(engines, prompts, 6) == alone
+    finally:
+        engines.record_dir.cleanup()
 
 
 def test_quick_bench_overheads_speedups_and_verify_curve_are_sane(quick):
@@ -254,9 +282,10 @@ def test_prompt_lookups_counterpart_is_transformers_best_fixed_k_per_category_by
 def test_what_is_printed_is_what_is_stored(quick):
     _, printed, rows = quick
     table_lines = [line for line in printed.splitlines() if line.startswith("| ") and "| metric |" not in line]
-    # plain + spec, adaptive (per policy, then best), passes, overheads, speedups, verify curves, rooflines
+    # plain + spec, adaptive (per policy, then best), passes, overheads, speedups, batches (plain and each draft),
+    # verify curves, rooflines
     passes_per_curve = sum(len(widths) for widths in passes.WIDTHS.values())
-    assert len(rows) == 2 + 4 + (4 + 12) + 6 + (3 + 1) + 4 * 2 + 4 + 3 * passes_per_curve * len({1, all_cores()}) \
+    assert len(rows) == 2 + 4 + (4 + 12) + 6 + (3 + 1) + 4 * 2 + 4 + 3 + 3 * passes_per_curve * len({1, all_cores()}) \
         + 2 * len({1, all_cores()})
     assert [report.format_line(r) for r in rows] == table_lines
 

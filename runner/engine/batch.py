@@ -9,10 +9,11 @@ Rolling back marks which of the pass's new cache columns a sequence keeps, inste
 become holes the mask hides, and the cache is compacted once it is more than half holes. A sequence that finishes
 (EOS or max_new_tokens) leaves the batch: its row is dropped from the cache, and later passes are narrower.
 
-Each sequence is prefilled alone, one after another, so its first token is batch 1's. Timing: a sequence's round
-has its own drafting as draft_s and the whole shared pass (every sequence's verdict included) as verify_s, the time
-it waited on the target; its wall_s runs from the batch's start to its own last token, so it also holds the other
-sequences' prefills and drafting.
+Each sequence is prefilled alone, one after another, so its first token is batch 1's. Timing: a sequence's
+prefill_s is the batch's whole prefill phase (no round starts before the last prefill); a round has its own drafting
+as draft_s and the whole shared pass (every sequence's verdict included) as verify_s, the time it waited on the
+target; its wall_s runs from the batch's start to its own last token, so it also holds the other sequences'
+drafting.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from transformers import DynamicCache
 
 from runner.engine import hidden_states, trees
 from runner.engine.clock import Clock, Timed
-from runner.engine.decode import NonFiniteLogits, Sequence, Target, chain_verdict, check_lengths, commit, first_token
+from runner.engine.decode import NonFiniteLogits, Sequence, chain_verdict, check_lengths, commit, prefilled_text
 from runner.engine.drafters import Drafter
 from runner.engine.models import Loaded
 from runner.engine.policies import FIXED, PolicySpec, Schedule, VerifyCosts
@@ -124,7 +125,6 @@ class Member:
     generator: torch.Generator
     text: Sequence
     schedule: Schedule
-    prefill_s: float
     rounds: list[Timed] = field(default_factory=list)
     read: list[Round] = field(default_factory=list)
     end: float | None = None  # the wall time it left the batch
@@ -187,15 +187,10 @@ def generate_batch(
         start = clock()
         members, caches = [], []
         for prompt, drafter, generator in zip(prompts, drafters, generators, strict=True):
-            began = clock()
-            alone = Target(target)
-            text = Sequence(prompt, len(prompt) + max_new_tokens, target.device)
-            logits, features, top = alone.prefill(text.tokens, drafter.wants_hidden, drafter.wants_top)
-            first, on_device = first_token(logits, decoding, generator)
-            text.append([first], on_device)
-            drafter.prefill(text.tokens, features, top)
-            members.append(Member(prompt, drafter, generator, text, policy.schedule(k or 0, costs), clock() - began))
+            alone, text = prefilled_text(target, drafter, prompt, max_new_tokens, decoding, generator)
+            members.append(Member(prompt, drafter, generator, text, policy.schedule(k or 0, costs)))
             caches.append(alone.cache)
+        prefill_s = clock() - start  # every member's: no round starts before the last prefill
         batch = BatchCache(target, caches)
         live = list(range(len(members)))
         while True:
@@ -215,5 +210,5 @@ def generate_batch(
         m.take_times(clock, costs, wait=True)
     return [Generation(
         prompt_tokens=tuple(m.prompt), output_tokens=tuple(m.text.ids[len(m.prompt) :]), rounds=tuple(m.read),
-        prefill_s=m.prefill_s, wall_s=m.end - start, draft_calls=m.drafter.calls,
+        prefill_s=prefill_s, wall_s=m.end - start, draft_calls=m.drafter.calls,
         stop_reason="eos" if m.text.last in target.eos_ids else "max_new_tokens") for m in members]

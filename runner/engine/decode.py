@@ -215,6 +215,19 @@ def check_lengths(target: Loaded, prompt: list[int], max_new_tokens: int) -> Non
         )
 
 
+def prefilled_text(target: Loaded, drafter: Drafter, prompt: list[int], max_new_tokens: int, decoding: Decoding,
+                   generator: torch.Generator) -> tuple[Target, Sequence]:
+    """The prefill: one target pass over the prompt makes the first new token, as in plain decoding. The drafter
+    reads the prompt too; the new token is fed with round 0's drafts, like every later one."""
+    model = Target(target)
+    text = Sequence(prompt, len(prompt) + max_new_tokens, target.device)
+    logits, features, top = model.prefill(text.tokens, drafter.wants_hidden, drafter.wants_top)
+    first, on_device = first_token(logits, decoding, generator)
+    text.append([first], on_device)
+    drafter.prefill(text.tokens, features, top)
+    return model, text
+
+
 def generate(
     target: Loaded, drafter: Drafter, prompt: list[int], k: int | None, decoding: Decoding,
     max_new_tokens: int, generator: torch.Generator, policy: PolicySpec = FIXED, costs: VerifyCosts | None = None,
@@ -226,14 +239,7 @@ def generate(
     clock = Clock(target.device)
     with torch.inference_mode():
         start = clock()
-        model = Target(target)
-        text = Sequence(prompt, len(prompt) + max_new_tokens, target.device)
-        # The prefill: one target pass over the prompt makes the first new token, as in plain decoding. The
-        # drafter reads the prompt too; the new token is fed with round 0's drafts, like every later one.
-        logits, features, top = model.prefill(text.tokens, drafter.wants_hidden, drafter.wants_top)
-        first, on_device = first_token(logits, decoding, generator)
-        text.append([first], on_device)
-        drafter.prefill(text.tokens, features, top)
+        model, text = prefilled_text(target, drafter, prompt, max_new_tokens, decoding, generator)
         prefilled = clock()
         rounds: list[Timed] = []
         read: list[Round] = []  # the rounds with their times read, each once the device has passed it

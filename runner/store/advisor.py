@@ -1,8 +1,8 @@
 """The k advisor: which k (and which draft-length policy) to use, predicted from what was measured on this device
 rather than from the flat-cost formula.
 
-Per target × device × kernels × threads × mode × category × draft, over the fixed-k runs at every k recorded, on the
-prompts that every compared cell of the setup × category ran (`comparable`), baselines included:
+Per target × device × kernels × threads × batch size × mode × category × draft, over the fixed-k runs at every k
+recorded, on the prompts that every compared cell of the setup × category ran (`comparable`), baselines included:
 
 - s_i: the share of rounds (of runs whose k reaches position i) that accepted at least i drafts, and w_i: the share
   that drafted at least i (prompt lookup can find fewer; the budget cuts the last rounds), both from `position_stats`;
@@ -11,6 +11,11 @@ prompts that every compared cell of the setup × category ran (`comparable`), ba
 - d: drafting seconds per drafted token, and l: the loop's own seconds per round (wall − prefill − draft − verify).
 
 A round at k then emits 1 + Σ_{i≤k} s_i tokens in d·Σ_{i≤k} w_i + v(0) + Σ_{i≤k} w_i·(v(i) − v(i−1)) + l seconds.
+
+At batch size B (part of the setup, like the kernels: `runner/engine/batch.py`) v(w) is the shared pass over B
+sequences of w drafts each, the baseline is plain decoding at B, every member drafts in turn before the pass, so a
+round's drafting is B·d·Σ w_i, and l is what is left of a member's round after B times its own drafting: the advice
+is then one k per batch size, as a serving engine's per-batch-size draft length takes it.
 Measured throughput is the decode phase's: (new_tokens − 1) / (wall_s − prefill_s) (the prefill makes the first
 token), so prediction and measurement count the same tokens and the same seconds.
 """
@@ -23,7 +28,7 @@ import pandas as pd
 from runner.store import comparable
 from runner.store.metrics import Filters
 
-GROUP = ("target", "device", "kernels", "threads")  # what a verify curve belongs to
+GROUP = ("target", "device", "kernels", "threads", "batch_size")  # what a verify curve belongs to
 KEY = (*GROUP, "mode", "category", "draft")
 WITHIN = 0.03  # a predicted best k "hits" when its measured speed is within 3% of the measured best
 # Runs recorded before `threads` existed have none; 0 (never a real thread count) stands for it inside the query,
@@ -47,7 +52,7 @@ def advisor_sql(filters: Filters) -> tuple[str, list]:
         FROM fixed GROUP BY ALL),
     costs AS (
         SELECT {key}, sum(f.draft_s) / nullif(sum(t.drafted), 0) AS draft_token_s,
-            sum(f.wall_s - f.prefill_s - f.draft_s - f.verify_s) / sum(f.n_rounds) AS loop_s,
+            sum(f.wall_s - f.prefill_s - f.batch_size * f.draft_s - f.verify_s) / sum(f.n_rounds) AS loop_s,
             alpha(sum(t.accepted), sum(t.rejected)) AS alpha
         FROM fixed f JOIN run_totals t USING (run_id) GROUP BY ALL),
     baseline AS (SELECT {group}, mode, category, sum(new_tokens - 1) / sum(wall_s - prefill_s) AS tokens_per_s
@@ -71,9 +76,10 @@ def advisor_sql(filters: Filters) -> tuple[str, list]:
         FROM curve WINDOW w AS (PARTITION BY {group} ORDER BY width)),
     depth AS (SELECT {key}, g.position, sum(n_rounds) AS rounds
         FROM fixed CROSS JOIN LATERAL range(1, k + 1) g(position) GROUP BY ALL),
-    positions AS (SELECT target, device, kernels, {_THREADS}, mode, category, draft, position,
+    positions AS (SELECT target, device, kernels, {_THREADS}, batch_size, mode, category, draft, position,
             sum(proposed) AS proposed, sum(accepted) AS accepted
-        FROM position_stats WHERE k_policy = 'fixed' AND {spec_where} GROUP BY ALL),
+        FROM position_stats JOIN (SELECT run_id, batch_size FROM runs) USING (run_id)
+        WHERE k_policy = 'fixed' AND {spec_where} GROUP BY ALL),
     shares AS (SELECT {key}, position, coalesce(p.accepted, 0) / d.rounds AS s,
             coalesce(p.proposed, 0) / d.rounds AS w, x.step, x.one_pass_s
         FROM depth d LEFT JOIN positions p USING ({key}, position) JOIN steps x USING ({group}, position)),
@@ -81,7 +87,7 @@ def advisor_sql(filters: Filters) -> tuple[str, list]:
             one_pass_s + sum(w * step) OVER upto AS verify_s, one_pass_s
         FROM shares WINDOW upto AS (PARTITION BY {key} ORDER BY position))
     SELECT {", ".join(c for c in KEY if c != "threads")}, nullif(threads, 0) AS threads, k, p.emitted, p.drafted,
-        p.emitted / (p.drafted * c.draft_token_s + p.verify_s + c.loop_s) AS predicted_tokens_per_s,
+        p.emitted / (batch_size * p.drafted * c.draft_token_s + p.verify_s + c.loop_s) AS predicted_tokens_per_s,
         m.tokens_per_s AS measured_tokens_per_s, m.runs, b.tokens_per_s AS baseline_tokens_per_s, c.alpha,
         formula_speedup(c.alpha, k, draft_cost(c.draft_token_s, p.one_pass_s)) * b.tokens_per_s
             AS formula_tokens_per_s
