@@ -56,8 +56,9 @@ def generate(
     = None,
     target: Target = models.DEFAULT_MODEL,
     draft: Annotated[str, typer.Option(help="ngram[:n[:match]], layerskip:<L>, model:<spec>, "
-                                            "eagle:<head>, or a tree: ngram-tree[:n], eagle-tree:<head>, "
-                                            "hybrid:<head>, recycling (each [:nodes=N])")] = "ngram",
+                                            "eagle:<head>, medusa:<head>, or a tree: ngram-tree[:n], "
+                                            "eagle-tree:<head>, hybrid:<head>, recycling, medusa-tree:<head> "
+                                            "(each [:nodes=N])")] = "ngram",
     k: Annotated[int, typer.Option(help="drafts per round (where a policy starts; a tree's depth)")] = 4,
     k_policy: Annotated[str, typer.Option(help=POLICY_HELP)] = FIXED.text,
     mode: Mode = "greedy",

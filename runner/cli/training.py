@@ -29,7 +29,8 @@ def train_draft_command(
     max_tokens: Annotated[int, typer.Option(help="answer tokens of training data the target writes")] = 60_000,
     epochs: int = 6,
     draft_vocab: Annotated[int, typer.Option(help="the head's vocabulary: the most frequent answer tokens")] = 8192,
-    unroll: Annotated[int, typer.Option(help="draft positions trained on the head's own outputs")] = 3,
+    unroll: Annotated[int, typer.Option(help="draft positions trained on the head's own outputs (medusa: its heads)")]
+    = 3,
     lr: Annotated[float, typer.Option(help="AdamW's peak learning rate")] = 2e-3,
     max_new_tokens: Annotated[int, typer.Option(help="the longest answer per training prompt")] = 192,
     seed: int = 0,
@@ -37,12 +38,13 @@ def train_draft_command(
     device: Device = None,
     threads: Annotated[int | None, typer.Option(help="torch threads (default: one per core); 1 is faster on a "
                                                      "machine other jobs keep busy")] = None,
+    kind: Annotated[str, typer.Option(help="eagle (an EAGLE-3 head) or medusa (Medusa-1 heads)")] = "eagle",
 ) -> None:
-    """Train an EAGLE-style draft head for a target on its own answers; record every epoch."""
+    """Train an EAGLE-style draft head (or Medusa heads) for a target on its own answers; record every epoch."""
     config = TrainConfig(
         target=target, out=out, data=data or default_prompts(), max_tokens=max_tokens, epochs=epochs,
         draft_vocab=draft_vocab, seed=seed, db=db, unroll=unroll, lr=lr, max_new_tokens=max_new_tokens,
-        device=device, threads=threads, command=" ".join(["python -m runner", *sys.argv[1:]]),
+        device=device, threads=threads, command=" ".join(["python -m runner", *sys.argv[1:]]), kind=kind,
     )
     try:
         trained = train_draft(config, stderr)
@@ -53,7 +55,7 @@ def train_draft_command(
                      "finished epoch")
         raise typer.Exit(130) from None
     stdout.print(epoch_table(trained), highlight=False)
-    stdout.print(f"saved epoch {trained.saved_epoch} to {out}; compare it: python -m runner sweep --draft eagle:{out}",
+    stdout.print(f"saved epoch {trained.saved_epoch} to {out}; compare it: python -m runner sweep --draft {kind}:{out}",
                  highlight=False, soft_wrap=True)
 
 

@@ -41,15 +41,16 @@ class HeadFile:
     t2d: str  # how the draft vocabulary's map was obtained: read, derived from d2t, or the identity
 
 
-def resolve(source: str) -> Path:
-    """A local directory, else a repo id from the local Hugging Face cache (downloaded when HF_HUB_OFFLINE=0)."""
+def resolve(source: str, patterns: list[str] = PATTERNS) -> Path:
+    """A local directory, else a repo id from the local Hugging Face cache (downloaded when HF_HUB_OFFLINE=0), of
+    which only the files matching `patterns` are fetched."""
     path = Path(source).expanduser()
     if path.is_dir():
         return path
     if source.startswith(("/", ".", "~")) or path.exists():
         raise HeadError(f"no such draft head directory: {source}")
     try:
-        return Path(snapshot_download(source, allow_patterns=PATTERNS,
+        return Path(snapshot_download(source, allow_patterns=patterns,
                                       local_files_only=os.environ.get("HF_HUB_OFFLINE", "1") != "0"))
     except (OSError, ValueError, HfHubHTTPError):
         raise HeadError(f'no draft head "{source}": not a directory, and not in the local Hugging Face cache '
@@ -196,14 +197,20 @@ def load(checked: HeadFile, embed_tokens: nn.Embedding, device: torch.device, dt
 
 
 def save(head: EagleHead, out: Path) -> None:
-    """Write `out` whole or not at all: staged beside it, then swapped in by renames."""
+    """Write `out` whole or not at all (`write_dir`): bf16 weights and the config."""
+    write_dir(out, head.weights(), WEIGHTS, head.config.to_json())
+
+
+def write_dir(out: Path, weights: dict[str, Tensor], weights_name: str, config: dict) -> None:
+    """Write a head directory whole or not at all: `config` as config.json and the weights (floats in SAVE_DTYPE) as
+    safetensors `weights_name`, staged beside `out`, then swapped in by renames."""
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
-        tensors = {name: (t.to(SAVE_DTYPE) if t.is_floating_point() else t).contiguous()
-                   for name, t in head.weights().items()}
-        save_file(tensors, staging / WEIGHTS, metadata={"format": "pt"})
-        (staging / CONFIG).write_text(json.dumps(head.config.to_json(), indent=2) + "\n", encoding="utf-8")
+        tensors = {name: (t.to(SAVE_DTYPE) if t.is_floating_point() else t).detach().contiguous()
+                   for name, t in weights.items()}
+        save_file(tensors, staging / weights_name, metadata={"format": "pt"})
+        (staging / CONFIG).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
         old = out.with_name(f".{out.name}-old") if out.exists() else None
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)

@@ -55,11 +55,11 @@ class Weights:
         return f"{self.layout} ({len(self.files)} shards)" if self.layout.endswith(INDEX) else self.layout
 
 
-def find(path: Path) -> Weights:
-    """The first layout of LAYOUTS the directory holds, with every tensor's shape; HeadError if none is readable."""
-    layout = next((name for name in LAYOUTS if (path / name).is_file()), None)
+def find(path: Path, layouts: tuple[str, ...] = LAYOUTS) -> Weights:
+    """The first of `layouts` the directory holds, with every tensor's shape; HeadError if none is readable."""
+    layout = next((name for name in layouts if (path / name).is_file()), None)
     if layout is None:
-        raise HeadError(f"{path}: no weights ({', '.join(LAYOUTS)})")
+        raise HeadError(f"{path}: no weights ({', '.join(layouts)})")
     files = _shards(path, layout) if layout.endswith(INDEX) else (path / layout,)
     shapes: dict[str, tuple[int, ...]] = {}
     for file in files:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from runner.engine import head_files, kernels, models
+from runner.engine import head_files, kernels, medusa_files, models
 from runner.engine.batch import generate_batch
 from runner.engine.decode import generate
 from runner.engine.drafters import (
@@ -23,6 +23,7 @@ from runner.engine.drafters import (
 from runner.engine.eagle_drafter import EagleDrafter
 from runner.engine.eagle_tree import EagleTreeDrafter
 from runner.engine.hybrid import HybridDrafter
+from runner.engine.medusa import MedusaDrafter, MedusaTreeDrafter
 from runner.engine.ngram_tree import NgramTreeDrafter
 from runner.engine.policies import FIXED, PolicySpec, VerifyCosts
 from runner.engine.recycling import RecyclingDrafter
@@ -33,8 +34,9 @@ from runner.records import Generation
 DEFAULT_NGRAM = 3  # longest n-gram prompt lookup tries before falling back to shorter ones
 DEFAULT_NODES = 15  # a tree's nodes per round: 16 verify rows, the widest the skinny kernels cover (~1.6x one row)
 MAX_NODES = 63  # verify passes of up to 64 rows: the root and 63 nodes
-TREE_KINDS = ("ngram-tree", "eagle-tree", "hybrid", "recycling")
-HEAD_KINDS = ("eagle", "eagle-tree", "hybrid")  # drafts made by a draft head
+TREE_KINDS = ("ngram-tree", "eagle-tree", "hybrid", "recycling", "medusa-tree")
+HEAD_KINDS = ("eagle", "eagle-tree", "hybrid")  # drafts made by an EAGLE draft head
+MEDUSA_KINDS = ("medusa", "medusa-tree")  # drafts made by Medusa heads
 WARMUP_TOKENS = 8  # plain decoding's warm-up
 
 
@@ -43,11 +45,11 @@ class DraftSpec:
     """A parsed `--draft` value."""
 
     text: str  # as the user wrote it, e.g. 'layerskip:24'
-    # 'baseline' | 'ngram' | 'layerskip' | 'model' | 'eagle', or a tree: 'ngram-tree' | 'eagle-tree' | 'hybrid' |
-    # 'recycling'
+    # 'baseline' | 'ngram' | 'layerskip' | 'model' | 'eagle' | 'medusa', or a tree: 'ngram-tree' | 'eagle-tree' |
+    # 'hybrid' | 'recycling' | 'medusa-tree'
     kind: str
     # n for ngram and ngram-tree, L for layerskip, the model spec for model, the head's directory or repo id for
-    # eagle, eagle-tree and hybrid; None for recycling
+    # eagle, eagle-tree, hybrid, medusa and medusa-tree; None for recycling
     arg: str | None
     match: str | None = None  # ngram: which earlier occurrence it copies from (`NGRAM_MATCHES`)
     nodes: int | None = None  # a tree: its nodes per round
@@ -61,8 +63,9 @@ PLAIN = DraftSpec("none", "baseline", None)  # the baseline: plain decoding, no 
 
 
 def parse_draft(text: str) -> DraftSpec:
-    """`none`, `ngram[:<n>[:<match>]]`, `layerskip:<L>`, `model:<spec>`, `eagle:<head>`, or a tree, each taking
-    `:nodes=<N>`: `ngram-tree[:<n>]`, `eagle-tree:<head>`, `hybrid:<head>`, `recycling`; ValueError otherwise."""
+    """`none`, `ngram[:<n>[:<match>]]`, `layerskip:<L>`, `model:<spec>`, `eagle:<head>`, `medusa:<head>`, or a tree,
+    each taking `:nodes=<N>`: `ngram-tree[:<n>]`, `eagle-tree:<head>`, `hybrid:<head>`, `recycling`,
+    `medusa-tree:<head>`; ValueError otherwise."""
     if text == PLAIN.text:
         return PLAIN
     base, nodes = _nodes(text)
@@ -76,16 +79,16 @@ def parse_draft(text: str) -> DraftSpec:
         return DraftSpec(text, "ngram-tree", arg or str(DEFAULT_NGRAM), nodes=nodes or DEFAULT_NODES)
     if kind == "recycling" and not arg:
         return DraftSpec(text, "recycling", None, nodes=nodes or DEFAULT_NODES)
-    if kind in ("eagle-tree", "hybrid") and arg:
+    if kind in ("eagle-tree", "hybrid", "medusa-tree") and arg:
         return DraftSpec(text, kind, arg, nodes=nodes or DEFAULT_NODES)
     if kind == "layerskip" and arg.isdigit() and int(arg) >= 1:
         return DraftSpec(text, "layerskip", arg)
-    if kind in ("model", "eagle") and arg:
+    if kind in ("model", "eagle", "medusa") and arg:
         return DraftSpec(text, kind, arg)
     raise ValueError(f'unknown draft "{text}"; use ngram, ngram:<n>, ngram:<n>:<match> (match: '
-                     f'{", ".join(NGRAM_MATCHES)}), layerskip:<L>, model:<spec>, eagle:<head>, or a tree: '
-                     'ngram-tree[:<n>], eagle-tree:<head>, hybrid:<head> or recycling, each with an optional '
-                     ':nodes=<N>')
+                     f'{", ".join(NGRAM_MATCHES)}), layerskip:<L>, model:<spec>, eagle:<head>, medusa:<head>, or a '
+                     'tree: ngram-tree[:<n>], eagle-tree:<head>, hybrid:<head>, recycling or medusa-tree:<head>, '
+                     'each with an optional :nodes=<N>')
 
 
 def _nodes(text: str) -> tuple[str, int | None]:
@@ -101,11 +104,11 @@ def _nodes(text: str) -> tuple[str, int | None]:
 
 def check_drafts(target: str, drafts: list[DraftSpec], trust_remote_code: bool = False) -> None:
     """Refuse an unusable draft head (missing or corrupt files, a head for another target) before any model loads."""
-    heads = [spec for spec in drafts if spec.kind in HEAD_KINDS]
+    heads = [spec for spec in drafts if spec.kind in HEAD_KINDS + MEDUSA_KINDS]
     if heads:
         config = models.load_config(target, trust_remote_code)
         for spec in heads:
-            head_files.check(spec.arg, config)
+            (head_files if spec.kind in HEAD_KINDS else medusa_files).check(spec.arg, config)
 
 
 def parse_kernels(text: str) -> str:
@@ -124,7 +127,8 @@ class Pair:
 
     def __init__(self, target: models.Loaded, drafts: list[DraftSpec], kernels_name: str = kernels.SKINNY) -> None:
         self.target = target
-        self.draft_models: dict[str, nn.Module] = {}  # a PreTrainedModel, or an EagleHead for eagle drafts
+        # a PreTrainedModel, an EagleHead for eagle drafts, MedusaHeads for medusa drafts
+        self.draft_models: dict[str, nn.Module] = {}
         separate = []  # draft models with weights of their own
         for spec in drafts:
             if spec.kind == "layerskip":
@@ -140,6 +144,12 @@ class Pair:
                 checked = head_files.check(spec.arg, target.model.config)
                 self.draft_models[spec.text] = head_files.load(
                     checked, target.model.get_input_embeddings(), target.device, target.dtype)
+                separate.append(self.draft_models[spec.text])
+            elif spec.kind in MEDUSA_KINDS:
+                checked = medusa_files.check(spec.arg, target.model.config)
+                self.draft_models[spec.text] = medusa_files.load(
+                    checked, target.model.get_output_embeddings().weight, target.vocab_size, target.device,
+                    target.dtype)
                 separate.append(self.draft_models[spec.text])
         chosen = parse_kernels(kernels_name)
         # CUDA keeps cuBLAS: the skinny kernels answer a CPU BLAS's weakness.
@@ -168,6 +178,10 @@ class Pair:
             return EagleTreeDrafter(self.draft_models[spec.text], decoding, generator, spec.nodes)
         if spec.kind == "hybrid":
             return HybridDrafter(self.draft_models[spec.text], decoding, generator, DEFAULT_NGRAM, spec.nodes)
+        if spec.kind == "medusa-tree":
+            return MedusaTreeDrafter(self.draft_models[spec.text], spec.nodes)
+        if spec.kind == "medusa":
+            return MedusaDrafter(self.draft_models[spec.text])
         if spec.kind == "eagle":
             return EagleDrafter(self.draft_models[spec.text], decoding, generator, stop_below=policy.threshold)
         return ModelDrafter(self.draft_models[spec.text], decoding, generator, self.target.vocab_size,

@@ -44,7 +44,7 @@ class TrainConfig:
     draft_vocab: int  # rows of the head's LM head: the most frequent tokens of the training answers
     seed: int
     db: Path | None  # where the training and its epochs are recorded; None: nowhere
-    unroll: int = 3  # draft positions trained (training-time test) and scored per epoch
+    unroll: int = 3  # draft positions trained (training-time test; Medusa: its heads) and scored per epoch
     lr: float = 2e-3  # AdamW's peak learning rate
     max_new_tokens: int = 192  # the longest answer the target writes to a training prompt
     batch_size: int = 32  # prompts the target answers together
@@ -52,6 +52,7 @@ class TrainConfig:
     batch_tokens: int = 1024  # padded tokens per optimizer step: small, for many steps on little data
     device: str | None = None  # None: cuda when present
     command: str = ""  # the command line, recorded with the training
+    kind: str = "eagle"  # what is trained: an EAGLE head, or Medusa heads ('medusa', `medusa_fit.py`)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ meanwhile.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
@@ -20,9 +21,10 @@ from rich.text import Text
 
 from runner.cells import provenance
 from runner.engine import head_files, models
+from runner.engine.medusa import FINAL_NORMED
 from runner.store.connect import check_db
 from runner.store.trainings import TrainingLog
-from runner.train import data, resume
+from runner.train import data, medusa_fit, resume
 from runner.train.fit import (
     Epoch,
     TrainConfig,
@@ -40,6 +42,7 @@ from runner.train.fit import (
 )
 
 TRAIN_DTYPE = "float32"  # gradients in bf16 lose too much on CPU; features are stored in bf16 either way
+KINDS = ("eagle", "medusa")  # `--kind`
 
 
 def check(config: TrainConfig) -> None:
@@ -52,6 +55,8 @@ def check(config: TrainConfig) -> None:
             raise ValueError(f"--{name} must be >= {low}, got {value}")
     if not config.lr > 0:
         raise ValueError(f"--lr must be > 0, got {config.lr}")
+    if config.kind not in KINDS:
+        raise ValueError(f'unknown --kind "{config.kind}"; use {" or ".join(KINDS)}')
     out = config.out
     if out.exists() and not (out.is_dir() and (not any(out.iterdir()) or (out / head_files.CONFIG).is_file())):
         raise ValueError(f"--out {out} exists and is not a draft head directory; pick another")
@@ -88,7 +93,8 @@ def train_draft(config: TrainConfig, console: Console) -> Trained:
     console.print(read.summary(config.data.name), highlight=False)
     loaded = models.load(config.target, config.device, TRAIN_DTYPE)
     loaded.model.requires_grad_(False)
-    layers = default_layers(loaded.model.config.num_hidden_layers)
+    medusa = config.kind == "medusa"
+    layers = (FINAL_NORMED,) if medusa else default_layers(loaded.model.config.num_hidden_layers)
     state_path = resume.state_path(config, train_prompts + heldout_prompts)
     resumed = resume.load_state(state_path)
     result = Trained(resumed["train_id"] if resumed else new_train_id())
@@ -96,10 +102,11 @@ def train_draft(config: TrainConfig, console: Console) -> Trained:
     continued = {"started_at": datetime.fromisoformat(resumed["started_at"]),
                  "resumed_epoch": len(resumed["epochs"]) - 1} if resumed else {}
     log.start({**continued,
-        "target": config.target, "draft": f"eagle:{config.out}", "out_dir": str(config.out),
+        "target": config.target, "draft": f"{config.kind}:{config.out}", "out_dir": str(config.out),
         "prompts_file": str(config.data), "train_prompts": len(train_prompts),
         "heldout_prompts": len(heldout_prompts), "max_new_tokens": config.max_new_tokens, "epochs": config.epochs,
-        "draft_vocab": config.draft_vocab, "layers": list(layers), "unroll": config.unroll, "lr": config.lr,
+        "draft_vocab": loaded.vocab_size if medusa else config.draft_vocab, "layers": list(layers),
+        "unroll": config.unroll, "lr": config.lr,
         "seed": config.seed, "threads": torch.get_num_threads(), "load_before": load_before,
         "device": str(loaded.device), "dtype": TRAIN_DTYPE, "command": config.command,
         **{k: v for k, v in provenance(loaded.device).items() if k != "device_name"},
@@ -134,11 +141,33 @@ def _train(config: TrainConfig, loaded: models.Loaded, layers: tuple[int, ...], 
     result.data_s = time.perf_counter() - start
     result.train_tokens = sum(s.answer_tokens for s in train)
     result.heldout_tokens = sum(s.answer_tokens for s in heldout)
-    draft_ids, result.coverage = vocabulary(train, config.draft_vocab, loaded.model.config.vocab_size)
-    head = initial_head(loaded, layers, draft_ids, feature_rms(train, len(layers)))
     start = time.perf_counter()
     task = progress.add_task("epoch 1", total=None, heldout="")
-    identity = {"train_id": result.train_id, "started_at": log.started_at.isoformat()}  # plain types only
+    on_epoch = _reporter(config, log, console, progress, task)
+
+    def on_step(tokens: int, total: int) -> None:
+        progress.update(task, advance=tokens, total=total)
+
+    if config.kind == "medusa":
+        heads, result.coverage = medusa_fit.initial_heads(loaded, config.unroll), 1.0
+        result.epochs, best = medusa_fit.fit_medusa(heads, train, heldout, config, on_epoch, on_step)
+    else:
+        draft_ids, result.coverage = vocabulary(train, config.draft_vocab, loaded.model.config.vocab_size)
+        head = initial_head(loaded, layers, draft_ids, feature_rms(train, len(layers)))
+        identity = {"train_id": result.train_id, "started_at": log.started_at.isoformat()}  # plain types only
+        result.epochs, best = fit(head, train, heldout, config, on_epoch, on_step, resumed,
+                                  lambda state: resume.save_state(identity | state, state_path))
+    result.saved_epoch = max(result.epochs, key=lambda e: e.expected_accepted).number
+    result.train_s = time.perf_counter() - start
+    if config.kind == "medusa":
+        medusa_fit.save(heads, best, config)
+    else:
+        save(head, best, config.out)
+
+
+def _reporter(config: TrainConfig, log: TrainingLog, console: Console, progress: Progress,
+              task: int) -> Callable[[Epoch], None]:
+    """What each scored epoch does: recorded, printed, and shown on the progress bar."""
 
     def on_epoch(epoch: Epoch) -> None:
         log.epoch(epoch.number, epoch.train_loss, epoch.heldout_loss, epoch.seconds,
@@ -152,13 +181,7 @@ def _train(config: TrainConfig, loaded: models.Loaded, layers: tuple[int, ...], 
         progress.reset(task, description=f"epoch {epoch.number + 1}",
                        heldout=f"held-out α@1 {epoch.rates[0]:.3f} (epoch {epoch.number})")
 
-    epochs, best = fit(head, train, heldout, config, on_epoch,
-                       lambda tokens, total: progress.update(task, advance=tokens, total=total), resumed,
-                       lambda state: resume.save_state(identity | state, state_path))
-    result.epochs = epochs
-    result.saved_epoch = max(epochs, key=lambda e: e.expected_accepted).number
-    result.train_s = time.perf_counter() - start
-    save(head, best, config.out)
+    return on_epoch
 
 
 def _fields(result: Trained, started: float, cpu_start: float) -> dict:
