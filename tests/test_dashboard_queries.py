@@ -184,11 +184,12 @@ def test_leaderboard_ranks_drafts_with_best_k_and_lossless_rate(db):
 def test_head_to_head_puts_two_drafts_side_by_side(db):
     table = frames.head_to_head(queries.read(db, queries.cells, Filters()), "ngram", "layerskip:2")
     assert table.columns.tolist() == [
-        "target", "mode", "device", "kernels", "threads", "category", "k", "k_policy", "α · ngram", "α · layerskip:2",
+        "target", "mode", "device", "kernels", "threads", "batch_size", "category", "k", "k_policy", "α · ngram",
+        "α · layerskip:2",
         "nodes/round · ngram", "nodes/round · layerskip:2", "τ · ngram", "τ · layerskip:2", "speedup · ngram",
         "speedup · layerskip:2"]
     code_k4 = table[(table["category"] == "code") & (table["k"] == 4)].iloc[0]
-    assert code_k4.iloc[8:].tolist() == pytest.approx([9 / 10, 6 / 11, 11 / 3, 4.0, 4.0, 2.0, 2.4, 0.6])
+    assert code_k4.iloc[9:].tolist() == pytest.approx([9 / 10, 6 / 11, 11 / 3, 4.0, 4.0, 2.0, 2.4, 0.6])
 
 
 def test_speedup_by_k_marks_the_formulas_best_k(db):

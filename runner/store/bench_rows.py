@@ -75,9 +75,10 @@ def goal_for(metric: str, draft: str, k: int | None, category: str, judged: bool
 
 
 UNITS = {"plain_tokens_per_s": "tokens/s", "spec_tokens_per_s": "tokens/s", "adaptive_tokens_per_s": "tokens/s",
-         "early_exit_tokens_per_s": "tokens/s", "batch_tokens_per_s": "tokens/s", "target_passes": "passes",
+         "early_exit_tokens_per_s": "tokens/s", "target_passes": "passes",
          "draft_passes": "passes", "overhead_share": "share",
          "loop_overhead_share": "share", "record_share": "share", "record_ms": "ms", "speedup": "x",
+         "batch_tokens_per_s": "tokens/s",
          "verify_ms": "ms", "verify_ms_stock": "ms", "verify_vs_stock": "ms", "roofline": "GB/s",
          "roofline_stock": "GB/s"}
 ABOUT = {
