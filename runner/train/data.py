@@ -24,7 +24,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 from transformers import DynamicCache
 
-from runner.engine import hidden_states, models
+from runner.engine import hidden_states, models, sources
 from runner.train.conversations import Conversation
 
 FEATURE_DTYPE = torch.bfloat16  # half the memory of fp32 for (tokens × 3 layers × H) features; training upcasts
@@ -158,7 +158,7 @@ def chunk_path(loaded: models.Loaded, batch: list[Conversation], layers: tuple[i
     """Where one batch's answers are cached: named by everything that makes them."""
     described = json.dumps([CACHE_VERSION, loaded.spec, str(loaded.dtype), list(layers), max_new_tokens,
                             [(c.id, c.category, c.turns) for c in batch]])
-    return models.cache_dir() / "distill" / f"{hashlib.sha256(described.encode()).hexdigest()[:20]}.safetensors"
+    return sources.cache_dir() / "distill" / f"{hashlib.sha256(described.encode()).hexdigest()[:20]}.safetensors"
 
 
 def save_corpus(samples: list[Sample], path: Path) -> None:

