@@ -142,3 +142,33 @@ def test_a_prediction_at_a_k_never_recorded_is_not_judged(db):
     assert (advice.predicted_best_k, advice.predicted_recorded_k, advice.measured_best_k) == (1, 2, 2)
     assert advice.measured_best == pytest.approx(7 / 0.053)
     assert pd.isna(advice.measured_at_predicted) and pd.isna(advice.hit)  # no run at k=1: nothing to judge
+
+
+def test_a_tree_is_predicted_at_the_width_of_its_nodes(db):
+    with duckdb.connect(str(db), read_only=True) as con:
+        curve = advisor.k_curve(con, Filters(draft=("ngram-tree",)))
+    # The tree's two rounds drafted 4 nodes over 3 levels: its verify pass is 4 drafts wide, v(4) = 16 ms (its own
+    # rounds; the baseline gives v(0) = 10 ms), not the chain's v(0) + Σ w_i·step_i over 3 levels (14.5 ms on the
+    # line from 10 to 16 ms). Levels accepted: s1 = 2/2, s2 = s3 = 0: 2 tokens a round. Drafting 8 ms a round as
+    # measured (a tree's cost is not per level), no loop time: 2 / 24 ms = 83.3/s, the run's own 4 tokens in 48 ms.
+    # Predicted only at the depth recorded: how many nodes another depth would draft was never measured.
+    assert curve["k"].tolist() == [3]
+    assert curve["emitted"].tolist() == [2.0]
+    assert curve["drafted"].tolist() == [4.0]
+    assert curve["predicted_tokens_per_s"].tolist() == pytest.approx([2 / 0.024])
+    assert curve["measured_tokens_per_s"].tolist() == pytest.approx([4 / 0.048])
+
+
+def test_a_tree_of_a_fractional_width_reads_the_curve_between_its_neighbours(tmp_path):
+    # 4 nodes (a-b-c, d; depth 3) verified in 16 ms, then 3 nodes (a-b, d; depth 2) in 14 ms: 3.5 nodes a round,
+    # v(3.5) = 15 ms halfway along; 7 ms drafting a round; both accept one level: 2 tokens in 22 ms, 90.9/s.
+    rounds_ = (Round(4, 1, 0, 3, True, 2, 0.008, 0.016, (5, 6, 7, 8), (8, 9), TREE, (3,)),
+               Round(3, 1, 1, 1, False, 2, 0.006, 0.014, (5, 6, 8), (5, 1), (-1, 0, -1), (0,)))
+    path = tmp_path / "runs.duckdb"
+    write_run(path, run("base", "none", None, None, [(0, 0, 0.010)] * 4, 0.0))
+    write_run(path, run("tree", "ngram-tree", 3, "fixed", rounds_, 0.0))
+    with duckdb.connect(str(path), read_only=True) as con:
+        curve = advisor.k_curve(con, Filters(draft=("ngram-tree",)))
+    assert curve["drafted"].tolist() == [3.5]
+    assert curve["predicted_tokens_per_s"].tolist() == pytest.approx([2 / (0.007 + 0.015)])
+    assert curve["measured_tokens_per_s"].tolist() == pytest.approx([4 / 0.044])

@@ -16,6 +16,10 @@ At batch size B (part of the setup, like the kernels: `runner/engine/batch.py`) 
 sequences of w drafts each, the baseline is plain decoding at B, every member drafts in turn before the pass, so a
 round's drafting is B·d·Σ w_i, and l is what is left of a member's round after B times its own drafting: the advice
 is then one k per batch size, as a serving engine's per-batch-size draft length takes it.
+
+A tree (its rounds drafted more nodes than levels, `position_stats` counting levels) is verified as wide as its
+nodes: at each depth k recorded, its mean nodes per round n_k give v(n_k) (between the curve's neighbouring widths)
+and its drafting is its measured seconds per round at k; depths never recorded are not predicted.
 Measured throughput is the decode phase's: (new_tokens − 1) / (wall_s − prefill_s) (the prefill makes the first
 token), so prediction and measurement count the same tokens and the same seconds.
 """
@@ -83,11 +87,27 @@ def advisor_sql(filters: Filters) -> tuple[str, list]:
     shares AS (SELECT {key}, position, coalesce(p.accepted, 0) / d.rounds AS s,
             coalesce(p.proposed, 0) / d.rounds AS w, x.step, x.one_pass_s
         FROM depth d LEFT JOIN positions p USING ({key}, position) JOIN steps x USING ({group}, position)),
-    predicted AS (SELECT {key}, position AS k, 1 + sum(s) OVER upto AS emitted, sum(w) OVER upto AS drafted,
+    chains AS (SELECT {key}, position AS k, 1 + sum(s) OVER upto AS emitted, sum(w) OVER upto AS drafted,
             one_pass_s + sum(w * step) OVER upto AS verify_s, one_pass_s
-        FROM shares WINDOW upto AS (PARTITION BY {key} ORDER BY position))
+        FROM shares WINDOW upto AS (PARTITION BY {key} ORDER BY position)),
+    levels AS (SELECT run_id, sum(proposed) AS levels FROM position_stats
+        WHERE run_id IN (SELECT run_id FROM fixed) GROUP BY run_id),
+    per_k AS (SELECT {key}, f.k, sum(t.drafted) / sum(f.n_rounds) AS nodes,
+            sum(f.draft_s) / sum(f.n_rounds) AS round_draft_s, sum(t.drafted) > sum(coalesce(l.levels, 0)) AS wider
+        FROM fixed f JOIN run_totals t USING (run_id) LEFT JOIN levels l USING (run_id) GROUP BY ALL),
+    shapes AS (SELECT *, bool_or(wider) OVER (PARTITION BY {key}) AS tree FROM per_k),
+    tree_verify AS (SELECT h.*, lo.verify_s + (hi.verify_s - lo.verify_s) * (h.nodes - floor(h.nodes)) AS verify_s
+        FROM shapes h JOIN curve lo ON {" AND ".join(f"lo.{c} = h.{c}" for c in GROUP)} AND lo.width = floor(h.nodes)
+        JOIN curve hi ON {" AND ".join(f"hi.{c} = h.{c}" for c in GROUP)} AND hi.width = ceil(h.nodes)
+        WHERE h.tree),
+    predicted AS (
+        SELECT c.*, batch_size * c.drafted * d.draft_token_s AS draft_s
+            FROM chains c JOIN costs d USING ({key}) ANTI JOIN tree_verify USING ({key})
+        UNION ALL BY NAME
+        SELECT c.* REPLACE (t.nodes AS drafted, t.verify_s AS verify_s), batch_size * t.round_draft_s AS draft_s
+            FROM chains c JOIN tree_verify t USING ({key}, k))
     SELECT {", ".join(c for c in KEY if c != "threads")}, nullif(threads, 0) AS threads, k, p.emitted, p.drafted,
-        p.emitted / (batch_size * p.drafted * c.draft_token_s + p.verify_s + c.loop_s) AS predicted_tokens_per_s,
+        p.emitted / (p.draft_s + p.verify_s + c.loop_s) AS predicted_tokens_per_s,
         m.tokens_per_s AS measured_tokens_per_s, m.runs, b.tokens_per_s AS baseline_tokens_per_s, c.alpha,
         formula_speedup(c.alpha, k, draft_cost(c.draft_token_s, p.one_pass_s)) * b.tokens_per_s
             AS formula_tokens_per_s
