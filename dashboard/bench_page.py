@@ -7,7 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import charts, common, queries
-from runner.store.bench_rows import ABOUT, GOALS, Goal
+from runner.store.bench_rows import ABOUT, COLUMNS, GOALS, Goal
 
 
 def _value(row: pd.Series, name: str) -> str:
@@ -27,15 +27,22 @@ def _goal(row: pd.Series) -> str:
 
 
 def table(rows: pd.DataFrame) -> pd.DataFrame:
-    """The printed table: one line per row, values as median (min–max); α and c only where measured."""
+    """The printed table: one line per row, values as median (min–max), the columns named after what the metric
+    compares (`COLUMNS`); α and c only where measured; the threads a row ran at where the bench ran several."""
+    ours, theirs = COLUMNS.get(rows["metric"].iloc[0], ("ours", "theirs"))
+    per_thread = rows["category"].str.startswith("threads=")  # a verify curve's row at one thread count
     shown = pd.DataFrame({
-        "draft": rows["draft"], "k": rows["k"], "policy": rows["k_policy"], "category": rows["category"],
-        "ours": rows.apply(_value, axis=1, name="ours"), "theirs": rows.apply(_value, axis=1, name="theirs"),
-        "ours / theirs": rows.apply(_value, axis=1, name="ratio"), "α": rows["alpha"], "c": rows["c"],
+        "draft": rows["draft"], "k": rows["k"], "policy": rows["k_policy"],
+        "category": rows["category"].mask(per_thread, "all"), "threads": rows["threads"],
+        ours: rows.apply(_value, axis=1, name="ours"), str(theirs): rows.apply(_value, axis=1, name="theirs"),
+        f"{ours} / {theirs}": rows.apply(_value, axis=1, name="ratio"), "α": rows["alpha"], "c": rows["c"],
         "goal": rows.apply(_goal, axis=1), "mismatches": rows["mismatches"],
     })
-    fixed = (shown["policy"] == "fixed").all()  # the policy column only where ours drafted under another
-    return shown.drop(columns=[c for c in ("α", "c") if shown[c].isna().all()] + (["policy"] if fixed else []))
+    drop = [c for c in ("α", "c") if shown[c].isna().all()]
+    drop += ["policy"] if (shown["policy"] == "fixed").all() else []  # only where ours drafted under another
+    drop += ["threads"] if shown["threads"].nunique() < 2 else []
+    drop += [str(theirs), f"{ours} / {theirs}"] if theirs is None else []
+    return shown.drop(columns=drop)
 
 
 VERIFY_METRICS = {"verify_ms": "skinny", "verify_ms_stock": "stock"}  # each kernel path's curve
@@ -90,7 +97,10 @@ def render() -> None:
     for metric, about in ABOUT.items():
         picked = rows[rows["metric"] == metric]
         if not picked.empty:
-            st.markdown(f"**{about}** [{picked['unit'].iloc[0]}]")
+            title, _, detail = about.partition(":")
+            unit = picked["unit"].iloc[0]
+            st.markdown(f"**{title}**" + ("" if unit in title else f" [{unit}]"))
+            st.caption(detail.strip())
             st.dataframe(table(picked), hide_index=True)
 
 

@@ -6,6 +6,8 @@ two frames and then faceting fails in Altair (docs/design.md, "Charts").
 
 from __future__ import annotations
 
+import colorsys
+
 import altair as alt
 import pandas as pd
 
@@ -15,9 +17,28 @@ FACET_COLUMNS = 3
 PANEL = {"width": 240, "height": 200}  # three panels and their axes fit the wide layout's main column
 _ALPHA = alt.X("alpha:Q", title="α (acceptance rate)", scale=alt.Scale(domain=[0, 1]))
 _SPEEDUP = alt.Y("speedup:Q", title="speedup over plain decoding")
-# Streamlit's theme colours categories in shades of one blue; a categorical scheme tells them apart.
-_SCHEME = alt.Scale(scheme="tableau10")
+# Streamlit's theme colours categories in shades of one blue, and a scheme of ten repeats its colours from the
+# eleventh series on: `_colour` gives each value its own colour.
+TABLEAU10 = ("#4c78a8", "#f58518", "#e45756", "#72b7b2", "#54a24b", "#eeca3b", "#b279a2", "#ff9da6", "#9d755d",
+             "#bab0ac")
+FEW_ROUNDS = 10  # a per-position rate from fewer rounds is drawn faint
+LABEL_LIMIT = 420  # px: a legend label is cut past this (Vega's default, 160, cut head paths to one prefix)
 _K = alt.X("k:Q", title="k (drafts per round)", axis=alt.Axis(tickMinStep=1, format="d"))
+
+
+def palette(n: int) -> list[str]:
+    """n colours, no two alike: tableau10's for up to ten, else n hues evenly spaced around the colour wheel."""
+    if n <= len(TABLEAU10):
+        return list(TABLEAU10[:n])
+    return ["#{:02x}{:02x}{:02x}".format(*(round(255 * v) for v in colorsys.hls_to_rgb(i / n, 0.45, 0.7)))
+            for i in range(n)]
+
+
+def colour(frame: pd.DataFrame, field: str, kind: str = "N", title: str | None = None) -> alt.Color:
+    """Colour by `field`, each value of the frame's its own colour, legend labels uncut."""
+    values = sorted(frame[field].dropna().unique().tolist()) if field in frame else []
+    return alt.Color(f"{field}:{kind}", title=title, legend=alt.Legend(labelLimit=LABEL_LIMIT),
+                     scale=alt.Scale(domain=values, range=palette(len(values))))
 
 
 def _is(source: str) -> alt.Predicate:
@@ -38,7 +59,7 @@ def speedup_vs_theory(frame: pd.DataFrame, k: int) -> alt.FacetChart:
                                    alt.Tooltip("speedup:Q", format=".2f", title="formula"),
                                    alt.Tooltip("c:Q", format=".3f")])
     runs = base.transform_filter(_is(MEASURED)).mark_circle(size=90, opacity=0.85).encode(
-        _ALPHA, _SPEEDUP, color=alt.Color("category:N", title="category", scale=_SCHEME),
+        _ALPHA, _SPEEDUP, color=colour(frame, "category", title="category"),
         tooltip=["run_id:N", "category:N", "prompt_id:N",
                  alt.Tooltip("alpha:Q", format=".3f", title="α"),
                  alt.Tooltip("speedup:Q", format=".2f", title="measured speedup"),
@@ -52,7 +73,7 @@ def speedup_vs_theory(frame: pd.DataFrame, k: int) -> alt.FacetChart:
 def speedup_by_k(frame: pd.DataFrame) -> alt.FacetChart:
     """Per category: measured speedup (solid) and the formula's (dashed) against k; ◆ the formula's best k."""
     base = alt.Chart(frame)
-    series = alt.Color("series:N", title="draft · mode", scale=_SCHEME)
+    series = colour(frame, "series", title="draft · mode")
     lines = base.transform_filter(alt.FieldOneOfPredicate(field="source", oneOf=[THEORY, MEASURED])).mark_line(
     ).encode(_K, _SPEEDUP, series, strokeDash=alt.StrokeDash("source:N", title=None,
                                                              sort=[MEASURED, THEORY]))
@@ -90,7 +111,7 @@ def verify_growth(frame: pd.DataFrame) -> alt.LayerChart:
     y = alt.Y("relative:Q", title="verify pass time / one-token pass", scale=alt.Scale(zero=True))
     measured = base.mark_line(point=True).encode(
         _K.title("drafts verified in the pass (k of the round)"), y,
-        color=alt.Color("setup:N", title=None, scale=_SCHEME),
+        color=colour(base.data, "setup"),
         tooltip=["setup:N", "k:Q", "rounds:Q", alt.Tooltip("relative:Q", format=".2f", title="× one-token pass"),
                  alt.Tooltip("verify_s:Q", format=".4f", title="mean verify s")])
     return alt.layer(measured, _rule_at_one(base, [])).properties(
@@ -104,7 +125,7 @@ def bench_verify(frame: pd.DataFrame) -> alt.FacetChart:
     line = alt.Chart().mark_line(point=True).encode(
         alt.X("rows:Q", title="rows in the pass", scale=alt.Scale(type="log", base=2), axis=alt.Axis(format="d")),
         alt.Y("relative:Q", title="pass time / one-token pass", scale=alt.Scale(zero=True)),
-        color=alt.Color("kernels:N", title="kernels", scale=_SCHEME),
+        color=colour(frame, "kernels", title="kernels"),
         strokeDash=alt.StrokeDash("threads:N", title=None),
         tooltip=["shape:N", "kernels:N", "threads:N", "rows:Q", alt.Tooltip("verify_ms:Q", format=".1f", title="ms"),
                  alt.Tooltip("relative:Q", format=".2f", title="× one-token pass")])
@@ -120,24 +141,26 @@ _ACCEPTANCE = alt.Y("acceptance:Q", title="acceptance", scale=alt.Scale(domain=[
 def training_loss(frame: pd.DataFrame) -> alt.Chart:
     """Loss per epoch, one line per `source` ('training', 'held-out')."""
     return alt.Chart(frame).mark_line(point=True).encode(
-        _EPOCH, alt.Y("loss:Q", title="loss (cross-entropy, steps weighted 0.8^j)", scale=alt.Scale(zero=False)),
-        color=alt.Color("source:N", title=None, scale=_SCHEME),
+        _EPOCH, alt.Y("loss:Q", title="loss", scale=alt.Scale(zero=False)),
+        color=colour(frame, "source"),
         tooltip=["source:N", "epoch:Q", alt.Tooltip("loss:Q", format=".3f")],
-    ).properties(width=340, height=240, title="loss per epoch")
+    ).properties(width=300, height=320, title=alt.TitleParams(
+        "loss per epoch", subtitle="cross-entropy, draft step j weighted 0.8^j"))
 
 
 def training_acceptance(frame: pd.DataFrame) -> alt.Chart:
     """Held-out acceptance per epoch, one line per draft position."""
     return alt.Chart(frame).mark_line(point=True).encode(
-        _EPOCH, _ACCEPTANCE, color=alt.Color("position:O", title="draft position", scale=_SCHEME),
+        _EPOCH, _ACCEPTANCE, color=colour(frame, "position", "O", "draft position"),
         tooltip=["epoch:Q", "position:Q", "judged:Q", "accepted:Q", alt.Tooltip("acceptance:Q", format=".3f")],
-    ).properties(width=340, height=240, title="held-out acceptance per epoch (given the earlier drafts were right)")
+    ).properties(width=300, height=320, title=alt.TitleParams(
+        "held-out acceptance per epoch", subtitle="at each draft position, given the earlier drafts were right"))
 
 
 def training_categories(frame: pd.DataFrame) -> alt.FacetChart:
     """Held-out acceptance per epoch, one line per category, one panel per draft position."""
     return alt.Chart(frame).mark_line(point=True).encode(
-        _EPOCH, _ACCEPTANCE, color=alt.Color("category:N", title="held-out category", scale=_SCHEME),
+        _EPOCH, _ACCEPTANCE, color=colour(frame, "category", title="held-out category"),
         tooltip=["category:N", "epoch:Q", "position:Q", "judged:Q", "accepted:Q",
                  alt.Tooltip("acceptance:Q", format=".3f")],
     ).properties(width=240, height=200).facet(
@@ -149,7 +172,7 @@ def position_acceptance(frame: pd.DataFrame, position: str = "draft position") -
     `position` titles the axis (`position_title`)."""
     return alt.Chart(frame).mark_line(point=True).encode(
         alt.X("position:Q", title=position, axis=alt.Axis(tickMinStep=1, format="d")), _ACCEPTANCE,
-        color=alt.Color("series:N", title=None, scale=_SCHEME),
+        color=colour(frame, "series"),
         strokeDash=alt.StrokeDash("source:N", title=None),
         tooltip=["series:N", "position:Q", "judged:Q", "accepted:Q", alt.Tooltip("acceptance:Q", format=".3f")],
     ).properties(width=420, height=240, title="acceptance by draft position: recorded runs and held-out prompts")
@@ -160,13 +183,19 @@ def position_rates(frame: pd.DataFrame, position_axis: str = "draft position") -
     it; `position_axis` titles the axis (`position_title`)."""
     position = alt.X("position:Q", title=position_axis, axis=alt.Axis(tickMinStep=1, format="d"))
     rate = alt.Y("rate:Q", title="accepted / reached", scale=alt.Scale(domain=[0, 1]))
-    lines = alt.Chart(frame).mark_line(point=True).encode(
-        position, rate, color=alt.Color("series:N", title="draft · mode", scale=_SCHEME),
-        tooltip=["series:N", "category:N", "position:Q", "reached:Q", "accepted:Q",
-                 alt.Tooltip("rate:Q", format=".3f", title="rate")]).properties(**PANEL)
-    return lines.facet(facet=alt.Facet("category:N", title=None), columns=FACET_COLUMNS).properties(
-        title="acceptance per draft position (of the rounds that reached it: the drafts before it accepted; in a "
-              "tree, the path reached that level)")
+    series = colour(frame, "series", title="draft · mode")
+    tooltip = ["series:N", "category:N", "position:Q", alt.Tooltip("reached:Q", title="rounds that reached it"),
+               "accepted:Q", alt.Tooltip("rate:Q", format=".3f", title="rate")]
+    base = alt.Chart(frame).encode(position, rate, series, tooltip=tooltip)
+    # A rate from a handful of rounds is noise: its point is small and faint, so it does not read as a finding.
+    points = base.mark_circle().encode(
+        size=alt.Size("reached:Q", title="rounds that reached it", scale=alt.Scale(type="sqrt", range=[20, 220])),
+        opacity=alt.condition(f"datum.reached >= {FEW_ROUNDS}", alt.value(1.0), alt.value(0.25)))
+    return alt.layer(base.mark_line(), points).properties(**PANEL).facet(
+        facet=alt.Facet("category:N", title=None), columns=FACET_COLUMNS).properties(title=alt.TitleParams(
+            "acceptance per draft position, of the rounds that reached it",
+            subtitle=[f"reached: the drafts before it were accepted (a tree: the path reached that level); point size "
+                      f"is the rounds behind a rate, faint when fewer than {FEW_ROUNDS}"]))
 
 
 def k_advisor(frame: pd.DataFrame) -> alt.FacetChart:
@@ -174,7 +203,7 @@ def k_advisor(frame: pd.DataFrame) -> alt.FacetChart:
     the measured fixed-k runs (dots)."""
     base = alt.Chart(frame)
     y = alt.Y("tokens_per_s:Q", title="decode tokens/s")
-    series = alt.Color("series:N", title="draft · mode", scale=_SCHEME)
+    series = colour(frame, "series", title="draft · mode")
     tooltip = ["series:N", "category:N", "k:Q", "source:N", alt.Tooltip("tokens_per_s:Q", format=".1f")]
     lines = base.transform_filter(alt.FieldOneOfPredicate(field="source", oneOf=[PREDICTED, THEORY])).mark_line(
     ).encode(_K, y, series, strokeDash=alt.StrokeDash("source:N", title=None, sort=[PREDICTED, THEORY]),
@@ -235,7 +264,7 @@ def by_batch_size(frame: pd.DataFrame, y: str, title: str) -> alt.FacetChart:
             alt.Tooltip("speedup:Q", format=".2f"), alt.Tooltip("tokens_per_s_per_seq:Q", format=".1f"),
             alt.Tooltip("tokens_per_s_per_batch:Q", format=".1f")]
     lines = base.mark_line(point=True).encode(x, alt.Y(f"{y}:Q", title=title),
-                                              alt.Color("series:N", title="draft · k · policy", scale=_SCHEME),
+                                              colour(frame, "series", title="draft · k · policy"),
                                               tooltip=tips)
     layers = [lines, _rule_at_one(base, ["category"])] if y == "speedup" else [lines]
     return alt.layer(*layers).properties(**PANEL).facet(facet=alt.Facet("category:N", title=None),

@@ -5,6 +5,8 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
+from dashboard.charts import colour
+
 METRICS = {"alpha": "α (acceptance rate)", "tau": "τ (tokens per round)"}
 
 
@@ -22,7 +24,7 @@ def acceptance_by_context(frame: pd.DataFrame, metric: str) -> alt.FacetChart:
     base = alt.Chart(shown).encode(
         x=alt.X("bucket:O", sort=order, title="tokens in the text when the round starts"),
         y=alt.Y(f"{metric}:Q", title=METRICS[metric], scale=scale),
-        color=alt.Color("draft:N", scale=alt.Scale(scheme="tableau10")),
+        color=colour(shown, "draft", title="draft"),
         tooltip=["draft", "category", alt.Tooltip("bucket:O", title="context"), "rounds",
                  alt.Tooltip("alpha:Q", format=".3f", title="α"), alt.Tooltip("tau:Q", format=".2f", title="τ")])
     layered = base.mark_line() + base.mark_circle(opacity=0.9).encode(size=alt.Size("rounds:Q", legend=None))

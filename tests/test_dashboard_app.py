@@ -201,7 +201,7 @@ def test_overview_and_compare_show_a_trees_nodes_per_round(monkeypatch, tree_db)
     assert any("Left out, since they missed a prompt the other cells of their setup ran: ngram-tree k=3 · fixed "
                "on code." in caption.value for caption in at.caption)
     spec, positions = chart_data(at.get("vega_lite_chart")[1])
-    assert spec["spec"]["encoding"]["x"]["title"] == "draft position / tree depth"  # chains and a tree
+    assert spec["spec"]["layer"][0]["encoding"]["x"]["title"] == "draft position / tree depth"  # chains and a tree
     tree = positions[positions["series"] == "ngram-tree · greedy"]
     assert tree[["position", "reached", "accepted"]].values.tolist() == [[1, 4, 3], [2, 3, 3], [3, 2, 1]]
 
@@ -381,14 +381,32 @@ def test_benchmark_page_shows_each_bench_its_goals_and_its_verify_curve(monkeypa
     assert set(curve["threads"]) == {"1 thread"}
     plain, spec, adaptive, verify, verify_stock = (t.value for t in at.dataframe)
     # The policy ours drafted under is a column only where it is not a fixed k.
-    assert "policy" not in spec and adaptive[["k", "policy", "ours / theirs"]].values.tolist() == [
-        [2, "heuristic", "1.20× (1.08–1.32×)"]]
-    assert verify_stock["ours / theirs"].tolist() == ["1.00× (0.90–1.10×)", "2.00× (1.80–2.20×)", "3.00× (2.70–3.30×)"]
-    assert plain.iloc[0][["ours / theirs", "goal"]].tolist() == ["1.20× (1.08–1.32×)", "✓ ratio >= 1"]
-    assert spec.iloc[0][["ours", "ours / theirs", "goal"]].tolist() == [
+    # Each table's columns say what it compares.
+    assert "policy" not in spec and adaptive[["k", "policy", "ours, policy / transformers heuristic"]].values.tolist(
+        ) == [[2, "heuristic", "1.20× (1.08–1.32×)"]]
+    assert verify_stock["pass / one-token pass"].tolist() == [
+        "1.00× (0.90–1.10×)", "2.00× (1.80–2.20×)", "3.00× (2.70–3.30×)"]
+    assert plain.iloc[0][["ours", "transformers", "ours / transformers", "goal"]].tolist()[2:] == [
+        "1.20× (1.08–1.32×)", "✓ ratio >= 1"]
+    assert spec.iloc[0][["ours", "ours / transformers assisted", "goal"]].tolist() == [
         "21.00 (18.90–23.10)", "1.10× (0.99–1.21×)", "✗ ratio >= 1.15"]
-    assert verify[["draft", "ours"]].values.tolist() == [
+    assert verify["category"].unique().tolist() == ["all"]  # the thread count is no category
+    assert verify[["draft", "pass"]].values.tolist() == [
         ["none", "70.00 (63.00–77.00)"], ["none", "112.00 (100.80–123.20)"], ["none", "140.00 (126.00–154.00)"],
         ["tree", "105.00 (94.50–115.50)"]]
     older = app(monkeypatch, db, "bench_page.py", bench="b-old")  # a shared URL picks the bench
     assert metrics(older)["goals met"] == "1 of 1" and len(older.dataframe) == 1
+
+
+def test_a_verify_curve_at_two_thread_counts_shows_them_as_threads_not_categories():
+    from dashboard import bench_page
+
+    rows = pd.DataFrame([{"metric": "verify_ms", "unit": "ms", "draft": "none", "k": 1, "k_policy": "fixed",
+                          "category": f"threads={n}", "threads": n, "ours": 10.0 * n, "ours_min": 9.0 * n,
+                          "ours_max": 11.0 * n, "theirs": 8.0 * n, "theirs_min": 8.0 * n, "theirs_max": 8.0 * n,
+                          "ratio": 1.25, "ratio_min": 1.1, "ratio_max": 1.4, "alpha": None, "c": None, "goal": None,
+                          "goal_met": None, "mismatches": None} for n in (1, 2)])
+    shown = bench_page.table(rows)
+    assert shown[["category", "threads", "pass", "one-token pass"]].values.tolist() == [
+        ["all", 1, "10.00 (9.00–11.00)", "8.00 (8.00–8.00)"], ["all", 2, "20.00 (18.00–22.00)", "16.00 (16.00–16.00)"]]
+    assert "theirs" not in shown and "α" not in shown

@@ -343,3 +343,23 @@ def test_tree_chart_draws_edges_nodes_the_stop_and_labels(tree_db):
     data = pd.DataFrame(spec["datasets"][spec["data"]["name"]])
     assert data.set_index("node")["fate"].to_dict() == {
         -1: "root", 0: "accepted", 1: "accepted", 2: "rejected", 3: "thrown"}
+
+
+def test_no_chart_colour_is_reused_and_legend_labels_are_not_cut():
+    assert charts.palette(3) == list(charts.TABLEAU10[:3])
+    assert len(set(charts.palette(10))) == 10 and len(set(charts.palette(16))) == 16  # past ten: all new hues
+    series = [f"eagle:heads/smollm2-135m-{i} · greedy" for i in range(16)]
+    frame = pd.DataFrame({"series": series, "category": "code", "k": 1, "source": "measured", "tokens_per_s": 1.0})
+    color = charts.k_advisor(frame).to_dict()["spec"]["layer"][0]["encoding"]["color"]
+    assert color["scale"]["domain"] == sorted(series)
+    assert len(set(color["scale"]["range"])) == 16
+    assert color["legend"]["labelLimit"] >= 8 * len(series[0])  # ~7 px a character at the legend's font size
+
+
+def test_per_position_rates_show_how_many_rounds_each_rests_on():
+    frame = pd.DataFrame({"series": ["a", "a"], "category": ["code", "code"], "position": [1, 6], "reached": [40, 3],
+                          "accepted": [20, 1], "rate": [0.5, 1 / 3]})
+    points = charts.position_rates(frame).to_dict()["spec"]["layer"][1]["encoding"]
+    assert points["size"]["field"] == "reached"
+    assert points["opacity"]["condition"]["test"] == f"datum.reached >= {charts.FEW_ROUNDS}"
+    assert (points["opacity"]["condition"]["value"], points["opacity"]["value"]) == (1.0, 0.25)

@@ -87,8 +87,9 @@ ABOUT = {
     "adaptive_tokens_per_s": "(e) adaptive draft length, tokens/s: ours under the policy, from k | transformers "
                              "assisted generation with num_assistant_tokens_schedule='heuristic' from k (prompt "
                              "lookup: its best fixed prompt_lookup_num_tokens of the bench's k)",
-    "early_exit_tokens_per_s": "(e) adaptive draft length, tokens/s: ours under the policy, from k | transformers "
-                               "early exit (assistant_early_exit = the draft's layers), heuristic schedule from k",
+    "early_exit_tokens_per_s": "(e) adaptive draft length with a layer-skip draft, tokens/s: ours under the policy, "
+                               "from k | transformers early exit (assistant_early_exit = the draft's layers), "
+                               "heuristic schedule from k",
     "batch_tokens_per_s": "(f) B prompts decoded together, tokens/s of the batch (category batch=B): ours, plain or "
                           "with the draft | transformers' plain batched generate(do_sample=False) on the same prompts",
     "target_passes": "(a, b) the target's forward passes per run, prefill included: ours | transformers",
@@ -108,6 +109,26 @@ ABOUT = {
     "roofline_stock": "roofline, stock F.linear: the same, on torch's own linears",
 }
 
+# What each metric's `ours` and `theirs` are, as the Benchmark page heads their columns (None: no `theirs`).
+COLUMNS = {
+    "plain_tokens_per_s": ("ours", "transformers"),
+    "spec_tokens_per_s": ("ours", "transformers assisted"),
+    "adaptive_tokens_per_s": ("ours, policy", "transformers heuristic"),
+    "early_exit_tokens_per_s": ("ours, policy", "transformers early exit"),
+    "batch_tokens_per_s": ("ours", "transformers batched"),
+    "target_passes": ("ours", "transformers"),
+    "draft_passes": ("ours", "transformers"),
+    "overhead_share": ("ours", "transformers"),
+    "loop_overhead_share": ("ours", None),
+    "record_share": ("ours", None),
+    "record_ms": ("ours", None),
+    "speedup": ("measured", "formula"),
+    "verify_ms": ("pass", "one-token pass"),
+    "verify_ms_stock": ("pass", "one-token pass"),
+    "verify_vs_stock": ("skinny", "stock"),
+    "roofline": ("weights read", "copy"),
+    "roofline_stock": ("weights read", "copy"),
+}
 
 BENCH_COLUMNS = (
     "bench_id", "started_at", "device", "device_name", "dtype", "threads", "target", "draft", "k", "k_policy",
