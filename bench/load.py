@@ -54,13 +54,15 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def serve(db: Path, log: Path, port: int | None = None, timeout_s: float = 90) -> Iterator[str]:
-    """`runner serve`'s dashboard on 127.0.0.1 over `db`; yields its base URL and stops it afterwards."""
+def serve(db: Path, log: Path, port: int | None = None, timeout_s: float = 90,
+          cwd: Path | None = None) -> Iterator[str]:
+    """`runner serve`'s dashboard on 127.0.0.1 over `db`, reading the .streamlit/ in `cwd`; yields its base URL and
+    stops it afterwards."""
     port = port or free_port()
     with log.open("w") as out:
-        server = start_dashboard(db, port, out, address="127.0.0.1")
+        server = start_dashboard(db, port, out, address="127.0.0.1", cwd=cwd)
     try:
-        wait_until_healthy(server, port, timeout_s)
+        wait_until_healthy(server, port, timeout_s, address="127.0.0.1")
         yield f"http://127.0.0.1:{port}"
     finally:
         stop(server)

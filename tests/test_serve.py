@@ -1,5 +1,6 @@
 """A sweep's progress beside its file, `--resume last`, the dashboard's recording banner, and `runner serve`
-(the dashboard at once, a sweep recording into the same file meanwhile, Ctrl-C stopping both)."""
+(the dashboard at once, a sweep recording into the same file meanwhile, Ctrl-C stopping both). Its login checks
+are in test_login.py."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from typer.testing import CliRunner
 
 from runner.cli import app
 from runner.engine import pair
+from runner.serve import open_warning
 from runner.sweep import progress
 from runner.sweep.run import run_sweep
 
@@ -107,7 +109,8 @@ def test_serve_answers_first_records_the_sweep_meanwhile_and_ctrl_c_stops_both(t
                                "--sweep", sweep], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True, start_new_session=True)
     try:
-        first = server.stdout.readline()
+        warning, first = server.stdout.readline(), server.stdout.readline()
+        assert warning == open_warning(None, port) + "\n"  # no login here, and Streamlit listens on every interface
         assert first.startswith(f"dashboard: http://localhost:{port}")
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=10) as answer:
             assert answer.status == 200  # answering when the URL is printed

@@ -59,10 +59,15 @@ def serve_command(
     sweep: Annotated[str | None, typer.Option(
         help="also record a sweep into --db meanwhile: the options of `runner sweep`, quoted as one string; "
              "a sweep of the same plan interrupted earlier is finished")] = None,
+    address: Annotated[str | None, typer.Option(
+        help="the address to listen on, 127.0.0.1 for this machine only; Streamlit's default: every interface")] = None,
+    auth: Annotated[bool, typer.Option(
+        "--auth", help="refuse to start unless the secrets configure the login ([auth], see the README's \"Login\")")
+    ] = False,
 ) -> None:
     """Serve the dashboard on --db at once, and optionally record a sweep into it meanwhile; Ctrl-C stops both."""
     try:
-        code = serve(db, port, sweep)
+        code = serve(db, port, sweep, address, require_auth=auth)
     except ServeError as exc:
         fail(str(exc))
     raise typer.Exit(code)
