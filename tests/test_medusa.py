@@ -321,3 +321,22 @@ def test_trained_medusa_heads_load_back_and_draft(tmp_path, tiny_dir, tiny, monk
         spec = parse_draft(draft)
         run = Pair(tiny, [spec]).run(spec, prompt, 3, GREEDY, 12, seed=0)
         assert run.output_tokens == expected and all(r.k > 0 for r in run.rounds[:-1])
+
+
+def test_check_head_tells_a_medusa_layout_and_refuses_as_medusa_does(tiny_dir, tmp_path):
+    vocab = json.loads((tiny_dir / "config.json").read_text())["vocab_size"]
+    tensors = random_heads(3, 64, seed=0) | {"1.1.weight": torch.zeros(vocab, 64)}  # head 1 has its own LM head
+    path = write(tmp_path / "heads", tensors, 3, 1, name=medusa_files.PT, prefix="medusa_head.")
+    code, stdout, _ = invoke(["check-head", str(path), "--target", str(tiny_dir)])
+    assert code == 0
+    assert stdout.splitlines() == [
+        f"head: {path}",
+        "weights: medusa_lm_head.pt, 7 tensors, every one read",
+        "layout: Medusa-1, 3 heads of 1 residual blocks each, over the target's last hidden state after its final "
+        "norm (width 64); head i's likeliest token is draft i + 1",
+        "LM heads: their own for heads [1], the target's for the others",
+        f"refused: nothing; loads as medusa:{path} and medusa-tree:{path}"]
+    wide = write(tmp_path / "wide", random_heads(3, 32, seed=0), 3, 1)
+    code, stdout, stderr = invoke(["check-head", str(wide), "--target", str(tiny_dir)])
+    assert (code, stdout) == (2, "")
+    assert stderr.strip() == f"error: {_refusal(tiny_dir, wide)}"  # the line `medusa:` refuses it with

@@ -1,5 +1,5 @@
-"""`check-head`: what a draft head is, as `eagle:` would load it, before any sweep: its layout, the target layers it
-reads, its vocabulary map and its flags; or the one line that refuses it (exit code 2)."""
+"""`check-head`: what a draft head is, as `eagle:` or `medusa:` would load it, before any sweep: its layout, the target
+layers it reads, its vocabulary map and its flags; or the one line that refuses it (exit code 2)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from typing import Annotated
 import typer
 
 from runner.cli.common import Target, TrustRemoteCode, fail, stdout
-from runner.engine import head_files, models
+from runner.engine import head_files, medusa_files, models
 from runner.engine.head_files import EMBEDDING, HeadFile
+from runner.engine.medusa_files import MedusaFile
 
 
 def check_head_command(
@@ -17,13 +18,17 @@ def check_head_command(
     target: Target = models.DEFAULT_MODEL,
     trust_remote_code: TrustRemoteCode = False,
 ) -> None:
-    """Check a draft head against a target without loading either model; exit 0 if `eagle:<head>` can load it."""
+    """Check a draft head against a target without loading either model; exit 0 if `eagle:<head>` (or, for Medusa
+    heads, `medusa:<head>`) can load it."""
     try:
         config = models.load_config(target, trust_remote_code)
-        checked = head_files.check(head, config)
+        if medusa_files.published_as_medusa(head):
+            lines = describe_medusa(medusa_files.check(head, config), config.hidden_size)
+        else:
+            lines = describe(head_files.check(head, config), config.num_hidden_layers)
     except ValueError as exc:  # HeadError and ModelError: one line each
         fail(str(exc))
-    for line in describe(checked, config.num_hidden_layers):
+    for line in lines:
         stdout.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
@@ -41,6 +46,24 @@ def describe(checked: HeadFile, target_layers: int) -> list[str]:
         f"vocabulary: {c.draft_vocab_size} draft tokens of the target's {c.vocab_size}; t2d {checked.t2d}",
         "flags: " + ", ".join(f"{key}={value}" for key, value in c.flags().items()),
         "refused: nothing; loads as eagle:" + str(checked.path),
+    ]
+
+
+def describe_medusa(checked: MedusaFile, hidden: int) -> list[str]:
+    own = [i for i, has in enumerate(checked.own_lm_heads) if has]
+    if len(own) == checked.heads:
+        lm = "each head its own"
+    elif not own:
+        lm = "the target's, shared by every head"
+    else:
+        lm = f"their own for heads {own}, the target's for the others"
+    return [
+        f"head: {checked.path}",
+        f"weights: {checked.weights.described}, {len(checked.weights.shapes)} tensors, every one read",
+        f"layout: Medusa-1, {checked.heads} heads of {checked.layers} residual blocks each, over the target's last "
+        f"hidden state after its final norm (width {hidden}); head i's likeliest token is draft i + 1",
+        f"LM heads: {lm}",
+        f"refused: nothing; loads as medusa:{checked.path} and medusa-tree:{checked.path}",
     ]
 
 

@@ -82,6 +82,15 @@ def _names(path: Path, stored: list[str]) -> dict[str, str]:
     return names
 
 
+def published_as_medusa(source: str) -> bool:
+    """Whether a head's config.json has Medusa-1's keys at its top level: how `check-head` tells the layout."""
+    try:
+        obj = json.loads((resolve(source, PATTERNS) / CONFIG).read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # HeadError is a ValueError: `check` then says what is wrong
+        return False
+    return isinstance(obj, dict) and "medusa_num_heads" in obj
+
+
 def check(source: str, target: PretrainedConfig) -> MedusaFile:
     """Everything that can be refused before a model loads: the files, every tensor, and its fit with the target."""
     path = resolve(source, PATTERNS)
