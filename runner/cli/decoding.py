@@ -58,7 +58,7 @@ def generate(
     draft: Annotated[str, typer.Option(help="ngram[:n[:match]], layerskip:<L>, model:<spec>, "
                                             "eagle:<head>, medusa:<head>, or a tree: ngram-tree[:n], "
                                             "eagle-tree:<head>, hybrid:<head>, recycling, medusa-tree:<head> "
-                                            "(each [:nodes=N])")] = "ngram",
+                                            "(each [:nodes=N]), lookahead[:W,N,G]")] = "ngram",
     k: Annotated[int, typer.Option(help="drafts per round (where a policy starts; a tree's depth)")] = 4,
     k_policy: Annotated[str, typer.Option(help=POLICY_HELP)] = FIXED.text,
     mode: Mode = "greedy",

@@ -1,9 +1,9 @@
 """Batched speculative decoding: B sequences decoded together, one target pass verifying every sequence's drafts.
 
 Each sequence keeps its own drafter (its own k, tree or policy), text and sampling generator; the target's KV cache
-holds all B rows. A pass carries each sequence's newest token and drafts (k + 1 rows, or its tree), padded to the
-widest, under a 4D mask that lets each row see only its own committed text and its own branch (as trees.py does for
-one sequence), at its own positions.
+holds all B rows. A pass carries each sequence's newest token and drafts (k + 1 rows, or its tree, with any extra
+rows: the lookahead window), padded to the widest, under a 4D mask that lets each row see only its own committed
+text and its own branch (as trees.py does for one sequence), at its own positions.
 
 Rolling back marks which of the pass's new cache columns a sequence keeps, instead of moving memory: the others
 become holes the mask hides, and the cache is compacted once it is more than half holes. A sequence that finishes
@@ -152,13 +152,13 @@ def batch_round(batch: BatchCache, members: list[Member], decoding: Decoding, cl
         marks.append((start, clock.mark()))
     # 2. Verify: one pass over every sequence's newest token and drafts.
     verifying = clock.mark()
-    fed = [torch.cat([m.text.tokens[-1:], d.tokens]) for m, d in zip(members, drafts, strict=True)]
-    logits, hidden = batch.verify(fed, [d.parents for d in drafts], members[0].drafter.wants_hidden)
+    fed = [trees.fed(d, m.text.tokens[-1:]) for m, d in zip(members, drafts, strict=True)]  # extra rows included
+    logits, hidden = batch.verify(fed, [trees.pass_parents(d) for d in drafts], members[0].drafter.wants_hidden)
     finite = logits.isfinite().all().view(1)
-    # 3. Compare, per sequence, exactly as one sequence alone would.
+    # 3. Compare, per sequence, exactly as one sequence alone would: its root and drafts, never its extra rows.
     verdicts = [(chain_verdict if d.parents is None else trees.verdict)(
-        d, logits[row, : f.numel()], finite, decoding, m.generator)
-        for row, (m, d, f) in enumerate(zip(members, drafts, fed, strict=True))]
+        d, logits[row, : d.tokens.numel() + 1], finite, decoding, m.generator)
+        for row, (m, d) in enumerate(zip(members, drafts, strict=True))]
     verified = clock.mark()
     if not all(v.ok for v in verdicts):
         raise NonFiniteLogits(logits.dtype)

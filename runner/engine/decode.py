@@ -152,22 +152,25 @@ def speculative_round(
     drafted = clock.mark()
     k = draft.tokens.numel()
     # 2. Verify: ONE target pass over the newest committed token + d1..dk gives t1..t(k+1); in a tree each node
-    #    sees only its own branch, so its row is the target's choice after that branch.
-    fed = torch.cat([text.tokens[-1:], draft.tokens])  # (k+1,)
-    logits, hidden = target.verify(fed, drafter.wants_hidden, draft.parents)  # (k+1, V)
-    finite = logits.isfinite().all().view(1)
+    #    sees only its own branch, so its row is the target's choice after that branch. A draft's extra rows (the
+    #    lookahead window) ride along after d1..dk, never judged.
+    fed = trees.fed(draft, text.tokens[-1:])  # (k+1+E,)
+    logits, hidden = target.verify(fed, drafter.wants_hidden, trees.pass_parents(draft))  # (k+1+E, V)
+    judged = logits[: k + 1]  # (k+1, V) the root and the drafts
+    finite = judged.isfinite().all().view(1)
     # 3. Compare, from the root down: accepted while the target agrees; the first failure is rejected (in a tree:
     #    every child of the last accepted node failed), the rest are thrown (never judged); then the target's
     #    own token, the correction or the bonus.
     judge = chain_verdict if draft.parents is None else trees.verdict
-    verdict = judge(draft, logits, finite, decoding, generator)
+    verdict = judge(draft, judged, finite, decoding, generator)
     verified = clock.mark()
     if not verdict.ok:
         raise NonFiniteLogits(logits.dtype)
-    # 4. Append the kept drafts and the target's token, cut at EOS or max_new_tokens; the drafter learns its fate.
+    # 4. Append the kept drafts and the target's token, cut at EOS or max_new_tokens; the drafter learns its fate
+    #    (and, when it asks, the target's top tokens at every row, extra rows included).
     done, kept_rows = commit(drafter, text, draft, verdict, logits, hidden, budget, eos)
     # 5. Roll back: both caches keep the committed text, i.e. the verify pass's rows of the root and the accepted
-    #    path (for a chain, its first rows: a crop).
+    #    path (for a chain, its first rows: a crop); extra rows are never kept.
     trees.keep(target.cache, committed - 1, kept_rows)
     assert target.length == text.length - 1 == committed + done.emitted - 1
     return Timed(done, (start, drafted, drafted, verified))

@@ -41,6 +41,10 @@ class Draft:
     # a tree (runner/engine/trees.py): each node's parent, an earlier node or -1 for the newest committed token;
     # None for a chain, node i following node i - 1 (`trees.as_parents` turns a chain-shaped tree into None)
     parents: tuple[int, ...] | None = None
+    # rows the verify pass carries after the nodes that are not drafts, never judged nor counted (lookahead decoding's
+    # window): their tokens (E,) and parents, numbered on from the nodes (extra row e is node N + e; -1 the root)
+    extra: Tensor | None = None
+    extra_parents: tuple[int, ...] = ()
 
 
 class Drafter(Protocol):
@@ -66,8 +70,8 @@ class Drafter(Protocol):
     def accepted(self, n: int, hidden: Tensor | None, top: Tensor | None) -> None:
         """The target kept the first n drafts (then added its own token); `hidden` is (n+1, L·H) when asked for.
         After a tree, n is the accepted path's length and `hidden` the rows of the root and that path. `top`, when
-        asked for, is (T, wants_top): the target's likeliest tokens at every verify row (the root, then each draft
-        in order), whether kept or not."""
+        asked for, is (T, wants_top): the target's likeliest tokens at every verify row (the root, each draft in
+        order, then any `Draft.extra` rows), whether kept or not."""
 
 
 def new_cache(model: PreTrainedModel) -> DynamicCache:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from runner.engine import head_files, kernels, medusa_files, models
+from runner.engine import head_files, kernels, lookahead, medusa_files, models
 from runner.engine.batch import generate_batch
 from runner.engine.decode import generate
 from runner.engine.drafters import (
@@ -23,6 +23,7 @@ from runner.engine.drafters import (
 from runner.engine.eagle_drafter import EagleDrafter
 from runner.engine.eagle_tree import EagleTreeDrafter
 from runner.engine.hybrid import HybridDrafter
+from runner.engine.lookahead import LookaheadDrafter
 from runner.engine.medusa import MedusaDrafter, MedusaTreeDrafter
 from runner.engine.ngram_tree import NgramTreeDrafter
 from runner.engine.policies import FIXED, PolicySpec, VerifyCosts
@@ -34,7 +35,8 @@ from runner.records import Generation
 DEFAULT_NGRAM = 3  # longest n-gram prompt lookup tries before falling back to shorter ones
 DEFAULT_NODES = 15  # a tree's nodes per round: 16 verify rows, the widest the skinny kernels cover (~1.6x one row)
 MAX_NODES = 63  # verify passes of up to 64 rows: the root and 63 nodes
-TREE_KINDS = ("ngram-tree", "eagle-tree", "hybrid", "recycling", "medusa-tree")
+SIZED_TREES = ("ngram-tree", "eagle-tree", "hybrid", "recycling", "medusa-tree")  # the trees that take :nodes=<N>
+TREE_KINDS = (*SIZED_TREES, "lookahead")
 HEAD_KINDS = ("eagle", "eagle-tree", "hybrid")  # drafts made by an EAGLE draft head
 MEDUSA_KINDS = ("medusa", "medusa-tree")  # drafts made by Medusa heads
 WARMUP_TOKENS = 8  # plain decoding's warm-up
@@ -46,13 +48,13 @@ class DraftSpec:
 
     text: str  # as the user wrote it, e.g. 'layerskip:24'
     # 'baseline' | 'ngram' | 'layerskip' | 'model' | 'eagle' | 'medusa', or a tree: 'ngram-tree' | 'eagle-tree' |
-    # 'hybrid' | 'recycling' | 'medusa-tree'
+    # 'hybrid' | 'recycling' | 'medusa-tree' | 'lookahead'
     kind: str
     # n for ngram and ngram-tree, L for layerskip, the model spec for model, the head's directory or repo id for
-    # eagle, eagle-tree, hybrid, medusa and medusa-tree; None for recycling
+    # eagle, eagle-tree, hybrid, medusa and medusa-tree, 'W,N,G' for lookahead; None for recycling
     arg: str | None
     match: str | None = None  # ngram: which earlier occurrence it copies from (`NGRAM_MATCHES`)
-    nodes: int | None = None  # a tree: its nodes per round
+    nodes: int | None = None  # a tree: its nodes per round (lookahead: at most, G guesses of N - 1)
 
     @property
     def baseline(self) -> bool:
@@ -65,18 +67,21 @@ PLAIN = DraftSpec("none", "baseline", None)  # the baseline: plain decoding, no 
 def parse_draft(text: str) -> DraftSpec:
     """`none`, `ngram[:<n>[:<match>]]`, `layerskip:<L>`, `model:<spec>`, `eagle:<head>`, `medusa:<head>`, or a tree,
     each taking `:nodes=<N>`: `ngram-tree[:<n>]`, `eagle-tree:<head>`, `hybrid:<head>`, `recycling`,
-    `medusa-tree:<head>`; ValueError otherwise."""
+    `medusa-tree:<head>`; or `lookahead[:W,N,G]`, a tree whose G and N set its nodes; ValueError otherwise."""
     if text == PLAIN.text:
         return PLAIN
     base, nodes = _nodes(text)
     kind, _, arg = base.partition(":")
     n, _, match = arg.partition(":")
-    if nodes is not None and kind not in TREE_KINDS:
-        raise ValueError(f'"{text}": only a tree ({", ".join(TREE_KINDS)}) takes :nodes=<N>')
+    if nodes is not None and kind not in SIZED_TREES:
+        raise ValueError(f'"{text}": only a tree ({", ".join(SIZED_TREES)}) takes :nodes=<N>')
     if kind == "ngram" and (not arg or n.isdigit() and int(n) >= 1 and (not match or match in NGRAM_MATCHES)):
         return DraftSpec(text, "ngram", n or str(DEFAULT_NGRAM), match or DEFAULT_MATCH)
     if kind == "ngram-tree" and (not arg or arg.isdigit() and int(arg) >= 1):
         return DraftSpec(text, "ngram-tree", arg or str(DEFAULT_NGRAM), nodes=nodes or DEFAULT_NODES)
+    if kind == "lookahead":
+        window, ngram, guesses = lookahead.parse(arg)
+        return DraftSpec(text, "lookahead", f"{window},{ngram},{guesses}", nodes=guesses * (ngram - 1))
     if kind == "recycling" and not arg:
         return DraftSpec(text, "recycling", None, nodes=nodes or DEFAULT_NODES)
     if kind in ("eagle-tree", "hybrid", "medusa-tree") and arg:
@@ -88,7 +93,7 @@ def parse_draft(text: str) -> DraftSpec:
     raise ValueError(f'unknown draft "{text}"; use ngram, ngram:<n>, ngram:<n>:<match> (match: '
                      f'{", ".join(NGRAM_MATCHES)}), layerskip:<L>, model:<spec>, eagle:<head>, medusa:<head>, or a '
                      'tree: ngram-tree[:<n>], eagle-tree:<head>, hybrid:<head>, recycling or medusa-tree:<head>, '
-                     'each with an optional :nodes=<N>')
+                     'each with an optional :nodes=<N>, or lookahead[:W,N,G]')
 
 
 def _nodes(text: str) -> tuple[str, int | None]:
@@ -159,6 +164,9 @@ class Pair:
             switch.table()  # measured (or read from the cache) now, not inside a timed generation
         self.verify_costs = VerifyCosts()  # every generation's verify passes, for the `auto` policy
         self.batch_costs: dict[int, VerifyCosts] = {}  # the same for batched generations, per batch size
+        # a lookahead draft's, per draft and batch size: its passes also carry the window, so at the same k they are
+        # wider than any other draft's and would skew the widths `auto` reads for the others
+        self.window_costs: dict[tuple[str, int], VerifyCosts] = {}
 
     def drafter(self, spec: DraftSpec, decoding: Decoding, generator: torch.Generator,
                 policy: PolicySpec = FIXED) -> Drafter:
@@ -174,6 +182,8 @@ class Pair:
             return NgramTreeDrafter(int(spec.arg), spec.nodes)
         if spec.kind == "recycling":
             return RecyclingDrafter(spec.nodes)
+        if spec.kind == "lookahead":
+            return LookaheadDrafter(*lookahead.parse(spec.arg))
         if spec.kind == "eagle-tree":
             return EagleTreeDrafter(self.draft_models[spec.text], decoding, generator, spec.nodes)
         if spec.kind == "hybrid":
@@ -199,7 +209,7 @@ class Pair:
         drafter = self.drafter(spec, decoding, generator, policy)
         with kernels.using(self.switches):
             return generate(self.target, drafter, prompt, k, decoding, max_new_tokens, generator, policy,
-                            self.verify_costs)
+                            self._costs(spec, 1))
 
     def run_batch(
         self, spec: DraftSpec, prompts: list[list[int]], k: int | None, decoding: Decoding, max_new_tokens: int,
@@ -211,10 +221,15 @@ class Pair:
             raise ValueError(f"{spec.text}: k must be {'None' if spec.baseline else 'given'}, got {k}")
         generators = [torch.Generator(device=self.target.device).manual_seed(seed) for _ in prompts]
         drafters = [self.drafter(spec, decoding, g, policy) for g in generators]
-        costs = self.batch_costs.setdefault(len(prompts), VerifyCosts())
         with kernels.using(self.switches):
             return generate_batch(self.target, drafters, prompts, k, decoding, max_new_tokens, generators, policy,
-                                  costs)
+                                  self._costs(spec, len(prompts)))
+
+    def _costs(self, spec: DraftSpec, batch: int) -> VerifyCosts:
+        """The verify costs a generation of `spec` at this batch size adds to, and its `auto` policy reads."""
+        if spec.kind == "lookahead":
+            return self.window_costs.setdefault((spec.text, batch), VerifyCosts())
+        return self.verify_costs if batch == 1 else self.batch_costs.setdefault(batch, VerifyCosts())
 
     def warm_up(self, specs: list[DraftSpec], prompt: list[int], ks: tuple[int, ...], decoding: Decoding,
                 max_new_tokens: int, batches: tuple[int, ...] = (1,)) -> None:

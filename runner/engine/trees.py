@@ -5,7 +5,9 @@ the newest committed token. Node ids are topological (a parent comes before its 
 whose node j has parent j - 1; a draft of that shape is kept as a chain (parents None) and verified as one.
 
 The verify pass feeds [root, node 0, …, node N-1] with a mask that lets each row see the committed text and its own
-ancestors only, at the position of its depth: every branch is then judged as if it had been fed alone.
+ancestors only, at the position of its depth: every branch is then judged as if it had been fed alone. A draft's
+extra rows (`Draft.extra`, lookahead decoding's window) follow the nodes under the same mask, as more nodes of the
+tree; only the root and the nodes are judged, and the rollback drops the extra rows with every other row not kept.
 
 A custom mask replaces the model's own masking, sliding windows included, so a target with any cache layer other
 than a plain full-attention one (Mistral, Gemma-2/3, Phi-3, gpt-oss) is refused with a ValueError: trees are not
@@ -35,6 +37,23 @@ def as_parents(parents: Sequence[int]) -> tuple[int, ...] | None:
         if not ROOT <= parent < j:
             raise ValueError(f"node {j} has parent {parent}: a parent must be an earlier node or {ROOT} (the root)")
     return None if all(parent == j - 1 for j, parent in enumerate(parents)) else tuple(parents)
+
+
+def fed(draft: Draft, root: Tensor) -> Tensor:
+    """The verify pass's rows: the root (1,), the draft's nodes, then its extra rows (`Draft.extra`)."""
+    return torch.cat([root, draft.tokens] if draft.extra is None else [root, draft.tokens, draft.extra])
+
+
+def pass_parents(draft: Draft) -> tuple[int, ...] | None:
+    """The parents the verify pass's mask and positions are made from: the nodes', then the extra rows' (node ids
+    numbered on from the nodes). None when all of it is a chain: the model's own causal mask then serves. ValueError
+    unless every parent comes before its child."""
+    if draft.extra is None:
+        return draft.parents
+    nodes = draft.parents if draft.parents is not None else tuple(range(-1, draft.tokens.numel() - 1))
+    if len(draft.extra_parents) != draft.extra.numel():
+        raise ValueError(f"{draft.extra.numel()} extra rows with {len(draft.extra_parents)} parents")
+    return as_parents(nodes + draft.extra_parents)
 
 
 def depths(parents: Sequence[int]) -> list[int]:
