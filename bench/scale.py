@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))  # `python bench/scale.py` puts bench/, not the re
 import duckdb  # noqa: E402
 
 from dashboard import queries  # noqa: E402
-from runner.store import metrics  # noqa: E402
+from runner.store import advisor, comparable, metrics  # noqa: E402
 from runner.store.connect import init_db  # noqa: E402
 from runner.store.schema import FILL_RUN_TOTALS  # noqa: E402
 from runner.store.sql import EXAMPLES, run_query  # noqa: E402
@@ -144,17 +144,21 @@ def median_s(fn: Callable[[], object], repeats: int) -> tuple[float, list[float]
     return statistics.median(times), times
 
 
-def page_queries(newest_run: str) -> dict[str, list[tuple[Callable, tuple]]]:
-    """What each page's default view reads (see dashboard/*.py render())."""
+def page_queries(newest_run: str, drafts: list[str]) -> dict[str, list[tuple[Callable, tuple]]]:
+    """What each page's default view reads (see dashboard/*.py render()); a query a page calls twice is cached, so it
+    counts once."""
     everything = metrics.Filters()
+    head_to_head = metrics.Filters(draft=tuple(drafts[:2]))  # Compare's draft A and B: the first two, sorted
     return {
-        "overview": [(queries.run_count, ()), (queries.filter_options, ()), (metrics.cells, (everything,)),
-                     (metrics.cells, (everything, ())), (queries.runs, (everything,)),
-                     (metrics.formula_over_alpha, (everything, 4)), (metrics.formula_over_k, (everything,)),
-                     (queries.verify_growth, (everything,))],
-        "compare": [(queries.run_count, ()), (queries.filter_options, ()), (metrics.draft_categories, (everything,)),
-                    (queries.lossless_rates, (everything,)), (metrics.cells, (everything,)),
-                    (metrics.formula_over_k, (everything,))],
+        "overview": [(queries.run_count, ()), (queries.filter_options, ()), (queries.cells, (everything,)),
+                     (comparable.best_cells, (everything,)), (comparable.left_out, (everything,)),
+                     (queries.runs, (everything,)), (metrics.formula_over_alpha, (everything, min(KS))),
+                     (metrics.formula_over_k, (everything,)), (queries.verify_growth, (everything,))],
+        "compare": [(queries.run_count, ()), (queries.filter_options, ()), (queries.cells, (everything,)),
+                    (comparable.lossless_by_setup, (everything,)), (comparable.best_cells, (everything,)),
+                    (comparable.left_out, (everything,)), (metrics.formula_over_k, (head_to_head,)),
+                    (advisor.positions, (everything,)), (queries.tree_drafts, ()),
+                    (advisor.k_advice, (everything,)), (advisor.k_curve, (everything,))],
         "replay (no run picked)": [(queries.run_count, ()), (queries.run_choices, ())],
         "replay ?run=…": [(queries.run_count, ()), (queries.run_choices, ()), (queries.run_detail, (newest_run,)),
                           (queries.run_rounds, (newest_run,))],
@@ -165,11 +169,11 @@ def page_queries(newest_run: str) -> dict[str, list[tuple[Callable, tuple]]]:
 
 def measure_queries(db: Path, repeats: int, newest_run: str) -> dict[str, tuple[float, dict[str, float]]]:
     results = {}
-    for page, calls in page_queries(newest_run).items():
+    drafts = sorted(DRAFTS)
+    for page, calls in page_queries(newest_run, drafts).items():
         per_query = {}
         for fn, args in calls:
-            name = fn.__name__ + (" (totals)" if args[1:] == ((),) else "")
-            per_query[name] = median_s(lambda fn=fn, args=args: queries.read(db, fn, *args), repeats)[0]
+            per_query[fn.__name__] = median_s(lambda fn=fn, args=args: queries.read(db, fn, *args), repeats)[0]
         results[page] = (sum(per_query.values()), per_query)
     return results
 
