@@ -33,8 +33,9 @@ import duckdb  # noqa: E402
 
 from dashboard import queries  # noqa: E402
 from runner.store import advisor, comparable, metrics  # noqa: E402
-from runner.store.connect import init_db  # noqa: E402
+from runner.store.connect import init_db, upgrade  # noqa: E402
 from runner.store.schema import FILL_RUN_TOTALS  # noqa: E402
+from runner.store.schema_rounds import FILL_ROUND_COUNTS  # noqa: E402
 from runner.store.sql import EXAMPLES, run_query  # noqa: E402
 
 DRAFTS = ["ngram", "ngram:2", "layerskip:24", "layerskip:15"]
@@ -113,6 +114,7 @@ def build(db: Path, runs: int, rounds_per_run: int) -> None:
         con.execute(ROUNDS, [rounds_per_run])
         con.execute(RUNS, [TARGET])
         con.execute(FILL_RUN_TOTALS)
+        con.execute(FILL_ROUND_COUNTS)
         con.execute("CHECKPOINT")
     print(f"built {db}: {runs:,} runs × {rounds_per_run} rounds in {time.perf_counter() - started:.0f} s, "
           f"{db.stat().st_size / 2**20:,.0f} MiB", flush=True)
@@ -231,6 +233,9 @@ def main() -> None:
     if counts != (args.runs, args.runs * args.rounds_per_run):
         build(args.db, args.runs, args.rounds_per_run)
         counts = check(args.db)
+    started = time.perf_counter()
+    upgrade(args.db)  # a file built by an older specdash gets this one's tables and views, as the dashboard does
+    print(f"upgraded to this specdash's schema (if it was older) in {time.perf_counter() - started:.1f} s")
     print(f"{args.db}: {counts[0]:,} runs, {counts[1]:,} rounds, {args.db.stat().st_size / 2**20:,.0f} MiB; "
           f"medians of {args.repeats}", flush=True)
     newest = queries.read(args.db, queries.run_choices)["run_id"].iloc[0]

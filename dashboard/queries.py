@@ -69,11 +69,10 @@ def nodes_per_round(con: duckdb.DuckDBPyConnection, filters: Filters, keys: tupl
     tree (`draft_parents` recorded)."""
     where, params = filters.where(alias="s.")
     picked = ", ".join(f"s.{key}" for key in keys)
-    # Summed per run first, as in verify_growth: one pass over rounds, then a join of one row per run.
+    # From the rounds counted per run (`round_counts`): a few rows per run, not one per round.
     return _frame(con, f"""
-        WITH per_run AS (SELECT run_id, sum(k) AS nodes, count(*) AS drafting,
-                             bool_or(draft_parents IS NOT NULL) AS tree
-                         FROM rounds WHERE k > 0 GROUP BY run_id)
+        WITH per_run AS (SELECT run_id, sum(k * rounds) AS nodes, sum(rounds) AS drafting, bool_or(tree) AS tree
+                         FROM round_counts WHERE k > 0 GROUP BY run_id)
         SELECT {picked}, sum(p.nodes) / sum(p.drafting) AS nodes_per_round, coalesce(bool_or(p.tree), false) AS tree
         FROM run_stats s LEFT JOIN per_run p USING (run_id)
         WHERE s.draft <> 'none' AND {where} GROUP BY ALL ORDER BY ALL""", params)
@@ -96,7 +95,7 @@ def draft_categories(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.Dat
 def tree_drafts(con: duckdb.DuckDBPyConnection) -> list[str]:
     """The drafts that proposed a tree in at least one round: their draft positions are the tree's levels."""
     return [draft for (draft,) in con.execute("""
-        SELECT DISTINCT draft FROM runs WHERE run_id IN (SELECT run_id FROM rounds WHERE draft_parents IS NOT NULL)
+        SELECT DISTINCT draft FROM runs WHERE run_id IN (SELECT run_id FROM round_counts WHERE tree)
         ORDER BY draft""").fetchall()]
 
 
@@ -108,13 +107,13 @@ def verify_growth(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFr
     """
     spec_where, spec_params = filters.where(alias="s.")
     base_where, base_params = filters.where(alias="s.", skip=("draft", "k", "k_policy"))
-    # The rounds are summed per (run, k) before the join: at 10M rounds that is 4x faster than joining each round.
+    # The rounds as counted per run (`round_counts`), a few rows per run, joined to their runs.
     # Kernels and threads change the pass time itself, so each setting gets its own curve and its own reference.
     return _frame(con, f"""
-        WITH per_run_k AS (SELECT run_id, k, count(*) AS n, sum(verify_s) AS s FROM rounds GROUP BY ALL),
-        picked AS (
-            SELECT s.target, s.device, s.kernels, s.threads, p.k, p.n, p.s, s.draft = 'none' AS baseline
-            FROM per_run_k p JOIN runs s USING (run_id)
+        WITH picked AS (
+            SELECT s.target, s.device, s.kernels, s.threads, p.k, p.rounds AS n, p.verify_s AS s,
+                s.draft = 'none' AS baseline
+            FROM round_counts p JOIN runs s USING (run_id)
             WHERE s.status = 'ok' AND ((s.draft <> 'none' AND {spec_where}) OR (s.draft = 'none' AND {base_where}))),
         one_token AS (SELECT target, device, kernels, threads, sum(s) / sum(n) AS one_token_s FROM picked
                       WHERE baseline GROUP BY ALL)
