@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))  # `python bench/scale.py` puts bench/, not the re
 
 import duckdb  # noqa: E402
 
-from dashboard import queries  # noqa: E402
+from dashboard import queries, replay  # noqa: E402
 from runner.store import advisor, comparable, metrics  # noqa: E402
 from runner.store.connect import init_db, upgrade  # noqa: E402
 from runner.store.schema import FILL_RUN_TOTALS  # noqa: E402
@@ -161,9 +161,9 @@ def page_queries(newest_run: str, drafts: list[str]) -> dict[str, list[tuple[Cal
                     (comparable.left_out, (everything,)), (metrics.formula_over_k, (head_to_head,)),
                     (advisor.positions, (everything,)), (queries.tree_drafts, ()),
                     (advisor.k_advice, (everything,)), (advisor.k_curve, (everything,))],
-        "replay (no run picked)": [(queries.run_count, ()), (queries.run_choices, ())],
-        "replay ?run=…": [(queries.run_count, ()), (queries.run_choices, ()), (queries.run_detail, (newest_run,)),
-                          (queries.run_rounds, (newest_run,))],
+        "replay (no run picked)": [(queries.run_count, ()), (queries.run_choices, (replay.RUNS_SHOWN,))],
+        "replay ?run=…": [(queries.run_count, ()), (queries.run_choices, (replay.RUNS_SHOWN, (newest_run,))),
+                          (queries.run_detail, (newest_run,)), (queries.run_rounds, (newest_run,))],
         "bench": [(queries.run_count, ()), (queries.benches, ())],
         "sql": [(queries.run_count, ()), (queries.schema, ())],
     }
@@ -238,7 +238,7 @@ def main() -> None:
     print(f"upgraded to this specdash's schema (if it was older) in {time.perf_counter() - started:.1f} s")
     print(f"{args.db}: {counts[0]:,} runs, {counts[1]:,} rounds, {args.db.stat().st_size / 2**20:,.0f} MiB; "
           f"medians of {args.repeats}", flush=True)
-    newest = queries.read(args.db, queries.run_choices)["run_id"].iloc[0]
+    newest = queries.read(args.db, queries.run_choices, 1)["run_id"].iloc[0]
 
     alpha, alpha_times = median_s(lambda: run_query(args.db, ALPHA_QUERY), args.repeats)
     verdict = "ok" if alpha < GOAL_QUERY_S else f"OVER the {GOAL_QUERY_S:g} s goal"

@@ -363,3 +363,14 @@ def test_per_position_rates_show_how_many_rounds_each_rests_on():
     assert points["size"]["field"] == "reached"
     assert points["opacity"]["condition"]["test"] == f"datum.reached >= {charts.FEW_ROUNDS}"
     assert (points["opacity"]["condition"]["value"], points["opacity"]["value"]) == (1.0, 0.25)
+
+
+def test_run_choices_are_the_newest_runs_and_those_asked_for(db):
+    every = queries.read(db, queries.run_choices, 100)
+    assert len(every) == 13 and every["run_id"].iloc[0] == "c1-ls-k8"  # the failed run was recorded last
+    assert every["started_at"].is_monotonic_decreasing
+    newest = queries.read(db, queries.run_choices, 2)
+    assert newest["run_id"].tolist() == every["run_id"].tolist()[:2]
+    # an older run asked for by the URL is offered too, in its place; one that does not exist is not
+    asked = queries.read(db, queries.run_choices, 2, ("code-01-base", "nowhere", every["run_id"].iloc[1]))
+    assert asked["run_id"].tolist() == [*every["run_id"].tolist()[:2], "code-01-base"]
