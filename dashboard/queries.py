@@ -69,13 +69,13 @@ def nodes_per_round(con: duckdb.DuckDBPyConnection, filters: Filters, keys: tupl
     tree (`draft_parents` recorded)."""
     where, params = filters.where(alias="s.")
     picked = ", ".join(f"s.{key}" for key in keys)
-    # From the rounds counted per run (`round_counts`): a few rows per run, not one per round.
+    # The rounds as counted per run (`round_counts`), joined to the 'ok' runs (those of run_stats): the keys and
+    # filters are all columns of runs, so the view's joins are not needed.
     return _frame(con, f"""
-        WITH per_run AS (SELECT run_id, sum(k * rounds) AS nodes, sum(rounds) AS drafting, bool_or(tree) AS tree
-                         FROM round_counts WHERE k > 0 GROUP BY run_id)
-        SELECT {picked}, sum(p.nodes) / sum(p.drafting) AS nodes_per_round, coalesce(bool_or(p.tree), false) AS tree
-        FROM run_stats s LEFT JOIN per_run p USING (run_id)
-        WHERE s.draft <> 'none' AND {where} GROUP BY ALL ORDER BY ALL""", params)
+        SELECT {picked}, sum(c.k * c.rounds) / sum(c.rounds) AS nodes_per_round,
+            coalesce(bool_or(c.tree), false) AS tree
+        FROM runs s LEFT JOIN round_counts c ON c.run_id = s.run_id AND c.k > 0
+        WHERE s.status = 'ok' AND s.draft <> 'none' AND {where} GROUP BY ALL ORDER BY ALL""", params)
 
 
 def cells(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
