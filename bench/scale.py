@@ -31,10 +31,11 @@ sys.path.insert(0, str(ROOT))  # `python bench/scale.py` puts bench/, not the re
 
 import duckdb  # noqa: E402
 
-from dashboard import queries  # noqa: E402
-from runner.store import metrics  # noqa: E402
-from runner.store.connect import init_db  # noqa: E402
+from dashboard import queries, replay  # noqa: E402
+from runner.store import advisor, comparable, metrics  # noqa: E402
+from runner.store.connect import init_db, upgrade  # noqa: E402
 from runner.store.schema import FILL_RUN_TOTALS  # noqa: E402
+from runner.store.schema_rounds import FILL_ROUND_COUNTS  # noqa: E402
 from runner.store.sql import EXAMPLES, run_query  # noqa: E402
 
 DRAFTS = ["ngram", "ngram:2", "layerskip:24", "layerskip:15"]
@@ -66,7 +67,8 @@ SELECT i, 'r' || lpad(i::TEXT, 7, '0') AS run_id, 'r' || lpad((i - i % {RUNS_PER
        CASE WHEN g % 2 = 0 THEN 'greedy' ELSE 'sample' END AS mode, g // {PROMPTS} AS seed
 FROM (SELECT range AS i, range // {RUNS_PER_GROUP} AS g, range % {RUNS_PER_GROUP} AS pos FROM range(?))"""
 
-ROUNDS = f"""INSERT INTO rounds
+ROUNDS = f"""INSERT INTO rounds (run_id, round, k, accepted, rejected, thrown, bonus, emitted, draft_s, verify_s,
+    draft_tokens, target_tokens, depth)
 WITH drawn AS (
     SELECT p.run_id, r.range AS round, coalesce(p.k, 0) AS k,
            -- geometric: P(accepted >= j) = α^j, from a uniform draw hashed from (run, round)
@@ -78,7 +80,7 @@ WITH drawn AS (
 SELECT run_id, round, k, accepted, (accepted < k)::INTEGER AS rejected, k - accepted - (accepted < k)::INTEGER,
        accepted = k AS bonus, accepted + 1 AS emitted, k * c * {PASS_S} AS draft_s,
        {PASS_S} * (1 + 0.1 * k) AS verify_s, [(x + round)::INTEGER FOR x IN range(k)] AS draft_tokens,
-       [(x + round)::INTEGER FOR x IN range(k + 1)] AS target_tokens
+       [(x + round)::INTEGER FOR x IN range(k + 1)] AS target_tokens, k AS depth
 FROM drawn"""
 
 RUNS = """INSERT INTO runs (run_id, sweep_id, started_at, target, draft, draft_kind, category, prompt_id, prompt_text,
@@ -112,6 +114,7 @@ def build(db: Path, runs: int, rounds_per_run: int) -> None:
         con.execute(ROUNDS, [rounds_per_run])
         con.execute(RUNS, [TARGET])
         con.execute(FILL_RUN_TOTALS)
+        con.execute(FILL_ROUND_COUNTS)
         con.execute("CHECKPOINT")
     print(f"built {db}: {runs:,} runs × {rounds_per_run} rounds in {time.perf_counter() - started:.0f} s, "
           f"{db.stat().st_size / 2**20:,.0f} MiB", flush=True)
@@ -143,20 +146,24 @@ def median_s(fn: Callable[[], object], repeats: int) -> tuple[float, list[float]
     return statistics.median(times), times
 
 
-def page_queries(newest_run: str) -> dict[str, list[tuple[Callable, tuple]]]:
-    """What each page's default view reads (see dashboard/*.py render())."""
+def page_queries(newest_run: str, drafts: list[str]) -> dict[str, list[tuple[Callable, tuple]]]:
+    """What each page's default view reads (see dashboard/*.py render()); a query a page calls twice is cached, so it
+    counts once."""
     everything = metrics.Filters()
+    head_to_head = metrics.Filters(draft=tuple(drafts[:2]))  # Compare's draft A and B: the first two, sorted
     return {
-        "overview": [(queries.run_count, ()), (queries.filter_options, ()), (metrics.cells, (everything,)),
-                     (metrics.cells, (everything, ())), (queries.runs, (everything,)),
-                     (metrics.formula_over_alpha, (everything, 4)), (metrics.formula_over_k, (everything,)),
-                     (queries.verify_growth, (everything,))],
-        "compare": [(queries.run_count, ()), (queries.filter_options, ()), (metrics.draft_categories, (everything,)),
-                    (queries.lossless_rates, (everything,)), (metrics.cells, (everything,)),
-                    (metrics.formula_over_k, (everything,))],
-        "replay (no run picked)": [(queries.run_count, ()), (queries.run_choices, ())],
-        "replay ?run=…": [(queries.run_count, ()), (queries.run_choices, ()), (queries.run_detail, (newest_run,)),
-                          (queries.run_rounds, (newest_run,))],
+        "overview": [(queries.run_count, ()), (queries.filter_options, ()), (queries.cells, (everything,)),
+                     (comparable.best_cells, (everything,)), (comparable.left_out, (everything,)),
+                     (queries.runs, (everything,)), (metrics.formula_over_alpha, (everything, min(KS))),
+                     (metrics.formula_over_k, (everything,)), (queries.verify_growth, (everything,))],
+        "compare": [(queries.run_count, ()), (queries.filter_options, ()), (queries.cells, (everything,)),
+                    (comparable.lossless_by_setup, (everything,)), (comparable.best_cells, (everything,)),
+                    (comparable.left_out, (everything,)), (metrics.formula_over_k, (head_to_head,)),
+                    (advisor.positions, (everything,)), (queries.tree_drafts, ()),
+                    (advisor.k_advice, (everything,)), (advisor.k_curve, (everything,))],
+        "replay (no run picked)": [(queries.run_count, ()), (queries.run_choices, (replay.RUNS_SHOWN,))],
+        "replay ?run=…": [(queries.run_count, ()), (queries.run_choices, (replay.RUNS_SHOWN, (newest_run,))),
+                          (queries.run_detail, (newest_run,)), (queries.run_rounds, (newest_run,))],
         "bench": [(queries.run_count, ()), (queries.benches, ())],
         "sql": [(queries.run_count, ()), (queries.schema, ())],
     }
@@ -164,11 +171,11 @@ def page_queries(newest_run: str) -> dict[str, list[tuple[Callable, tuple]]]:
 
 def measure_queries(db: Path, repeats: int, newest_run: str) -> dict[str, tuple[float, dict[str, float]]]:
     results = {}
-    for page, calls in page_queries(newest_run).items():
+    drafts = sorted(DRAFTS)
+    for page, calls in page_queries(newest_run, drafts).items():
         per_query = {}
         for fn, args in calls:
-            name = fn.__name__ + (" (totals)" if args[1:] == ((),) else "")
-            per_query[name] = median_s(lambda fn=fn, args=args: queries.read(db, fn, *args), repeats)[0]
+            per_query[fn.__name__] = median_s(lambda fn=fn, args=args: queries.read(db, fn, *args), repeats)[0]
         results[page] = (sum(per_query.values()), per_query)
     return results
 
@@ -226,9 +233,12 @@ def main() -> None:
     if counts != (args.runs, args.runs * args.rounds_per_run):
         build(args.db, args.runs, args.rounds_per_run)
         counts = check(args.db)
+    started = time.perf_counter()
+    upgrade(args.db)  # a file built by an older specdash gets this one's tables and views, as the dashboard does
+    print(f"upgraded to this specdash's schema (if it was older) in {time.perf_counter() - started:.1f} s")
     print(f"{args.db}: {counts[0]:,} runs, {counts[1]:,} rounds, {args.db.stat().st_size / 2**20:,.0f} MiB; "
           f"medians of {args.repeats}", flush=True)
-    newest = queries.read(args.db, queries.run_choices)["run_id"].iloc[0]
+    newest = queries.read(args.db, queries.run_choices, 1)["run_id"].iloc[0]
 
     alpha, alpha_times = median_s(lambda: run_query(args.db, ALPHA_QUERY), args.repeats)
     verdict = "ok" if alpha < GOAL_QUERY_S else f"OVER the {GOAL_QUERY_S:g} s goal"

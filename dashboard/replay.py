@@ -9,6 +9,7 @@ import streamlit as st
 
 from dashboard import charts, common, fates, queries, tokenizer, trees
 
+RUNS_SHOWN = 1000  # runs the picker offers, newest first (and the picked one)
 PICKER_COLUMNS = ["run_id", "started_at", "category", "prompt_id", "draft", "k", "mode", "status"]
 
 
@@ -35,13 +36,19 @@ def _pick_from_table(shown: list[str]) -> None:
 
 
 def _picker() -> str | None:
-    choices = common.load(queries.run_choices)
+    # The newest runs, and the one the URL or a button asks for however old: a million options would take seconds
+    # to send and to search.
+    asked = (*st.query_params.get_all("run"), *([st.session_state["run"]] if st.session_state.get("run") else []))
+    choices = common.load(queries.run_choices, RUNS_SHOWN, tuple(dict.fromkeys(asked)))
     for missing in common.unknown_in_url("run", choices["run_id"].tolist()):
         st.warning(f"No run “{missing}” in this database: pick one below.")
     # The URL holds the option's text, so options are bare run ids: ?run=<run_id>.
     run_id = st.selectbox("run", choices["run_id"].tolist(), index=None, key="run", bind="query-params",
                           placeholder="pick a run id, or choose one in the table below")
-    with st.expander("find a run", expanded=run_id is None):
+    total = common.load(queries.run_count)
+    shown = f": the newest {RUNS_SHOWN:,} of {total:,} (an older run opens by its link, replay?run=<run_id>)" \
+        if total > RUNS_SHOWN else ""
+    with st.expander(f"find a run{shown}", expanded=run_id is None):
         st.dataframe(choices[PICKER_COLUMNS], hide_index=True, key="run_table", selection_mode="single-row",
                      on_select=functools.partial(_pick_from_table, choices["run_id"].tolist()))
     return run_id

@@ -179,7 +179,7 @@ def _dashboard_reads(db: Path, seen: dict) -> None:
                queries.lossless_rates, metrics.draft_categories, metrics.formula_over_k):
         queries.read(db, fn, *([] if fn is queries.filter_options else [filters]))
         seen["queries"] += 1
-    choices = queries.read(db, queries.run_choices)
+    choices = queries.read(db, queries.run_choices, 1000)
     ok = choices[choices["status"] == "ok"]
     if len(ok):
         newest = ok["run_id"].iloc[0]

@@ -14,7 +14,7 @@ import pytest
 from dashboard_fixtures import add_trees, build
 
 from dashboard import charts, fates, frames, queries, trees
-from runner.store import advisor, metrics
+from runner.store import advisor, comparable, metrics
 from runner.store.metrics import Filters
 
 
@@ -363,3 +363,28 @@ def test_per_position_rates_show_how_many_rounds_each_rests_on():
     assert points["size"]["field"] == "reached"
     assert points["opacity"]["condition"]["test"] == f"datum.reached >= {charts.FEW_ROUNDS}"
     assert (points["opacity"]["condition"]["value"], points["opacity"]["value"]) == (1.0, 0.25)
+
+
+def test_run_choices_are_the_newest_runs_and_those_asked_for(db):
+    every = queries.read(db, queries.run_choices, 100)
+    assert len(every) == 13 and every["run_id"].iloc[0] == "c1-ls-k8"  # the failed run was recorded last
+    assert every["started_at"].is_monotonic_decreasing
+    newest = queries.read(db, queries.run_choices, 2)
+    assert newest["run_id"].tolist() == every["run_id"].tolist()[:2]
+    # an older run asked for by the URL is offered too, in its place; one that does not exist is not
+    asked = queries.read(db, queries.run_choices, 2, ("code-01-base", "nowhere", every["run_id"].iloc[1]))
+    assert asked["run_id"].tolist() == [*every["run_id"].tolist()[:2], "code-01-base"]
+
+
+
+def test_lossless_by_setup_on_runs_alone_equals_it_on_run_stats(db):
+    # It reads the 'ok' runs directly: run_stats holds exactly those runs, with the same columns.
+    keys = ", ".join(comparable.SETUP)
+    plain = f"""SELECT * REPLACE (coalesce(kernels, 'not recorded') AS kernels, coalesce(threads, 0) AS threads)
+        FROM (SELECT {keys}, draft, count(*) AS runs, avg(lossless::INTEGER) AS lossless_rate,
+                count(*) FILTER (divergence = 'tie') AS numeric_ties,
+                count(*) FILTER (divergence = 'real') AS real_divergences
+            FROM run_stats WHERE draft <> 'none' GROUP BY ALL) ORDER BY ALL"""
+    fast = queries.read(db, comparable.lossless_by_setup, Filters())
+    assert len(fast) > 0
+    pd.testing.assert_frame_equal(fast, queries.read(db, lambda con: con.execute(plain).df()), check_exact=True)

@@ -14,7 +14,9 @@ from runner.cli import app
 from runner.store.connect import init_db
 from runner.store.schema import SCHEMA_VERSION, migrate
 
-TABLES = ("runs", "rounds", "run_totals", "bench_results", "trainings", "training_epochs", "training_positions")
+TABLES = ("runs", "rounds", "run_totals", "round_counts", "bench_results", "trainings", "training_epochs",
+          "training_positions")
+PER_RUN = ("runs", "rounds", "run_totals", "round_counts")
 
 
 def counts(db: Path) -> dict[str, int]:
@@ -31,7 +33,7 @@ def recorded_elsewhere(db: Path, prefix: str, host: str, sweep: str) -> Path:
     """The fixture database as another machine would have recorded it: its own run ids, host and sweep."""
     build(db)
     with duckdb.connect(str(db)) as con:
-        for table in ("rounds", "run_totals"):
+        for table in ("rounds", "run_totals", "round_counts"):
             con.execute(f"UPDATE {table} SET run_id = ? || run_id", [prefix])
         con.execute("UPDATE runs SET run_id = ? || run_id, baseline_run_id = ? || baseline_run_id, host = ?, "
                     "sweep_id = ?", [prefix, prefix, host, sweep])
@@ -60,21 +62,23 @@ def test_merge_adds_every_run_once_and_its_counts_add_up(sources, tmp_path):
     into = tmp_path / "all.duckdb"
     code, out, err = merge(a, b, "--into", into)
     assert code == 0, err
-    assert counts(into) == {t: counts(a)[t] + counts(b)[t] for t in ("runs", "rounds", "run_totals")} | {
+    assert counts(into) == {t: counts(a)[t] + counts(b)[t] for t in PER_RUN} | {
         "bench_results": counts(a)["bench_results"] + 4,  # b-later's 4 rows; b-new was in a already
         "trainings": 1, "training_epochs": 2, "training_positions": 4}
     assert counts(a)["runs"] == 13 and counts(a)["rounds"] > 13
     assert out.splitlines() == [
-        f"{a}: +13 runs (1 sweeps), +{counts(a)['rounds']} rounds, +12 run_totals, +2 benchmarks, "
+        f"{a}: +13 runs (1 sweeps), +{counts(a)['round_counts']} round_counts, +{counts(a)['rounds']} rounds, "
+        "+12 run_totals, +2 benchmarks, "
         "+0 trainings; 0 runs already there",
-        f"{b}: +13 runs (1 sweeps), +{counts(b)['rounds']} rounds, +12 run_totals, +1 benchmarks, "
+        f"{b}: +13 runs (1 sweeps), +{counts(b)['round_counts']} round_counts, +{counts(b)['rounds']} rounds, "
+        "+12 run_totals, +1 benchmarks, "
         "+1 trainings; 0 runs already there",
     ]
     merged = counts(into)
     code, out, _ = merge(b, a, "--into", into)  # again, in the other order: nothing new
     assert code == 0 and counts(into) == merged
-    assert out.splitlines()[0] == f"{b}: +0 runs (0 sweeps), +0 rounds, +0 run_totals, +0 benchmarks, " \
-                                  "+0 trainings; 13 runs already there"
+    assert out.splitlines()[0] == f"{b}: +0 runs (0 sweeps), +0 round_counts, +0 rounds, +0 run_totals, " \
+                                  "+0 benchmarks, +0 trainings; 13 runs already there"
 
 
 def test_merged_runs_keep_their_rows_and_the_dashboard_filters_them_by_host(sources, tmp_path):
@@ -82,7 +86,7 @@ def test_merged_runs_keep_their_rows_and_the_dashboard_filters_them_by_host(sour
     into = tmp_path / "all.duckdb"
     assert merge(a, b, "--into", into)[0] == 0
     with duckdb.connect(str(into), read_only=True) as merged, duckdb.connect(str(b), read_only=True) as source:
-        for table in ("runs", "rounds", "run_totals"):
+        for table in PER_RUN:
             ours = merged.execute(f"SELECT * FROM {table} WHERE run_id LIKE 'b-%' ORDER BY ALL").fetchall()
             assert ours == source.execute(f"SELECT * FROM {table} ORDER BY ALL").fetchall()
     picked = queries.read(into, queries.runs, queries.Filters(host=("host-b",)))
@@ -111,9 +115,10 @@ def test_an_older_file_is_upgraded_on_a_copy_and_merged(sources, tmp_path):
     assert old.read_bytes() == before  # upgraded on a copy, never in place
     with duckdb.connect(str(into), read_only=True) as con:
         con.execute(f"ATTACH '{a}' AS a (READ_ONLY)")
-        # run_totals, which the old file lacked, equal those write_run wrote for the same runs in a
-        assert con.execute("SELECT * REPLACE (substr(run_id, 5) AS run_id) FROM run_totals ORDER BY ALL").fetchall() \
-            == con.execute("SELECT * FROM a.run_totals ORDER BY ALL").fetchall()
+        # run_totals and round_counts, which the old file lacked, equal those write_run wrote for the same runs in a
+        for table in ("run_totals", "round_counts"):
+            assert con.execute(f"SELECT * REPLACE (substr(run_id, 5) AS run_id) FROM {table} ORDER BY ALL").fetchall() \
+                == con.execute(f"SELECT * FROM a.{table} ORDER BY ALL").fetchall()
         assert con.execute("SELECT DISTINCT concurrent_workers FROM runs").fetchall() == [(1,)]
         assert con.execute("SELECT max(version) FROM schema_migrations").fetchone()[0] == SCHEMA_VERSION
 

@@ -21,6 +21,7 @@ from runner.store.connect import init_db
 from runner.store.pending import record_from_dict, record_to_dict, spill
 from runner.store.runs import (
     baseline_for,
+    count_columns,
     flush_pending,
     list_sweeps,
     recorded_runs,
@@ -127,10 +128,11 @@ def test_runs_and_rounds_have_the_documented_columns(db):
         (5, "create_run_totals"), (6, "add_divergence"), (7, "add_kernels_and_threads"), (8, "define_metrics"),
         (9, "create_trainings"), (10, "add_concurrent_workers"), (11, "add_k_policy"), (12, "create_position_stats"),
         (13, "add_bench_k_policy"), (14, "add_tree_columns"), (15, "add_depth"), (16, "add_turns"),
-        (17, "add_training_categories"), (18, "add_sampling_test"), (19, "add_batches")]
+        (17, "add_training_categories"), (18, "add_sampling_test"), (19, "add_batches"), (20, "count_rounds")]
 
 
-@pytest.mark.parametrize("table, row", [("runs", run_row), ("rounds", round_columns), ("run_totals", totals_row)])
+@pytest.mark.parametrize("table, row", [("runs", run_row), ("rounds", round_columns), ("run_totals", totals_row),
+                                        ("round_counts", count_columns)])
 def test_a_run_is_written_by_the_schemas_column_names(db, table, row):
     init_db(db)
     assert sorted(row(SPEC)) == sorted(name for name, _ in columns(db, table))  # every column, no other name

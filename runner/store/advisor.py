@@ -6,8 +6,8 @@ recorded, on the prompts that every compared cell of the setup × category ran (
 
 - s_i: the share of rounds (of runs whose k reaches position i) that accepted at least i drafts, and w_i: the share
   that drafted at least i (prompt lookup can find fewer; the budget cuts the last rounds), both from `position_stats`;
-- v(w): the mean verify pass over w drafts, from every round of the selected runs (the baselines' rounds give w = 0);
-  a width no round verified is interpolated between its measured neighbours;
+- v(w): the mean verify pass over w drafts, from every round of the selected runs as `round_counts` counts them (the
+  baselines' rounds give w = 0); a width no round verified is interpolated between its measured neighbours;
 - d: drafting seconds per drafted token, and l: the loop's own seconds per round (wall − prefill − draft − verify).
 
 A round at k then emits 1 + Σ_{i≤k} s_i tokens in d·Σ_{i≤k} w_i + v(0) + Σ_{i≤k} w_i·(v(i) − v(i−1)) + l seconds.
@@ -61,8 +61,8 @@ def advisor_sql(filters: Filters) -> tuple[str, list]:
         FROM fixed f JOIN run_totals t USING (run_id) GROUP BY ALL),
     baseline AS (SELECT {group}, mode, category, sum(new_tokens - 1) / sum(wall_s - prefill_s) AS tokens_per_s
         FROM picked WHERE draft = 'none' GROUP BY ALL),
-    widths AS (SELECT {group}, o.k AS width, avg(o.verify_s) AS verify_s
-        FROM rounds o JOIN picked USING (run_id) GROUP BY ALL),
+    widths AS (SELECT {group}, o.k AS width, sum(o.verify_s) / sum(o.rounds) AS verify_s
+        FROM round_counts o JOIN picked USING (run_id) GROUP BY ALL),
     grid AS (SELECT {group}, g.width, w.verify_s
         FROM (SELECT {group}, max(width) AS top FROM widths GROUP BY ALL) m
         CROSS JOIN LATERAL range(0, m.top + 1) g(width) LEFT JOIN widths w USING ({group}, width)),

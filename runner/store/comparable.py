@@ -92,14 +92,15 @@ def left_out(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
 
 def lossless_by_setup(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
     """Per setup × draft over every selected run: the share of checked runs equal to their baseline, and the
-    mismatches by class (`queries.lossless_rates`, per setup)."""
+    mismatches by class (`queries.lossless_rates`, per setup). Every column it reads is one of runs, so it reads the
+    'ok' runs (those of run_stats) without the view's joins."""
     where, params = filters.where()
     return con.execute(f"""
         SELECT * REPLACE ({_NORMALISED}) FROM (
             SELECT {_KEYS}, draft, count(*) AS runs, avg(lossless::INTEGER) AS lossless_rate,
                 count(*) FILTER (divergence = 'tie') AS numeric_ties,
                 count(*) FILTER (divergence = 'real') AS real_divergences
-            FROM run_stats WHERE draft <> 'none' AND {where} GROUP BY ALL)
+            FROM runs WHERE status = 'ok' AND draft <> 'none' AND {where} GROUP BY ALL)
         ORDER BY ALL""", params).df()
 
 

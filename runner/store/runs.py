@@ -16,6 +16,7 @@ from runner.records import BASELINE_KEY, CELL_KEY, RunRecord
 from runner.store import metrics, pending
 from runner.store.connect import Locked, open_for_write, read, upgrade
 from runner.store.schema import StoreError, migrate
+from runner.store.schema_rounds import OUTCOME
 
 T = TypeVar("T")
 
@@ -26,6 +27,8 @@ _ROUND_TYPES = {"run_id": "TEXT", "round": "INTEGER", "k": "INTEGER", "accepted"
                 "draft_parents": "INTEGER[]", "accepted_path": "INTEGER[]", "depth": "INTEGER",
                 "draft_p": "DOUBLE[]", "draft_q": "DOUBLE[]", "draft_u": "DOUBLE[]", "from_residual": "BOOLEAN",
                 "batch_seqs": "INTEGER"}
+_COUNT_TYPES = {"run_id": "TEXT", "k": "INTEGER", "depth": "INTEGER", "accepted": "INTEGER", "rejected": "INTEGER",
+                "tree": "BOOLEAN", "rounds": "INTEGER", "verify_s": "DOUBLE"}
 _PROVENANCE = ("torch_version", "transformers_version", "python_version", "host", "git_commit", "device_name")
 
 
@@ -81,6 +84,19 @@ def totals_row(record: RunRecord) -> dict[str, object]:
             "drafted": sum(r.k for r in rounds), "emitted": sum(r.emitted for r in rounds)}
 
 
+def count_columns(record: RunRecord) -> dict[str, list]:
+    """The run's rows of `round_counts`: its rounds counted by outcome, each with their summed verify time (in round
+    order, as `FILL_ROUND_COUNTS` sums them), as one list per column."""
+    counted: dict[tuple, list] = {}
+    for r in record.generation.rounds:
+        seen = counted.setdefault((r.k, r.depth, r.accepted, r.rejected, r.draft_parents is not None), [0, 0.0])
+        seen[0] += 1
+        seen[1] += r.verify_s
+    outcomes = list(zip(*counted, strict=True))
+    return {"run_id": [record.run_id] * len(counted), **dict(zip(OUTCOME, map(list, outcomes), strict=True)),
+            "rounds": [n for n, _ in counted.values()], "verify_s": [s for _, s in counted.values()]}
+
+
 def _insert_sql(table: str, names: list[str], unnest: dict[str, str] | None = None) -> str:
     values = (", ".join(f"unnest(?::{unnest[n]}[])" for n in names) if unnest
               else "VALUES (" + ", ".join("?" * len(names)) + ")")
@@ -98,6 +114,8 @@ def _insert(con: duckdb.DuckDBPyConnection, record: RunRecord) -> None:
             con.execute(_insert_sql("rounds", list(rounds), _ROUND_TYPES), list(rounds.values()))
             totals = totals_row(record)
             con.execute(_insert_sql("run_totals", list(totals)), list(totals.values()))
+            counts = count_columns(record)
+            con.execute(_insert_sql("round_counts", list(counts), _COUNT_TYPES), list(counts.values()))
         con.commit()
     except duckdb.Error as error:
         con.rollback()

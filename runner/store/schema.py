@@ -17,6 +17,7 @@ import duckdb
 
 from runner.records import tree_depth
 from runner.store.schema_batches import BATCH_STATS, batch_columns
+from runner.store.schema_rounds import OUTCOMES_OF_ROUNDS, POSITION_STATS, count_rounds
 from runner.store.schema_trainings import add_training_categories, create_trainings
 from runner.store.spec_bench import CONTEXT_STATS
 
@@ -149,26 +150,8 @@ def _add_k_policy(con: duckdb.DuckDBPyConnection) -> None:
     con.execute(RUN_STATS.format(more=", k_policy"))
 
 
-# Per run and draft position i = 1..depth (a tree's level): how many rounds drafted a token there (`proposed`), how
-# often a round reached it (drafts 1..i-1 accepted, so a d_i was judged) and how often a d_i was then accepted. A round
-# of depth d with a accepted proposed 1..d, reached 1..a + rejected (a chain: min(a + 1, d); a tree reaches level
-# a + 1 only when its last accepted node had children) and accepted 1..a. Rounds are counted per (run, depth,
-# accepted, rejected) before positions are spread out: a few rows per run, not one per round.
-POSITION_STATS = """CREATE OR REPLACE VIEW position_stats AS
-    WITH outcomes AS (SELECT run_id, {depth} AS depth, accepted AS a, rejected AS r, count(*) AS n FROM rounds
-                      WHERE k > 0 GROUP BY ALL),
-    spread AS (
-        SELECT r.run_id, r.sweep_id, r.target, r.draft, r.category, r.mode, r.k, r.k_policy, r.device, r.kernels,
-               r.threads, p.position, sum(o.n)::BIGINT AS proposed,
-               coalesce(sum(o.n) FILTER (p.position <= o.a + o.r), 0)::BIGINT AS reached,
-               coalesce(sum(o.n) FILTER (p.position <= o.a), 0)::BIGINT AS accepted
-        FROM outcomes o JOIN runs r USING (run_id) CROSS JOIN LATERAL range(1, o.depth + 1) p(position)
-        WHERE r.status = 'ok' GROUP BY ALL)
-    SELECT *, reached - accepted AS rejected, alpha(accepted, reached - accepted) AS rate FROM spread"""
-
-
 def _create_position_stats(con: duckdb.DuckDBPyConnection) -> None:
-    con.execute(POSITION_STATS.format(depth="k"))  # every round was a chain then
+    con.execute(POSITION_STATS.format(outcomes=OUTCOMES_OF_ROUNDS.format(depth="k")))  # every round was a chain then
 
 
 def _add_concurrent_workers(con: duckdb.DuckDBPyConnection) -> None:
@@ -204,7 +187,7 @@ def _add_depth(con: duckdb.DuckDBPyConnection) -> None:
     trees = con.execute("SELECT rowid, draft_parents FROM rounds WHERE draft_parents IS NOT NULL").fetchall()
     for rowid, parents in trees:
         con.execute("UPDATE rounds SET depth = ? WHERE rowid = ?", [tree_depth(parents), rowid])
-    con.execute(POSITION_STATS.format(depth="depth"))
+    con.execute(POSITION_STATS.format(outcomes=OUTCOMES_OF_ROUNDS.format(depth="depth")))
 
 
 def _add_turns(con: duckdb.DuckDBPyConnection) -> None:
@@ -250,6 +233,7 @@ MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     add_training_categories,
     _add_sampling_test,
     _add_batches,
+    count_rounds,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

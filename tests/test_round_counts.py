@@ -1,0 +1,155 @@
+"""`round_counts`: what write_run records equals the rounds counted, an older file gets the same rows from its
+migration, and every query that reads it answers exactly as the same query over every round."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import pandas as pd
+import pytest
+from dashboard_fixtures import add_trees, build
+
+from dashboard import queries
+from runner.store import advisor
+from runner.store.metrics import Filters
+from runner.store.schema import SCHEMA_VERSION, migrate
+from runner.store.schema_rounds import FILL_ROUND_COUNTS
+
+SELECTIONS = [Filters(), Filters(draft=("ngram",), category=("code",)), Filters(host=("nowhere",))]
+COUNTS = "SELECT * FROM round_counts ORDER BY ALL"
+
+# The queries as they read every round before round_counts, kept here as the reference.
+PLAIN_NODES = """
+    WITH per_run AS (SELECT run_id, sum(k) AS nodes, count(*) AS drafting, bool_or(draft_parents IS NOT NULL) AS tree
+                     FROM rounds WHERE k > 0 GROUP BY run_id)
+    SELECT {picked}, sum(p.nodes) / sum(p.drafting) AS nodes_per_round, coalesce(bool_or(p.tree), false) AS tree
+    FROM run_stats s LEFT JOIN per_run p USING (run_id)
+    WHERE s.draft <> 'none' AND {where} GROUP BY ALL ORDER BY ALL"""
+PLAIN_TREE_DRAFTS = """SELECT DISTINCT draft FROM runs
+    WHERE run_id IN (SELECT run_id FROM rounds WHERE draft_parents IS NOT NULL) ORDER BY draft"""
+# position_stats as migration 15 made it: every round grouped, spread, and grouped again with all of its run's columns.
+PLAIN_POSITIONS = """
+    WITH outcomes AS (SELECT run_id, depth, accepted AS a, rejected AS r, count(*) AS n FROM rounds
+                      WHERE k > 0 GROUP BY ALL),
+    spread AS (
+        SELECT r.run_id, r.sweep_id, r.target, r.draft, r.category, r.mode, r.k, r.k_policy, r.device, r.kernels,
+               r.threads, p.position, sum(o.n)::BIGINT AS proposed,
+               coalesce(sum(o.n) FILTER (p.position <= o.a + o.r), 0)::BIGINT AS reached,
+               coalesce(sum(o.n) FILTER (p.position <= o.a), 0)::BIGINT AS accepted
+        FROM outcomes o JOIN runs r USING (run_id) CROSS JOIN LATERAL range(1, o.depth + 1) p(position)
+        WHERE r.status = 'ok' GROUP BY ALL)
+    SELECT *, reached - accepted AS rejected, alpha(accepted, reached - accepted) AS rate FROM spread"""
+PLAIN_PER_RUN_K = "(SELECT run_id, k, count(*) AS rounds, sum(verify_s) AS verify_s FROM rounds GROUP BY ALL)"
+PLAIN_WIDTHS = "SELECT {group}, o.k AS width, avg(o.verify_s) AS verify_s FROM rounds o JOIN picked USING (run_id)"
+FAST_WIDTHS = ("SELECT {group}, o.k AS width, sum(o.verify_s) / sum(o.rounds) AS verify_s\n"
+               "        FROM round_counts o JOIN picked USING (run_id)")
+
+
+def counted(con: duckdb.DuckDBPyConnection) -> list[tuple]:
+    """round_counts as the migration's backfill makes it from the rounds."""
+    con.execute("CREATE OR REPLACE TEMP TABLE recorded AS SELECT * FROM round_counts")
+    con.execute("DELETE FROM round_counts")
+    con.execute(FILL_ROUND_COUNTS)
+    rows = con.execute(COUNTS).fetchall()
+    con.execute("DELETE FROM round_counts")
+    con.execute("INSERT INTO round_counts SELECT * FROM recorded")
+    return rows
+
+
+def retimed(path: Path) -> Path:
+    """The dashboard fixture with its tree run, its verify times re-timed in 1/64 s, so that every sum of them is
+    exact whatever order it is added in, and round_counts counted again from those rounds."""
+    add_trees(build(path))
+    with duckdb.connect(str(path)) as con:
+        con.execute("UPDATE rounds SET verify_s = (1 + k + round % 3) / 64")
+        con.execute("DELETE FROM round_counts")
+        con.execute(FILL_ROUND_COUNTS)
+    return path
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return retimed(tmp_path_factory.mktemp("counts") / "runs.duckdb")
+
+
+def same(fast: pd.DataFrame, plain: pd.DataFrame) -> None:
+    assert len(fast) > 0
+    pd.testing.assert_frame_equal(fast, plain, check_exact=True, check_dtype=False)
+
+
+def test_write_run_counts_every_round_as_the_backfill_does(tmp_path):
+    path = add_trees(build(tmp_path / "runs.duckdb"))
+    with duckdb.connect(str(path)) as con:
+        recorded = con.execute(COUNTS).fetchall()
+        assert recorded == counted(con)
+        # a few rows per run, and every round counted once
+        assert con.execute("SELECT count(*) FROM round_counts").fetchone()[0] < \
+            con.execute("SELECT count(*) FROM rounds").fetchone()[0]
+        assert con.execute("""SELECT count(*) FROM runs r JOIN (SELECT run_id, sum(rounds) AS n FROM round_counts
+            GROUP BY run_id) c USING (run_id) WHERE c.n <> r.n_rounds""").fetchone()[0] == 0
+
+
+def test_an_older_file_gets_the_same_counts_and_numbers_from_its_migration(tmp_path):
+    recorded = retimed(tmp_path / "recorded.duckdb")
+    old = tmp_path / "old.duckdb"
+    with duckdb.connect(str(old)) as con:
+        migrate(con, to_version=SCHEMA_VERSION - 1)  # before round_counts
+        con.execute(f"ATTACH '{recorded}' AS a (READ_ONLY)")
+        for table in ("runs", "rounds", "run_totals"):
+            con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM a.{table}")
+        migrate(con)
+        assert con.execute(COUNTS).fetchall() == con.execute("SELECT * FROM a.round_counts ORDER BY ALL").fetchall()
+    for fn, args in ((queries.cells, (Filters(),)), (queries.verify_growth, (Filters(),)),
+                     (queries.tree_drafts, ()), (advisor.positions, (Filters(),))):
+        upgraded, written = queries.read(old, fn, *args), queries.read(recorded, fn, *args)
+        if isinstance(upgraded, pd.DataFrame):
+            pd.testing.assert_frame_equal(upgraded, written, check_exact=True)
+        else:
+            assert upgraded == written
+
+
+@pytest.mark.parametrize("filters", SELECTIONS)
+def test_nodes_per_round_equals_it_over_every_round(db, filters):
+    keys = ("target", "mode", "draft", "category")
+    where, params = filters.where(alias="s.")
+    with duckdb.connect(str(db), read_only=True) as con:
+        fast = queries.nodes_per_round(con, filters, keys)
+        plain = con.execute(PLAIN_NODES.format(picked=", ".join(f"s.{k}" for k in keys), where=where), params).df()
+    if filters.host:
+        assert fast.empty and plain.empty
+        return
+    same(fast, plain)
+    assert fast["tree"].any() == (not filters.draft)
+
+
+def test_tree_drafts_equal_them_over_every_round(db):
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert queries.tree_drafts(con) == [d for (d,) in con.execute(PLAIN_TREE_DRAFTS).fetchall()] == ["ngram-tree"]
+
+
+@pytest.mark.parametrize("filters", SELECTIONS[:2])
+def test_verify_growth_equals_it_over_every_round(db, filters):
+    with duckdb.connect(str(db), read_only=True) as con:
+        fast = queries.verify_growth(con, filters)
+        con.execute(f"CREATE OR REPLACE TEMP VIEW round_counts AS SELECT * FROM {PLAIN_PER_RUN_K}")
+        plain = queries.verify_growth(con, filters)  # the temp view shadows the table: per (run, k) over rounds
+    same(fast, plain)
+
+
+def test_position_stats_equal_them_over_every_round(db):
+    with duckdb.connect(str(db), read_only=True) as con:
+        fast = con.execute("SELECT * FROM position_stats ORDER BY ALL").df()
+        plain = con.execute(f"SELECT * FROM ({PLAIN_POSITIONS}) ORDER BY ALL").df()
+    same(fast, plain)
+
+
+@pytest.mark.parametrize("filters", SELECTIONS[:2])
+def test_the_advisor_equals_it_over_every_round(db, filters):
+    sql, params = advisor.advisor_sql(filters)
+    group = ", ".join(advisor.GROUP)
+    fast, plain = FAST_WIDTHS.format(group=group), PLAIN_WIDTHS.format(group=group)
+    assert fast in sql
+    with duckdb.connect(str(db), read_only=True) as con:
+        same(con.execute(f"SELECT * FROM ({sql}) ORDER BY ALL", params).df(),
+             con.execute(f"SELECT * FROM ({sql.replace(fast, plain)}) ORDER BY ALL", params).df())
