@@ -97,7 +97,7 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None]) -> Outcome:
                 engines.run(engine, cell, config.prompts[0], first, config.warmup_tokens, -1)
         samples = measure(engines, cells, prompts, config.repeats, config.max_new_tokens, progress)
     finally:
-        engines.record_dir.cleanup()
+        engines.close()
     progress(f"batches of {config.batch}: ours against transformers' batched generate")
     reference = {(s.engine, s.prompt.id): s.tokens for s in samples if s.cell == PLAIN_CELL and s.repeat == 0}
     batch_cells = [PLAIN_CELL] + [Cell(d, config.policy_k) for d in drafts]

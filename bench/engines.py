@@ -109,10 +109,12 @@ class ForwardTimer:
     def __init__(self, device: torch.device) -> None:
         self.clock = Clock(device)
         self.spans: dict[str, list] = {}
+        self.wrapped: list[nn.Module] = []
 
     def wrap(self, label: str, model: nn.Module) -> None:
         inner = model.forward
         spans = self.spans.setdefault(label, [])
+        self.wrapped.append(model)
 
         @functools.wraps(inner)  # transformers reads forward's signature (logits_to_keep support)
         def timed(*args, **kwargs):
@@ -122,6 +124,13 @@ class ForwardTimer:
             return out
 
         model.forward = timed
+
+    def unwrap(self) -> None:
+        """The models' own forward back: a model the caller keeps (a copy of it, a layer-skip draft) must not run
+        through this timer later."""
+        for model in self.wrapped:
+            del model.forward  # the instance attribute `wrap` set; the class's forward shows through again
+        self.wrapped.clear()
 
     def take(self) -> dict[str, tuple[float, int]]:
         """(seconds, calls) per label since the last take."""
@@ -150,6 +159,11 @@ class Engines:
         init_db(self.record_db)  # created and migrated now: the first timed write pays no more than the rest
         self.provenance = provenance(target.device)
         self.plain: dict[tuple[str, int], tuple[str, tuple[int, ...]]] = {}  # (prompt, repeat) -> (run_id, tokens)
+
+    def close(self) -> None:
+        """The models unwrapped and the recording's folder removed."""
+        self.timer.unwrap()
+        self.record_dir.cleanup()
 
     def run(self, engine: str, cell: Cell, prompt: Prompt, ids: list[int], n: int, repeat: int) -> Sample:
         self.timer.take()

@@ -112,7 +112,7 @@ def test_transformers_batched_generate_left_pads_and_stops_each_row_at_its_end(t
         alone = [engines.pair.run(PLAIN, p, None, GREEDY, 6, 0).output_tokens for p in prompts]
         assert theirs(engines, prompts, 6) == alone
     finally:
-        engines.record_dir.cleanup()
+        engines.close()
 
 
 def test_quick_bench_overheads_speedups_and_verify_curve_are_sane(quick):
@@ -296,3 +296,15 @@ def test_device_cuda_without_cuda_fails_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err == "bench: error: --device cuda asked for, but no CUDA device is available\n"
     assert not (tmp_path / "runs.duckdb").exists()
+
+
+def test_the_bench_leaves_the_models_it_timed_as_it_found_them(tiny):
+    config = BenchConfig(target="x", drafts=("layerskip:2",), ks=(2,), policies=(), policy_k=2, prompts=(),
+                         max_new_tokens=6, repeats=1, verify_repeats=1, verify_context=8, warmup_tokens=2,
+                         db=Path("unused"), device=None, dtype=None, threads=1, kernels="stock", command="")
+    engines = Engines(config, tiny)
+    assert "forward" in vars(tiny.model)  # timed while the bench runs
+    engines.close()
+    # A later layer-skip copy of the shared model would otherwise run the whole model through the old wrapper.
+    assert "forward" not in vars(tiny.model)
+    assert not engines.record_dir.name or not Path(engines.record_dir.name).exists()
