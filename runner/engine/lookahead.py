@@ -45,7 +45,7 @@ from torch import Tensor
 from runner.engine.drafters import Draft
 from runner.engine.kernels import MAX_ROWS
 from runner.engine.sampling import host
-from runner.engine.trees import ROOT, as_parents
+from runner.engine.trees import ROOT, as_parents, trie
 
 DEFAULT = (7, 5, 7)  # W, N, G: LADE's README setting for a 7B model (LEVEL=5, WINDOW_SIZE=7, GUESS_SET_SIZE=7)
 SEED = 10  # the window's first tokens are drawn from the prompt with this seed (LADE's first release seeds 10)
@@ -139,18 +139,7 @@ class LookaheadDrafter:
 
     def trie(self, k: int) -> tuple[list[int], list[int]]:
         """The root's n-grams in pool order, each cut to k tokens, merged as a trie: tokens and parents."""
-        tokens: list[int] = []
-        parents: list[int] = []
-        child: dict[tuple[int, int], int] = {}  # (parent, token) -> node
-        for gram in self.pool.get(self.root, ()):
-            at = ROOT
-            for token in gram[:k]:
-                if (at, token) not in child:
-                    child[at, token] = len(tokens)
-                    tokens.append(token)
-                    parents.append(at)
-                at = child[at, token]
-        return tokens, parents
+        return trie(gram[:k] for gram in self.pool.get(self.root, ()))
 
     def propose(self, tokens: Tensor, k: int) -> Draft:
         self._extend(host(tokens[len(self.seen) :]))  # the text committed since

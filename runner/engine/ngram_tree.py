@@ -11,7 +11,7 @@ from torch import Tensor
 
 from runner.engine.drafters import Draft, NgramDrafter
 from runner.engine.sampling import host
-from runner.engine.trees import ROOT, as_parents
+from runner.engine.trees import as_parents, trie
 
 
 class NgramTreeDrafter(NgramDrafter):
@@ -45,20 +45,7 @@ class NgramTreeDrafter(NgramDrafter):
         before its children)."""
         self._extend(host(committed[len(self.seen) :]))  # the text committed since
         self.calls += 1
-        tokens: list[int] = []
-        parents: list[int] = []
-        child: dict[tuple[int, int], int] = {}  # (parent, token) -> node
-        for branch in self._branches(k):
-            at = ROOT
-            for token in branch:
-                if (at, token) not in child:
-                    if len(tokens) == self.nodes:
-                        return tokens, parents
-                    child[at, token] = len(tokens)
-                    tokens.append(token)
-                    parents.append(at)
-                at = child[at, token]
-        return tokens, parents
+        return trie(self._branches(k), self.nodes)
 
     def propose(self, tokens: Tensor, k: int) -> Draft:
         drafts, parents = self.trie(tokens, k)

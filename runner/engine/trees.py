@@ -16,7 +16,7 @@ built for those models yet, and their chains run as before.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -54,6 +54,25 @@ def pass_parents(draft: Draft) -> tuple[int, ...] | None:
     if len(draft.extra_parents) != draft.extra.numel():
         raise ValueError(f"{draft.extra.numel()} extra rows with {len(draft.extra_parents)} parents")
     return as_parents(nodes + draft.extra_parents)
+
+
+def trie(branches: Iterable[Sequence[int]], limit: int | None = None) -> tuple[list[int], list[int]]:
+    """Branches of tokens from the root merged as a trie: its nodes' tokens and parents, in the order first reached
+    (a parent before its children). With `limit`, the trie stops growing at that many nodes."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    child: dict[tuple[int, int], int] = {}  # (parent, token) -> node
+    for branch in branches:
+        at = ROOT
+        for token in branch:
+            if (at, token) not in child:
+                if len(tokens) == limit:
+                    return tokens, parents
+                child[at, token] = len(tokens)
+                tokens.append(token)
+                parents.append(at)
+            at = child[at, token]
+    return tokens, parents
 
 
 def depths(parents: Sequence[int]) -> list[int]:
