@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
+from playwright.sync_api import Browser, sync_playwright
 from tokenizers import Tokenizer, pre_tokenizers
 from tokenizers import models as tok_models
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from bench.load import CHROMIUM, LAUNCH_ARGS
 from runner.engine import models
 
 # One torch thread in the test process: on a busy 2-core machine two threads wait on each other at every
@@ -88,3 +91,14 @@ def foreign_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     PreTrainedTokenizerFast(tokenizer_object=core, unk_token="[UNK]", eos_token="w0").save_pretrained(path)
     tiny_llama(101, seed=2).save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    """Debian's Chromium, headless, once per browser test file."""
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=LAUNCH_ARGS)
+        try:
+            yield chromium
+        finally:
+            chromium.close()

@@ -13,9 +13,9 @@ from urllib.parse import quote
 
 import pytest
 from dashboard_fixtures import add_benches, add_trees, build
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Page, expect
 
-from bench.load import CHROMIUM, LAUNCH_ARGS, READY, serve
+from bench.load import CHROMIUM, READY, serve
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(),
                                 reason=f"no Debian Chromium at {CHROMIUM} (`make browser` installs it)")
@@ -32,16 +32,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     db = add_trees(add_benches(build(folder / "runs.duckdb")))
     with serve(db, folder / "streamlit.log", timeout_s=60) as url:
         yield url
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=LAUNCH_ARGS)
-        try:
-            yield chromium
-        finally:
-            chromium.close()
 
 
 def _open(browser: Browser, url: str, content: str) -> Page:

@@ -10,10 +10,10 @@ from pathlib import Path
 import oidc_provider_mock
 import pytest
 from dashboard_fixtures import add_benches, add_trees, build
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Page, expect
 from typer.testing import CliRunner
 
-from bench.load import CHROMIUM, LAUNCH_ARGS, READY, free_port, serve
+from bench.load import CHROMIUM, READY, free_port, serve
 from dashboard.login import is_allowed, verified_email
 from runner.cli import app
 from runner.serve import auth_configured, check_login, open_warning
@@ -55,16 +55,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         (folder / ".streamlit" / "secrets.toml").write_text(secrets(port, f"http://localhost:{provider.server_port}"))
         with serve(db, folder / "streamlit.log", port=port, timeout_s=60, cwd=folder) as url:
             yield url
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=LAUNCH_ARGS)
-        try:
-            yield chromium
-        finally:
-            chromium.close()
 
 
 def _open(browser: Browser, url: str, content: str) -> Page:
