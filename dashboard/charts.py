@@ -23,6 +23,7 @@ TABLEAU10 = ("#4c78a8", "#f58518", "#e45756", "#72b7b2", "#54a24b", "#eeca3b", "
              "#bab0ac")
 FEW_ROUNDS = 10  # a per-position rate from fewer rounds is drawn faint
 LABEL_LIMIT = 420  # px: a legend label is cut past this (Vega's default, 160, cut head paths to one prefix)
+MANY_SERIES = 8  # more series than this in one panel are not told apart by colour: a panel per series instead
 _K = alt.X("k:Q", title="k (drafts per round)", axis=alt.Axis(tickMinStep=1, format="d"))
 
 
@@ -39,6 +40,14 @@ def colour(frame: pd.DataFrame, field: str, kind: str = "N", title: str | None =
     values = sorted(frame[field].dropna().unique().tolist()) if field in frame else []
     return alt.Color(f"{field}:{kind}", title=title, legend=alt.Legend(labelLimit=LABEL_LIMIT),
                      scale=alt.Scale(domain=values, range=palette(len(values))))
+
+
+def panels(frame: pd.DataFrame, series_title: str) -> tuple[str, alt.Color]:
+    """The facet field and the colour of a chart of series per category: a panel per category, a colour per series;
+    or, past MANY_SERIES series, a panel per series and a colour per category."""
+    if frame["series"].nunique() > MANY_SERIES:
+        return "series", colour(frame, "category", title="category")
+    return "category", colour(frame, "series", title=series_title)
 
 
 def _is(source: str) -> alt.Predicate:
@@ -71,9 +80,10 @@ def speedup_vs_theory(frame: pd.DataFrame, k: int) -> alt.FacetChart:
 
 
 def speedup_by_k(frame: pd.DataFrame) -> alt.FacetChart:
-    """Per category: measured speedup (solid) and the formula's (dashed) against k; ◆ the formula's best k."""
+    """Per category (per series when there are many, `panels`): measured speedup (solid) and the formula's
+    (dashed) against k; ◆ the formula's best k."""
     base = alt.Chart(frame)
-    series = colour(frame, "series", title="draft · mode")
+    panel, series = panels(frame, "draft · mode")
     lines = base.transform_filter(alt.FieldOneOfPredicate(field="source", oneOf=[THEORY, MEASURED])).mark_line(
     ).encode(_K, _SPEEDUP, series, strokeDash=alt.StrokeDash("source:N", title=None,
                                                              sort=[MEASURED, THEORY]))
@@ -87,11 +97,11 @@ def speedup_by_k(frame: pd.DataFrame) -> alt.FacetChart:
                                        alt.Tooltip("speedup:Q", format=".2f", title="formula's speedup"),
                                        alt.Tooltip("alpha:Q", format=".3f", title="pooled α"),
                                        alt.Tooltip("c:Q", format=".3f")])
-    layered = alt.layer(lines, _rule_at_one(base, ["category"]), points, best).properties(**PANEL)
+    layered = alt.layer(lines, _rule_at_one(base, [panel]), points, best).properties(**PANEL)
     # Independent k axes: a formula's best k far beyond the recorded ones must not squash other panels.
-    faceted = layered.facet(facet=alt.Facet("category:N", title=None), columns=FACET_COLUMNS)
+    faceted = layered.facet(facet=alt.Facet(f"{panel}:N", title=None), columns=FACET_COLUMNS)
     return faceted.resolve_scale(x="independent").properties(
-        title="speedup against k per category (◆ the formula's best k at the pooled α and c)")
+        title=f"speedup against k per {panel} (◆ the formula's best k at the pooled α and c)")
 
 
 def _setup(row: dict) -> str:
@@ -179,11 +189,11 @@ def position_acceptance(frame: pd.DataFrame, position: str = "draft position") -
 
 
 def position_rates(frame: pd.DataFrame, position_axis: str = "draft position") -> alt.FacetChart:
-    """Per category: the acceptance rate of each draft position (a tree's: each level) among the rounds that reached
-    it; `position_axis` titles the axis (`position_title`)."""
+    """Per category (per series when there are many, `panels`): the acceptance rate of each draft position (a
+    tree's: each level) among the rounds that reached it; `position_axis` titles the axis (`position_title`)."""
     position = alt.X("position:Q", title=position_axis, axis=alt.Axis(tickMinStep=1, format="d"))
     rate = alt.Y("rate:Q", title="accepted / reached", scale=alt.Scale(domain=[0, 1]))
-    series = colour(frame, "series", title="draft · mode")
+    panel, series = panels(frame, "draft · mode")
     tooltip = ["series:N", "category:N", "position:Q", alt.Tooltip("reached:Q", title="rounds that reached it"),
                "accepted:Q", alt.Tooltip("rate:Q", format=".3f", title="rate")]
     base = alt.Chart(frame).encode(position, rate, series, tooltip=tooltip)
@@ -192,25 +202,25 @@ def position_rates(frame: pd.DataFrame, position_axis: str = "draft position") -
         size=alt.Size("reached:Q", title="rounds that reached it", scale=alt.Scale(type="sqrt", range=[20, 220])),
         opacity=alt.condition(f"datum.reached >= {FEW_ROUNDS}", alt.value(1.0), alt.value(0.25)))
     return alt.layer(base.mark_line(), points).properties(**PANEL).facet(
-        facet=alt.Facet("category:N", title=None), columns=FACET_COLUMNS).properties(title=alt.TitleParams(
+        facet=alt.Facet(f"{panel}:N", title=None), columns=FACET_COLUMNS).properties(title=alt.TitleParams(
             "acceptance per draft position, of the rounds that reached it",
             subtitle=[f"reached: the drafts before it were accepted (a tree: the path reached that level); point size "
                       f"is the rounds behind a rate, faint when fewer than {FEW_ROUNDS}"]))
 
 
 def k_advisor(frame: pd.DataFrame) -> alt.FacetChart:
-    """Per category: decode tokens/s against k, the advisor's prediction (solid), the flat formula's (dotted) and
-    the measured fixed-k runs (dots)."""
+    """Per category (per series when there are many, `panels`): decode tokens/s against k, the advisor's
+    prediction (solid), the flat formula's (dotted) and the measured fixed-k runs (dots)."""
     base = alt.Chart(frame)
     y = alt.Y("tokens_per_s:Q", title="decode tokens/s")
-    series = colour(frame, "series", title="draft · mode")
+    panel, series = panels(frame, "draft · mode")
     tooltip = ["series:N", "category:N", "k:Q", "source:N", alt.Tooltip("tokens_per_s:Q", format=".1f")]
     lines = base.transform_filter(alt.FieldOneOfPredicate(field="source", oneOf=[PREDICTED, THEORY])).mark_line(
     ).encode(_K, y, series, strokeDash=alt.StrokeDash("source:N", title=None, sort=[PREDICTED, THEORY]),
              tooltip=tooltip)
     points = base.transform_filter(_is(MEASURED)).mark_circle(size=70).encode(_K, y, series, tooltip=tooltip)
     return alt.layer(lines, points).properties(**PANEL).facet(
-        facet=alt.Facet("category:N", title=None), columns=FACET_COLUMNS).properties(
+        facet=alt.Facet(f"{panel}:N", title=None), columns=FACET_COLUMNS).properties(
         title="tokens/s against k: the advisor (measured acceptance per position and verify curve) and measured")
 
 
@@ -256,16 +266,16 @@ def position_title(drafts: set[str], trees: set[str]) -> str:
 
 
 def by_batch_size(frame: pd.DataFrame, y: str, title: str) -> alt.FacetChart:
-    """Per category: `y` against batch size, a line per series (draft · k · policy, and plain decoding)."""
+    """Per category (per series when there are many, `panels`): `y` against batch size, a line per series
+    (draft · k · policy, and plain decoding)."""
     base = alt.Chart(frame)
     x = alt.X("batch_size:Q", title="batch size (sequences decoded together)",
               scale=alt.Scale(type="log", base=2), axis=alt.Axis(format="d"))
     tips = ["series:N", "category:N", "batch_size:Q", "runs:Q", "batches:Q",
             alt.Tooltip("speedup:Q", format=".2f"), alt.Tooltip("tokens_per_s_per_seq:Q", format=".1f"),
             alt.Tooltip("tokens_per_s_per_batch:Q", format=".1f")]
-    lines = base.mark_line(point=True).encode(x, alt.Y(f"{y}:Q", title=title),
-                                              colour(frame, "series", title="draft · k · policy"),
-                                              tooltip=tips)
-    layers = [lines, _rule_at_one(base, ["category"])] if y == "speedup" else [lines]
-    return alt.layer(*layers).properties(**PANEL).facet(facet=alt.Facet("category:N", title=None),
+    panel, series = panels(frame, "draft · k · policy")
+    lines = base.mark_line(point=True).encode(x, alt.Y(f"{y}:Q", title=title), series, tooltip=tips)
+    layers = [lines, _rule_at_one(base, [panel])] if y == "speedup" else [lines]
+    return alt.layer(*layers).properties(**PANEL).facet(facet=alt.Facet(f"{panel}:N", title=None),
                                                         columns=FACET_COLUMNS)

@@ -349,11 +349,23 @@ def test_no_chart_colour_is_reused_and_legend_labels_are_not_cut():
     assert charts.palette(3) == list(charts.TABLEAU10[:3])
     assert len(set(charts.palette(10))) == 10 and len(set(charts.palette(16))) == 16  # past ten: all new hues
     series = [f"eagle:heads/smollm2-135m-{i} · greedy" for i in range(16)]
-    frame = pd.DataFrame({"series": series, "category": "code", "k": 1, "source": "measured", "tokens_per_s": 1.0})
-    color = charts.k_advisor(frame).to_dict()["spec"]["layer"][0]["encoding"]["color"]
+    color = charts.colour(pd.DataFrame({"series": series}), "series").to_dict()
     assert color["scale"]["domain"] == sorted(series)
     assert len(set(color["scale"]["range"])) == 16
     assert color["legend"]["labelLimit"] >= 8 * len(series[0])  # ~7 px a character at the legend's font size
+
+
+@pytest.mark.parametrize("count", [charts.MANY_SERIES, charts.MANY_SERIES + 1])
+def test_many_series_get_a_panel_each_coloured_by_category(count):
+    series = [f"draft{i} · greedy" for i in range(count)]
+    frame = pd.DataFrame([{"series": s, "category": c, "k": 1, "source": "measured", "tokens_per_s": 1.0}
+                          for s in series for c in ("code", "poem")])
+    spec = charts.k_advisor(frame).to_dict()
+    color = spec["spec"]["layer"][0]["encoding"]["color"]
+    if count <= charts.MANY_SERIES:  # a panel per category, a colour per series
+        assert spec["facet"]["field"] == "category" and color["scale"]["domain"] == series
+    else:
+        assert spec["facet"]["field"] == "series" and color["scale"]["domain"] == ["code", "poem"]
 
 
 def test_per_position_rates_show_how_many_rounds_each_rests_on():
