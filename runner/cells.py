@@ -172,18 +172,21 @@ Baseline = tuple[str, tuple[int, ...]]  # a recorded baseline's (run_id, output 
 
 
 def judge(record: RunRecord, baseline: Baseline | None, classify: Classify) -> RunRecord:
-    """The record linked to its baseline (an error run too). Greedy only: the output must equal plain greedy
-    decoding's token for token, and where it does not, `classify(prompt, baseline's, ours)` says whether the first
-    difference is a numeric tie or a real divergence."""
+    """The record linked to its baseline (an error run too), and `checked` against the baseline's output."""
     if baseline is None:
         return record
-    linked = replace(record, baseline_run_id=baseline[0])
+    return checked(replace(record, baseline_run_id=baseline[0]), baseline[1], classify)
+
+
+def checked(record: RunRecord, expected: tuple[int, ...], classify: Classify) -> RunRecord:
+    """Greedy only: the output must equal `expected` (plain greedy decoding's) token for token, and where it does
+    not, `classify(prompt, expected, ours)` says whether the first difference is a numeric tie or a real
+    divergence."""
     gen = record.generation
     if record.mode != "greedy" or gen is None:
-        return linked
-    divergence = None if gen.output_tokens == baseline[1] else classify(
-        gen.prompt_tokens, baseline[1], gen.output_tokens)
-    return replace(linked, lossless=divergence is None, divergence_at=divergence and divergence.at,
+        return record
+    divergence = None if gen.output_tokens == expected else classify(gen.prompt_tokens, expected, gen.output_tokens)
+    return replace(record, lossless=divergence is None, divergence_at=divergence and divergence.at,
                    divergence_gap=divergence and divergence.gap,
                    divergence_tolerance=divergence and divergence.tolerance,
                    divergence=divergence and divergence.kind)

@@ -9,11 +9,14 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from dashboard_fixtures import baseline_record
 from rich.console import Console
 
+from runner.cells import checked
 from runner.engine.pair import parse_draft
 from runner.engine.sampling import Decoding
 from runner.prompts import Prompt, load_prompts
+from runner.records import Divergence
 from runner.sweep.plan import SweepConfig, batches_of, plan
 from runner.sweep.run import run_sweep
 
@@ -64,6 +67,12 @@ def test_a_batched_sweep_records_every_slot_against_its_own_batchs_plain_run(swe
     assert batches == [("ngram:2", ["c1", "c2"]), ("ngram:2", ["c3", "c1"]), ("ngram:2", ["s1", "s1"]),
                        ("none", ["c1", "c2"]), ("none", ["c3", "c1"]), ("none", ["s1", "s1"])]
     assert rows(swept.db, "SELECT count(*) FROM runs WHERE batch_size = 1 AND batch_id IS NOT NULL") == [(0,)]
+    # plain decoding at batch 2 is checked against the prompt's plain decoding alone, and stays unlinked
+    plain = rows(swept.db, """SELECT prompt_id, batch_slot, lossless, baseline_run_id FROM runs
+                             WHERE draft = 'none' ORDER BY batch_size, prompt_id, batch_slot""")
+    assert plain == [("c1", 0, None, None), ("c2", 0, None, None), ("c3", 0, None, None), ("s1", 0, None, None),
+                     ("c1", 0, True, None), ("c1", 1, True, None), ("c2", 1, True, None), ("c3", 0, True, None),
+                     ("s1", 0, True, None), ("s1", 1, True, None)]
     # greedy and the same ids: a slot's text is the prompt's text alone
     assert rows(swept.db, """SELECT count(DISTINCT output_tokens) FROM runs WHERE prompt_id = 'c1'""") == [(1,)]
 
@@ -85,3 +94,22 @@ def test_a_resumed_batched_sweep_has_nothing_left_and_its_plan_covers_each_slot(
     assert len(cells) == 20 and len({c.key(swept.seed) for c in cells}) == 20
     _, recorder = run_sweep(swept, Console(quiet=True))
     assert rows(swept.db, "SELECT count(*) FROM runs") == [(20,)]
+
+
+def test_plain_decoding_at_b_that_differs_from_it_alone_is_a_lossless_failure():
+    record = baseline_record("code-01")
+    alone = record.generation.output_tokens
+    tie = Divergence(at=3, gap=0.5, tolerance=1.0, kind="tie")
+    seen = []
+
+    def classify(prompt, expected, ours):
+        seen.append((prompt, expected, ours))
+        return tie
+
+    assert checked(record, alone, classify).lossless is True and seen == []
+    other = (*alone[:3], alone[3] + 1, *alone[4:])
+    failed = checked(record, other, classify)
+    assert seen == [(record.generation.prompt_tokens, other, alone)]
+    assert (failed.lossless, failed.divergence_at, failed.divergence, failed.baseline_run_id) == (False, 3, "tie", None)
+    sampled = replace(record, mode="sample")
+    assert checked(sampled, other, classify) == sampled  # sampling is not judged token for token

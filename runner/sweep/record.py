@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
-from runner.cells import Baseline, Cell, Classify, judge
-from runner.records import Divergence, RunRecord
+from runner.cells import Baseline, Cell, Classify, checked, judge
+from runner.records import BASELINE_KEY, Divergence, RunRecord
 from runner.store.runs import baseline_for, write_run
 from runner.sweep.plan import SweepConfig
 
@@ -35,9 +35,13 @@ class Recorder:
         return self.baselines.get(key) or baseline_for(self.db, self.sweep_id, key)
 
     def write(self, cell: Cell, record: RunRecord, key: tuple) -> None:
-        """Record a cell's run; a speculative one is first judged against the baseline of `key`."""
+        """Record a cell's run; a speculative one is first judged against the baseline of `key`, and plain decoding
+        at a batch size above 1 checked against the prompt's plain decoding alone when the sweep has it (batch 1
+        runs first), without a link: it stays the baseline of its batch."""
         if cell.k is not None:
             record = judge(record, self.baseline(key), self.classify)
+        elif cell.batch and (alone := self.baseline(unbatched(key))) is not None:
+            record = checked(record, alone[1], self.classify)
         self.dtype = record.dtype
         if record.mismatch is not None:
             self.divergences.append((cell.label, record.mismatch))
@@ -48,3 +52,8 @@ class Recorder:
         self.write_s += time.monotonic() - began
         if cell.k is None and record.generation is not None:
             self.baselines[key] = (record.run_id, record.generation.output_tokens)
+
+
+def unbatched(key: tuple) -> tuple:
+    """A baseline key at batch size 1: the same prompt, decoding, device and dtype, decoded alone."""
+    return tuple({**dict(zip(BASELINE_KEY, key, strict=True)), "batch_size": 1, "batch_slot": 0}.values())
