@@ -3,7 +3,6 @@ theory."""
 
 from __future__ import annotations
 
-import pandas as pd
 import streamlit as st
 
 from dashboard import charts, common, frames, queries
@@ -45,6 +44,7 @@ CELL_COLUMNS = {
 
 
 RUNS_SHOWN = 1000  # a table of every run would ship 100k rows to the browser on a large database
+THEORY_DOTS = 5000  # the theory chart draws at most this many runs, the newest at its k
 
 
 def _headline(filters: metrics.Filters, runs: int) -> None:
@@ -65,22 +65,25 @@ def _headline(filters: metrics.Filters, runs: int) -> None:
                "page's leaderboard has every draft. " + frames.left_out_note(common.load(comparable.left_out, filters)))
 
 
-def _theory_chart(runs: pd.DataFrame, ks: list[int], filters: metrics.Filters) -> None:
+def _theory_chart(ks: list[int], filters: metrics.Filters) -> None:
     st.subheader("Measured speedup against the theory")
     k = st.selectbox("k for this chart", ks, key="chart_k", bind="query-params")
+    runs = common.load(queries.runs, filters, THEORY_DOTS, k)
     frame = frames.theory_vs_measured(runs, common.load(metrics.formula_over_alpha, filters, k), k)
     if frame.empty:
         st.info("No run at this k has a baseline to measure its speedup against.")
         return
     st.altair_chart(charts.speedup_vs_theory(frame, k))
+    newest = f" The newest {THEORY_DOTS:,} runs at this k are drawn." if len(runs) == THEORY_DOTS else ""
     st.caption("Each dot is one run at (α, measured speedup); the line is the formula "
-               "(1 − α^(k+1)) / ((1 − α)(1 + k·c)) at the mean c of the draft's runs at this k.")
+               "(1 − α^(k+1)) / ((1 − α)(1 + k·c)) at the mean c of the draft's runs at this k." + newest)
 
 
-def _runs_table(runs: pd.DataFrame) -> None:
-    shown = f"the newest {RUNS_SHOWN:,} shown; " if len(runs) > RUNS_SHOWN else ""
-    with st.expander(f"runs ({len(runs):,}): {shown}open one in the replay"):
-        table = runs.head(RUNS_SHOWN).assign(replay="replay?run=" + runs["run_id"])
+def _runs_table(filters: metrics.Filters, total: int) -> None:
+    shown = f"the newest {RUNS_SHOWN:,} shown; " if total > RUNS_SHOWN else ""
+    with st.expander(f"runs ({total:,}): {shown}open one in the replay"):
+        runs = common.load(queries.runs, filters, RUNS_SHOWN)
+        table = runs.assign(replay="replay?run=" + runs["run_id"])
         st.dataframe(table, hide_index=True, column_order=["replay", *runs.columns], column_config={
             "replay": st.column_config.LinkColumn("replay", display_text="open ↗"),
             **{name: CELL_COLUMNS[name] for name in ("alpha", "tau", "thrown_share", "c")},
@@ -96,15 +99,14 @@ def render() -> None:
     _headline(filters, int(cells["runs"].sum()))
     st.subheader("Acceptance per category × draft × k")
     st.dataframe(cells, hide_index=True, column_config=CELL_COLUMNS, column_order=list(CELL_COLUMNS))
-    runs = common.load(queries.runs, filters)
-    _theory_chart(runs, sorted(int(k) for k in cells["k"].unique()), filters)
+    _theory_chart(sorted(int(k) for k in cells["k"].unique()), filters)
     st.subheader("Speedup against k")
     st.altair_chart(charts.speedup_by_k(frames.speedup_by_k(cells, common.load(metrics.formula_over_k, filters))))
     st.subheader("Verify pass time against k")
     st.altair_chart(charts.verify_growth(common.load(queries.verify_growth, filters)))
     st.caption("The explainer assumes one target pass costs the same for 1 and for k+1 tokens. Each point is "
                "the mean verify time of rounds that verified k drafts, over the baselines' one-token pass.")
-    _runs_table(runs)
+    _runs_table(filters, int(cells["runs"].sum()))
 
 
 if __name__ == "__main__":  # st.navigation runs each page file as __main__

@@ -53,14 +53,22 @@ def filter_options(con: duckdb.DuckDBPyConnection) -> dict[str, list]:
     return {name: values or [] for name, values in zip(names, row, strict=True)}
 
 
-def runs(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
-    """One row per selected speculative run, newest first."""
-    where, params = filters.where(alias="s.")
+def runs(con: duckdb.DuckDBPyConnection, filters: Filters, limit: int, k: int | None = None) -> pd.DataFrame:
+    """The newest `limit` selected speculative runs, newest first; at `k`, only those with a measured speedup (a
+    baseline) and an α. The newest are picked from `runs` alone (every filter is one of its columns, and run_stats
+    holds its 'ok' runs), so only they pay run_stats' joins: at a million runs, the joins and the frame of every
+    run were most of the Overview's time."""
+    where, params = filters.where()
+    at_k, measured = ("", "") if k is None else (
+        "AND k = ? AND baseline_run_id IS NOT NULL", "WHERE s.measured_speedup IS NOT NULL AND s.alpha IS NOT NULL")
     return _frame(con, f"""
-        SELECT s.run_id, r.started_at, s.target, s.mode, s.category, s.prompt_id, s.draft, s.k,
+        WITH newest AS (
+            SELECT run_id, started_at FROM runs WHERE status = 'ok' AND draft <> 'none' AND {where} {at_k}
+            ORDER BY started_at DESC, run_id LIMIT ?)
+        SELECT s.run_id, n.started_at, s.target, s.mode, s.category, s.prompt_id, s.draft, s.k,
             s.alpha, s.tau, s.thrown_share, s.c, s.measured_speedup, s.theoretical_speedup, s.lossless
-        FROM run_stats s JOIN runs r USING (run_id)
-        WHERE s.draft <> 'none' AND {where} ORDER BY r.started_at DESC, s.run_id""", params)
+        FROM newest n JOIN run_stats s USING (run_id) {measured}
+        ORDER BY n.started_at DESC, s.run_id""", [*params, *([] if k is None else [k]), limit])
 
 
 def nodes_per_round(con: duckdb.DuckDBPyConnection, filters: Filters, keys: tuple[str, ...]) -> pd.DataFrame:

@@ -175,10 +175,12 @@ def _dashboard_reads(db: Path, seen: dict) -> None:
     if queries.read(db, queries.run_count) == 0:
         return
     filters = metrics.Filters()
-    for fn in (queries.filter_options, metrics.cells, queries.runs, queries.verify_growth,
+    for fn in (queries.filter_options, metrics.cells, queries.verify_growth,
                queries.lossless_rates, metrics.draft_categories, metrics.formula_over_k):
         queries.read(db, fn, *([] if fn is queries.filter_options else [filters]))
         seen["queries"] += 1
+    queries.read(db, queries.runs, filters, 1000)
+    seen["queries"] += 1
     choices = queries.read(db, queries.run_choices, 1000)
     ok = choices[choices["status"] == "ok"]
     if len(ok):

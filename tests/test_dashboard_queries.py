@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import duckdb
 import pandas as pd
 import pytest
 from dashboard_fixtures import add_trees, build
@@ -88,12 +89,34 @@ def test_filter_options_come_from_runs_with_statistics(db):
 
 
 def test_kernels_and_threads_filter_runs_and_split_the_verify_curve(db):
-    assert len(queries.read(db, queries.runs, Filters(kernels=("skinny",), threads=(2,)))) == 9
-    assert queries.read(db, queries.runs, Filters(threads=(1,))).empty
+    assert len(queries.read(db, queries.runs, Filters(kernels=("skinny",), threads=(2,)), 100)) == 9
+    assert queries.read(db, queries.runs, Filters(threads=(1,)), 100).empty
     assert queries.read(db, metrics.cells, Filters(kernels=("stock",))).empty
     growth = queries.read(db, queries.verify_growth, Filters(threads=(2,)))
     assert set(zip(growth["kernels"], growth["threads"], strict=True)) == {("skinny", 2)}
     assert growth["relative"].tolist() == pytest.approx([1.0, 1.1, 1.2, 1.3, 1.4])
+
+
+def every_run(db: Path, filters: Filters) -> pd.DataFrame:
+    """The plain query `queries.runs` stands for: every selected speculative run of run_stats, newest first."""
+    where, params = filters.where(alias="s.")
+    with duckdb.connect(str(db), read_only=True) as con:
+        return con.execute(f"""
+            SELECT s.run_id, r.started_at, s.target, s.mode, s.category, s.prompt_id, s.draft, s.k,
+                s.alpha, s.tau, s.thrown_share, s.c, s.measured_speedup, s.theoretical_speedup, s.lossless
+            FROM run_stats s JOIN runs r USING (run_id)
+            WHERE s.draft <> 'none' AND {where} ORDER BY r.started_at DESC, s.run_id""", params).df()
+
+
+@pytest.mark.parametrize("filters", [Filters(), Filters(draft=("ngram",)), Filters(host=("nowhere",))])
+def test_the_newest_runs_are_the_head_of_every_run(db, filters):
+    every = every_run(db, filters)
+    for limit in (1, 5, 100):
+        pd.testing.assert_frame_equal(queries.read(db, queries.runs, filters, limit), every.head(limit))
+    # at a k: only runs with a measured speedup and an α, as the theory chart draws them
+    at_2 = every[(every["k"] == 2) & every["measured_speedup"].notna() & every["alpha"].notna()]
+    assert len(at_2) > 2 or filters.host
+    pd.testing.assert_frame_equal(queries.read(db, queries.runs, filters, 2, 2), at_2.head(2).reset_index(drop=True))
 
 
 def test_totals_pool_every_selected_run(db):
@@ -210,7 +233,7 @@ def test_speedup_by_k_marks_the_formulas_best_k(db):
 
 
 def test_theory_frame_and_chart_hold_the_curve_and_the_runs(db):
-    frame = frames.theory_vs_measured(queries.read(db, queries.runs, Filters()),
+    frame = frames.theory_vs_measured(queries.read(db, queries.runs, Filters(), 100, 2),
                                       queries.read(db, metrics.formula_over_alpha, Filters(), 2), k=2)
     dots = frame[frame["source"] == frames.MEASURED].set_index("run_id")
     picked = dots.loc[["c1-ng-k2", "c2-ng-k2", "p1-ng-k2", "c1-ls-k2", "p1-ls-k2"]]

@@ -89,7 +89,7 @@ def test_merged_runs_keep_their_rows_and_the_dashboard_filters_them_by_host(sour
         for table in PER_RUN:
             ours = merged.execute(f"SELECT * FROM {table} WHERE run_id LIKE 'b-%' ORDER BY ALL").fetchall()
             assert ours == source.execute(f"SELECT * FROM {table} ORDER BY ALL").fetchall()
-    picked = queries.read(into, queries.runs, queries.Filters(host=("host-b",)))
+    picked = queries.read(into, queries.runs, queries.Filters(host=("host-b",)), 100)
     assert sorted(picked["run_id"]) == sorted(f"b-{run_id}" for run_id in (
         "c1-ng-k2", "c1-ng-k4", "c2-ng-k2", "c1-ls-k2", "c1-ls-k4", "p1-ng-k2", "p1-ng-k4", "p1-ls-k2", "p1-ls-k4"))
     assert queries.read(into, queries.filter_options)["host"] == ["host-a", "host-b"]
