@@ -11,7 +11,7 @@ import pytest
 from dashboard_fixtures import add_trees, build
 
 from dashboard import queries
-from runner.store import advisor
+from runner.store import advisor, schema_rounds
 from runner.store.metrics import Filters
 from runner.store.schema import SCHEMA_VERSION, migrate
 from runner.store.schema_rounds import FILL_ROUND_COUNTS
@@ -153,3 +153,38 @@ def test_the_advisor_equals_it_over_every_round(db, filters):
     with duckdb.connect(str(db), read_only=True) as con:
         same(con.execute(f"SELECT * FROM ({sql}) ORDER BY ALL", params).df(),
              con.execute(f"SELECT * FROM ({sql.replace(fast, plain)}) ORDER BY ALL", params).df())
+
+
+def summed_position_stats(keys: str, runs: str) -> str:
+    """What `positions_pooled` stands for: position_stats, one row per run and position, summed by `keys`."""
+    picked = ", ".join(f"r.{key.strip()}" for key in keys.split(","))
+    return f"""SELECT {picked}, s.position, sum(s.proposed)::BIGINT AS proposed, sum(s.reached)::BIGINT AS reached,
+        sum(s.accepted)::BIGINT AS accepted FROM position_stats s JOIN ({runs}) r USING (run_id) GROUP BY ALL"""
+
+
+@pytest.mark.parametrize("keys", ["draft", "target, mode, draft, category", "run_id"])
+def test_positions_pooled_per_key_equal_position_stats_summed(db, keys):
+    runs = "SELECT * FROM runs WHERE status = 'ok'"
+    with duckdb.connect(str(db), read_only=True) as con:
+        same(con.execute(f"SELECT * FROM ({schema_rounds.positions_pooled(keys, runs)}) ORDER BY ALL").df(),
+             con.execute(f"SELECT * FROM ({summed_position_stats(keys, runs)}) ORDER BY ALL").df())
+        # a run's levels, Σ rounds · depth, as the advisor tells a tree from a chain by them
+        levels = con.execute("""SELECT run_id, sum(rounds * depth) FROM round_counts WHERE k > 0
+                                GROUP BY ALL ORDER BY ALL""").fetchall()
+        assert levels == con.execute("SELECT run_id, sum(proposed) FROM position_stats GROUP BY ALL ORDER BY ALL"
+                                     ).fetchall()
+
+
+@pytest.mark.parametrize("filters", SELECTIONS[:2])
+def test_the_advisor_on_pooled_positions_equals_it_on_every_runs_positions(db, filters, monkeypatch):
+    sql, params = advisor.advisor_sql(filters)
+    assert "position_stats" not in sql
+    monkeypatch.setattr(schema_rounds, "positions_pooled", summed_position_stats)
+    per_run, _ = advisor.advisor_sql(filters)
+    with duckdb.connect(str(db), read_only=True) as con:
+        same(con.execute(f"SELECT * FROM ({sql}) ORDER BY ALL", params).df(),
+             con.execute(f"SELECT * FROM ({per_run}) ORDER BY ALL", params).df())
+        same(advisor.positions(con, filters), con.execute(f"""
+            SELECT *, alpha(accepted, reached - accepted) AS rate FROM
+            ({summed_position_stats("target, mode, draft, category", "SELECT * FROM runs WHERE status = 'ok'")})
+            WHERE {filters.where(alias="")[0]} ORDER BY ALL""", filters.where()[1]).df())

@@ -5,7 +5,8 @@ Per target × device × kernels × threads × batch size × mode × category × 
 recorded, on the prompts that every compared cell of the setup × category ran (`comparable`), baselines included:
 
 - s_i: the share of rounds (of runs whose k reaches position i) that accepted at least i drafts, and w_i: the share
-  that drafted at least i (prompt lookup can find fewer; the budget cuts the last rounds), both from `position_stats`;
+  that drafted at least i (prompt lookup can find fewer; the budget cuts the last rounds), both as `position_stats`
+  counts them (pooled per key first: `schema_rounds.positions_pooled`);
 - v(w): the mean verify pass over w drafts, from every round of the selected runs as `round_counts` counts them (the
   baselines' rounds give w = 0); a width no round verified is interpolated between its measured neighbours;
 - d: drafting seconds per drafted token, and l: the loop's own seconds per round (wall − prefill − draft − verify).
@@ -29,7 +30,7 @@ from __future__ import annotations
 import duckdb
 import pandas as pd
 
-from runner.store import comparable
+from runner.store import comparable, schema_rounds
 from runner.store.metrics import Filters
 
 GROUP = ("target", "device", "kernels", "threads", "batch_size")  # what a verify curve belongs to
@@ -47,6 +48,8 @@ def advisor_sql(filters: Filters) -> tuple[str, list]:
     spec_where, spec_params = filters.where()
     base_where, base_params = filters.where(skip=("draft", "k", "k_policy"))
     comparable_runs, comparable_params = comparable.comparable_runs_sql(filters)
+    positions = schema_rounds.positions_pooled(key, f"""SELECT * REPLACE ({_THREADS}) FROM runs
+        WHERE status = 'ok' AND k_policy = 'fixed' AND {spec_where}""")
     return f"""
     WITH picked AS (
         SELECT * REPLACE ({_THREADS}) FROM runs WHERE status = 'ok' AND run_id IN ({comparable_runs})
@@ -80,18 +83,15 @@ def advisor_sql(filters: Filters) -> tuple[str, list]:
         FROM curve WINDOW w AS (PARTITION BY {group} ORDER BY width)),
     depth AS (SELECT {key}, g.position, sum(n_rounds) AS rounds
         FROM fixed CROSS JOIN LATERAL range(1, k + 1) g(position) GROUP BY ALL),
-    positions AS (SELECT target, device, kernels, {_THREADS}, batch_size, mode, category, draft, position,
-            sum(proposed) AS proposed, sum(accepted) AS accepted
-        FROM position_stats JOIN (SELECT run_id, batch_size FROM runs) USING (run_id)
-        WHERE k_policy = 'fixed' AND {spec_where} GROUP BY ALL),
+    positions AS ({positions}),
     shares AS (SELECT {key}, position, coalesce(p.accepted, 0) / d.rounds AS s,
             coalesce(p.proposed, 0) / d.rounds AS w, x.step, x.one_pass_s
         FROM depth d LEFT JOIN positions p USING ({key}, position) JOIN steps x USING ({group}, position)),
     chains AS (SELECT {key}, position AS k, 1 + sum(s) OVER upto AS emitted, sum(w) OVER upto AS drafted,
             one_pass_s + sum(w * step) OVER upto AS verify_s, one_pass_s
         FROM shares WINDOW upto AS (PARTITION BY {key} ORDER BY position)),
-    levels AS (SELECT run_id, sum(proposed) AS levels FROM position_stats
-        WHERE run_id IN (SELECT run_id FROM fixed) GROUP BY run_id),
+    levels AS (SELECT run_id, sum(rounds * depth) AS levels FROM round_counts
+        WHERE k > 0 AND run_id IN (SELECT run_id FROM fixed) GROUP BY run_id),
     per_k AS (SELECT {key}, f.k, sum(t.drafted) / sum(f.n_rounds) AS nodes,
             sum(f.draft_s) / sum(f.n_rounds) AS round_draft_s, sum(t.drafted) > sum(coalesce(l.levels, 0)) AS wider
         FROM fixed f JOIN run_totals t USING (run_id) LEFT JOIN levels l USING (run_id) GROUP BY ALL),
@@ -162,8 +162,7 @@ def positions(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
     """Per target × mode × draft × category × position: `position_stats` pooled over k and policy (a draft's
     chance at position i, once the round reached it, does not depend on how many more it was asked for)."""
     where, params = filters.where()
-    return con.execute(f"""
-        SELECT target, mode, draft, category, position, sum(proposed)::BIGINT AS proposed,
-            sum(reached)::BIGINT AS reached, sum(accepted)::BIGINT AS accepted,
-            alpha(sum(accepted), sum(reached) - sum(accepted)) AS rate
-        FROM position_stats WHERE {where} GROUP BY ALL ORDER BY ALL""", params).df()
+    pooled = schema_rounds.positions_pooled("target, mode, draft, category",
+                                            f"SELECT * FROM runs WHERE status = 'ok' AND {where}")
+    return con.execute(f"""SELECT *, alpha(accepted, reached - accepted) AS rate FROM ({pooled})
+        ORDER BY ALL""", params).df()
