@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 from families import BY_NAME, save, tokenizer
@@ -20,7 +21,7 @@ from transformers import LlamaConfig
 from typer.testing import CliRunner
 
 from runner import cli
-from runner.engine import loading
+from runner.engine import loading, models, sources
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -154,3 +155,25 @@ def test_a_draft_that_cannot_embed_every_id_the_target_writes_is_refused(tmp_pat
     code, err = generate(str(target), "--draft", f"model:{narrow}")
     assert_one_line_error(code, err, f'draft "{narrow}" embeds 280 token ids, fewer than the 300 that target '
                                      f'"{target}" can write')
+
+
+def test_processes_converting_one_gguf_at_once_convert_it_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDASH_CACHE", str(tmp_path / "cache"))
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    calls = []
+
+    def convert(source: Path, done: Path) -> None:  # a slow conversion, so that both callers overlap
+        calls.append(source)
+        time.sleep(0.5)
+        done.mkdir()
+        (done / "config.json").write_text("{}")
+
+    monkeypatch.setattr(models, "_convert", convert)
+    results = []
+    callers = [threading.Thread(target=lambda: results.append(models.dequantized(gguf))) for _ in range(2)]
+    for caller in callers:
+        caller.start()
+    for caller in callers:
+        caller.join()
+    assert calls == [gguf] and results == [sources.converted_dir(gguf)] * 2

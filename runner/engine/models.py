@@ -6,6 +6,7 @@ a path to a `.gguf` file, a local directory, or a Hugging Face repo id (`sources
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import tempfile
@@ -95,21 +96,30 @@ def dequantized(gguf: Path) -> Path:
     done = converted_dir(gguf)
     if (done / "config.json").is_file():
         return done
+    done.parent.mkdir(parents=True, exist_ok=True)
+    # One process converts, the others wait for its copy: two converting at once (a test run's workers, `make run`'s
+    # dashboard and sweep) each took twice as long.
+    with (done.parent / f"{done.name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (done / "config.json").is_file():
+            _convert(gguf, done)
+    return done
+
+
+def _convert(gguf: Path, done: Path) -> None:
     where, name = str(gguf.parent.resolve()), gguf.name
     tokenizer = AutoTokenizer.from_pretrained(where, gguf_file=name)
     model = AutoModelForCausalLM.from_pretrained(where, gguf_file=name, dtype=torch.float32)
     # The weights are plain fp32 now: saved with the GGUF quantizer attached they would not load back.
     model.hf_quantizer = None
     del model.config.quantization_config
-    done.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=done.parent))
     model.save_pretrained(staging)
     tokenizer.save_pretrained(staging)
     try:
-        staging.rename(done)  # atomic: a concurrent converter either wins or finds the finished copy
+        staging.rename(done)  # atomic: a reader finds the whole copy or none (a cache shared without locks)
     except OSError:
         shutil.rmtree(staging)
-    return done
 
 
 def _source(spec: str) -> str:
