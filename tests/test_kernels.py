@@ -4,6 +4,8 @@ loses to stock, the switch is per model and recorded per run, and greedy decodin
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import pytest
 import torch
@@ -147,6 +149,26 @@ def test_the_table_is_measured_once_then_read_from_the_cache(tmp_path, monkeypat
 
     monkeypatch.setattr(kernels, "measure", no_measuring)
     assert kernels.attach(tiny_llama(100, seed=5, layers=1)).table() == table  # same shapes: read back
+
+
+def test_two_measuring_the_same_shapes_at_once_measure_them_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDASH_CACHE", str(tmp_path))
+    measure, calls = kernels.measure, []
+
+    def slow_measure(linears, repeats=kernels.REPEATS):  # the real measurement, slow enough that both overlap
+        calls.append(len(linears))
+        time.sleep(0.5)
+        return measure(linears, 1)
+
+    monkeypatch.setattr(kernels, "measure", slow_measure)
+    switches = [kernels.attach(tiny_llama(100, seed=seed, layers=1)) for seed in (6, 7)]
+    tables = []
+    callers = [threading.Thread(target=lambda s=s: tables.append(s.table())) for s in switches]
+    for caller in callers:
+        caller.start()
+    for caller in callers:
+        caller.join()
+    assert len(calls) == 1 and len(tables) == 2 and tables[0] == tables[1]
 
 
 def test_kernels_are_validated_and_cuda_keeps_stock(tiny):

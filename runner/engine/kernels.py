@@ -14,6 +14,7 @@ on the same model object keeps the stock path. CUDA models are never attached (c
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -207,16 +208,19 @@ class Kernels:
         if remeasure or threads not in self.tables:
             key = self._key(threads)
             path = cache_dir() / "kernels" / f"{hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]}.json"
-            try:
-                if remeasure:
-                    raise FileNotFoundError(path)
-                timings = _timings_from_json(json.loads(path.read_text())["timings"])
-            except (OSError, ValueError, KeyError):
-                timings = measure(self.linears)
+            timings = None if remeasure else _cached(path)
+            if timings is None:
                 path.parent.mkdir(parents=True, exist_ok=True)
-                temp = path.with_suffix(f".{os.getpid()}.tmp")
-                temp.write_text(json.dumps({"key": key, "timings": _timings_to_json(timings)}))
-                temp.replace(path)  # atomic: a concurrent process finds a whole file or none
+                # One process measures, the others wait and read its table: measured side by side, each would
+                # time the other's load and choose from that.
+                with path.with_suffix(".lock").open("w") as lock:
+                    fcntl.flock(lock, fcntl.LOCK_EX)
+                    timings = None if remeasure else _cached(path)
+                    if timings is None:
+                        timings = measure(self.linears)
+                        temp = path.with_suffix(f".{os.getpid()}.tmp")
+                        temp.write_text(json.dumps({"key": key, "timings": _timings_to_json(timings)}))
+                        temp.replace(path)  # atomic: a reader finds a whole file or none
             self.tables[threads] = table_from(timings)
             self._unpack_unused()
         return self.tables[threads]
@@ -235,6 +239,13 @@ class Kernels:
             yield
         finally:
             self.active = before
+
+
+def _cached(path: Path) -> Timings | None:
+    try:
+        return _timings_from_json(json.loads(path.read_text())["timings"])
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 def _timings_to_json(timings: Timings) -> dict:
