@@ -175,7 +175,7 @@ def test_positions_pooled_per_key_equal_position_stats_summed(db, keys):
                                      ).fetchall()
 
 
-@pytest.mark.parametrize("filters", SELECTIONS[:2])
+@pytest.mark.parametrize("filters", [*SELECTIONS[:2], Filters(batch_size=(1,))])  # position_stats has no batch_size
 def test_the_advisor_on_pooled_positions_equals_it_on_every_runs_positions(db, filters, monkeypatch):
     sql, params = advisor.advisor_sql(filters)
     assert "position_stats" not in sql
@@ -184,7 +184,7 @@ def test_the_advisor_on_pooled_positions_equals_it_on_every_runs_positions(db, f
     with duckdb.connect(str(db), read_only=True) as con:
         same(con.execute(f"SELECT * FROM ({sql}) ORDER BY ALL", params).df(),
              con.execute(f"SELECT * FROM ({per_run}) ORDER BY ALL", params).df())
-        same(advisor.positions(con, filters), con.execute(f"""
-            SELECT *, alpha(accepted, reached - accepted) AS rate FROM
-            ({summed_position_stats("target, mode, draft, category", "SELECT * FROM runs WHERE status = 'ok'")})
-            WHERE {filters.where(alias="")[0]} ORDER BY ALL""", filters.where()[1]).df())
+        where, where_params = filters.where()
+        picked = summed_position_stats("target, mode, draft, category", f"SELECT * FROM runs WHERE {where}")
+        same(advisor.positions(con, filters), con.execute(
+            f"SELECT *, alpha(accepted, reached - accepted) AS rate FROM ({picked}) ORDER BY ALL", where_params).df())
