@@ -1,14 +1,12 @@
 #!/usr/bin/env bash
-# The shipped runs.duckdb, recorded again with today's engine (about an hour on an idle 2-core CPU, one thread):
+# The shipped runs.duckdb, recorded again with today's engine (about 70 minutes on an idle 2-core CPU, one thread):
 #   bench/reship.sh [OLD] [NEW]     (default: runs.duckdb and runs.new.duckdb; move NEW over OLD when it is done)
-# NEW gets the sweeps below, then everything of OLD but the sweeps they supersede (CHAINS, SAMPLED, STOCK): the
-# draft-length policy sweeps the README's table quotes, the shipped head's training and the benchmarks.
+# NEW gets the sweeps below, all from this machine, then OLD's draft-head trainings and benchmarks (none of its runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OLD=${1:-runs.duckdb}
 NEW=${2:-runs.new.duckdb}
 PY=${PY:-.venv/bin/python}
-SUPERSEDED="'20261130-101456-0992', '20261130-103103-2852', '20261130-103334-e49b'"  # CHAINS, SAMPLED, STOCK of OLD
 H=heads/smollm2-135m
 M=heads/medusa-smollm2
 SWEEP="$PY -m runner sweep --threads 1 --max-new-tokens 64 --db $NEW"
@@ -24,11 +22,17 @@ $SWEEP --draft ngram --draft eagle:$H --draft eagle-tree:$H --k 2,4 --prompts-pe
 $SWEEP --draft ngram --draft eagle:$H --k 2,4 --prompts-per-category 2 --kernels stock
 # BATCHES: 1, 2 and 4 prompts of a category decoded together, each against plain decoding at its batch size.
 $SWEEP --draft ngram --draft eagle:$H --draft ngram-tree --k 3 --batch 1,2,4 --prompts-per-category 4
+# POLICIES: the draft-length policies against fixed k (README, "Draft-length policies"), greedy and at T = 0.7.
+P="--draft ngram --draft eagle:$H --prompts-per-category 3"
+$SWEEP $P --k 1,2,3,4 --k-policy fixed --mode greedy
+$SWEEP $P --k 2,4 --k-policy heuristic --k-policy auto --k-policy confidence:0.5 --mode greedy
+$SWEEP $P --k 1,2,3,4 --k-policy fixed --mode sample --temperature 0.7
+$SWEEP $P --k 2,4 --k-policy heuristic --k-policy auto --k-policy confidence:0.5 --mode sample --temperature 0.7
 
-# What OLD keeps: a copy without the superseded sweeps, merged into NEW.
+# What OLD keeps: a copy with every table keyed by run_id emptied, merged into NEW.
 KEEP=$(mktemp -d)/kept.duckdb
 cp "$OLD" "$KEEP"
-$PY - "$KEEP" "$SUPERSEDED" <<'EOF'
+$PY - "$KEEP" <<'PYTHON'
 import sys
 
 import duckdb
@@ -37,14 +41,11 @@ from runner.store.schema import migrate
 
 con = duckdb.connect(sys.argv[1])
 migrate(con)
-runs = f"SELECT run_id FROM runs WHERE sweep_id IN ({sys.argv[2]})"
-tables = [t for (t,) in con.sql("SELECT table_name FROM duckdb_columns() WHERE column_name = 'run_id' "
-                                "AND table_name <> 'runs' AND NOT internal "
-                                "AND table_name IN (SELECT table_name FROM duckdb_tables())").fetchall()]
-for table in tables:
-    con.execute(f"DELETE FROM {table} WHERE run_id IN ({runs})")
-con.execute(f"DELETE FROM runs WHERE run_id IN ({runs})")
+tables = con.execute("SELECT DISTINCT table_name FROM duckdb_columns() WHERE column_name = 'run_id' AND NOT internal "
+                     "AND table_name IN (SELECT table_name FROM duckdb_tables())").fetchall()
+for (table,) in tables:
+    con.execute(f"DELETE FROM {table}")
 con.close()
-EOF
+PYTHON
 $PY -m runner merge "$KEEP" --into "$NEW"
 rm -rf "$(dirname "$KEEP")"
