@@ -55,7 +55,7 @@ from bench.rows import (  # noqa: E402
     verify_rows,
 )
 from runner.engine import kernels, models  # noqa: E402
-from runner.engine.kernels import SKINNY, all_cores, cpu_name  # noqa: E402
+from runner.engine.kernels import SKINNY, all_cores  # noqa: E402
 from runner.engine.pair import parse_draft, parse_kernels  # noqa: E402
 from runner.engine.policies import FIXED, parse_policy  # noqa: E402
 from runner.prompts import PromptError, load_prompts, select_prompts  # noqa: E402
@@ -114,7 +114,7 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None]) -> Outcome:
     bench_id = started.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:4]
     prov = engines.provenance
     context = {"bench_id": bench_id, "started_at": started, "device": str(target.device),
-               "device_name": prov.get("device_name") or cpu_name(), "dtype": dtype_name(target),
+               "device_name": prov["device_name"], "dtype": dtype_name(target),
                "threads": config.threads, "kernels": engines.pair.kernels, "target": config.target,
                "prompts": len(config.prompts), "max_new_tokens": config.max_new_tokens,
                "load_before": load_before, "load_after": os.getloadavg()[0], "command": config.command,

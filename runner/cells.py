@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from runner.engine import lossless, models
+from runner.engine import kernels, lossless, models
 from runner.engine.pair import PLAIN, DraftSpec, Pair
 from runner.engine.policies import FIXED, PolicySpec
 from runner.engine.sampling import Decoding
@@ -125,7 +125,7 @@ def provenance(device: torch.device) -> dict[str, str]:
     return {
         "torch_version": torch.__version__, "transformers_version": transformers.__version__,
         "python_version": platform.python_version(), "host": socket.gethostname(), "git_commit": commit,
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else kernels.cpu_name(),
     }
 
 

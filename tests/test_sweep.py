@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import duckdb
 import pytest
+import torch
 from rich.console import Console
 
+from runner.cells import provenance
 from runner.engine import pair
 from runner.engine.pair import parse_draft
 from runner.engine.sampling import Decoding
@@ -150,3 +153,9 @@ def test_a_failing_cell_is_recorded_as_an_error_and_the_sweep_goes_on(tiny_dir, 
         ("RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB", None)
     ]
     assert rows(cfg.db, "SELECT count(*) FROM rounds JOIN runs USING (run_id) WHERE status = 'error'") == [(0,)]
+
+
+def test_a_cpu_run_records_the_cpus_model_name():
+    # platform.processor() is empty on Linux: runs from two CPUs could not be told apart
+    names = re.findall(r"^model name\s*:\s*(.+?)\s*$", Path("/proc/cpuinfo").read_text(), re.MULTILINE)
+    assert names and provenance(torch.device("cpu"))["device_name"] == names[0]
