@@ -14,7 +14,6 @@ on the same model object keeps the stock path. CUDA models are never attached (c
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -29,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from runner.engine.sources import cache_dir
+from runner.engine.sources import cache_dir, exclusive
 
 STOCK, SKINNY = "stock", "skinny"  # values of --kernels: torch's own F.linear, or the measured choice
 MAX_ROWS = 64  # the widest tree (63 nodes and the root) or a batch's B x (k+1); beyond it (prefill), stock
@@ -210,11 +209,9 @@ class Kernels:
             path = cache_dir() / "kernels" / f"{hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]}.json"
             timings = None if remeasure else _cached(path)
             if timings is None:
-                path.parent.mkdir(parents=True, exist_ok=True)
                 # One process measures, the others wait and read its table: measured side by side, each would
                 # time the other's load and choose from that.
-                with path.with_suffix(".lock").open("w") as lock:
-                    fcntl.flock(lock, fcntl.LOCK_EX)
+                with exclusive(path.with_suffix(".lock")):
                     timings = None if remeasure else _cached(path)
                     if timings is None:
                         timings = measure(self.linears)

@@ -6,7 +6,6 @@ a path to a `.gguf` file, a local directory, or a Hugging Face repo id (`sources
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 import tempfile
@@ -25,7 +24,7 @@ from transformers import (
 from transformers.utils import logging as hf_logging
 
 from runner.engine import loading
-from runner.engine.sources import DEFAULT_MODEL, ModelError, converted_dir, smollm2_gguf
+from runner.engine.sources import DEFAULT_MODEL, ModelError, converted_dir, exclusive, smollm2_gguf
 
 # stderr belongs to our progress bar and one-line errors, not to loading bars and advisory warnings.
 hf_logging.disable_progress_bar()
@@ -99,8 +98,7 @@ def dequantized(gguf: Path) -> Path:
     done.parent.mkdir(parents=True, exist_ok=True)
     # One process converts, the others wait for its copy: two converting at once (a test run's workers, `make run`'s
     # dashboard and sweep) each took twice as long.
-    with (done.parent / f"{done.name}.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with exclusive(done.parent / f"{done.name}.lock"):
         if not (done / "config.json").is_file():
             _convert(gguf, done)
     return done

