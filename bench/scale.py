@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))  # `python bench/scale.py` puts bench/, not the re
 import duckdb  # noqa: E402
 
 from dashboard import overview, queries, replay  # noqa: E402
-from runner.store import advisor, comparable, metrics  # noqa: E402
+from runner.store import advisor, comparable, metrics, schema_facts  # noqa: E402
 from runner.store.connect import init_db, upgrade  # noqa: E402
 from runner.store.schema import FILL_RUN_TOTALS  # noqa: E402
 from runner.store.schema_rounds import FILL_ROUND_COUNTS  # noqa: E402
@@ -115,6 +115,7 @@ def build(db: Path, runs: int, rounds_per_run: int) -> None:
         con.execute(RUNS, [TARGET])
         con.execute(FILL_RUN_TOTALS)
         con.execute(FILL_ROUND_COUNTS)
+        schema_facts.refresh_all(con)
         con.execute("CHECKPOINT")
     print(f"built {db}: {runs:,} runs × {rounds_per_run} rounds in {time.perf_counter() - started:.0f} s, "
           f"{db.stat().st_size / 2**20:,.0f} MiB", flush=True)
@@ -162,7 +163,7 @@ def page_queries(newest_run: str, drafts: list[str]) -> dict[str, list[tuple[Cal
                     (comparable.lossless_by_setup, (everything,)), (comparable.best_cells, (everything,)),
                     (comparable.left_out, (everything,)), (metrics.formula_over_k, (head_to_head,)),
                     (advisor.positions, (everything,)), (queries.tree_drafts, ()),
-                    (advisor.k_advice, (everything,)), (advisor.k_curve, (everything,))],
+                    (advisor.k_answer, (everything,))],
         "replay (no run picked)": [(queries.run_count, ()), (queries.run_choices, (replay.RUNS_SHOWN,))],
         "replay ?run=…": [(queries.run_count, ()), (queries.run_choices, (replay.RUNS_SHOWN, (newest_run,))),
                           (queries.run_detail, (newest_run,)), (queries.run_rounds, (newest_run,))],

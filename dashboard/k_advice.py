@@ -46,14 +46,14 @@ def render(filters: Filters) -> None:
     if len(rates):
         axis = charts.position_title(set(rates["draft"]), set(common.load(queries.tree_drafts)))
         st.altair_chart(charts.position_rates(rates.assign(series=frames.series_label(rates)), axis))
-    advice = common.load(advisor.k_advice, filters)
+    advice, curve = common.load(advisor.k_answer, filters)
     if advice.empty:
         st.info("The advisor needs fixed-k runs and their baselines on one target, device, kernels and threads.")
         return
     _headline(advice)
     table = frames.advice_table(advice, common.load(comparable.best_cells, filters))
     st.dataframe(table, hide_index=True, column_config=ADVICE_COLUMNS, column_order=list(ADVICE_COLUMNS))
-    st.altair_chart(charts.k_advisor(frames.k_curve(common.load(advisor.k_curve, filters))))
+    st.altair_chart(charts.k_advisor(frames.k_curve(curve)))
     st.caption("The advisor predicts each k's decode tokens/s from the measured acceptance at each draft position "
                "and the measured verify time at each width on this device, not from the flat formula; "
                "`runner.store.advisor` has the model. \"Measured best\" is the leaderboard's answer: the k and "

@@ -75,15 +75,12 @@ def nodes_per_round(con: duckdb.DuckDBPyConnection, filters: Filters, keys: tupl
     """Per value of `keys` over the selected speculative runs: nodes per round, Σ k over the rounds that drafted
     divided by their count (for a chain: drafts per round; for a tree: its size), and whether any of them drafted a
     tree (`draft_parents` recorded)."""
-    where, params = filters.where(alias="s.")
-    picked = ", ".join(f"s.{key}" for key in keys)
-    # The rounds as counted per run (`round_counts`), joined to the 'ok' runs (those of run_stats): the keys and
-    # filters are all columns of runs, so the view's joins are not needed.
+    where, params = filters.where()
+    # Per run, run_facts holds Σ k (`drafted`), the rounds that drafted and whether any drafted a tree.
     return _frame(con, f"""
-        SELECT {picked}, sum(c.k * c.rounds) / sum(c.rounds) AS nodes_per_round,
-            coalesce(bool_or(c.tree), false) AS tree
-        FROM runs s LEFT JOIN round_counts c ON c.run_id = s.run_id AND c.k > 0
-        WHERE s.status = 'ok' AND s.draft <> 'none' AND {where} GROUP BY ALL ORDER BY ALL""", params)
+        SELECT {", ".join(keys)}, sum(drafted) / sum(drafting_rounds) AS nodes_per_round,
+            coalesce(bool_or(tree), false) AS tree
+        FROM run_facts WHERE draft <> 'none' AND {where} GROUP BY ALL ORDER BY ALL""", params)
 
 
 def cells(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
@@ -115,21 +112,21 @@ def verify_growth(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFr
     """
     spec_where, spec_params = filters.where(alias="s.")
     base_where, base_params = filters.where(alias="s.", skip=("draft", "k", "k_policy"))
-    # The rounds as counted per run (`round_counts`), a few rows per run, joined to their runs.
+    # Each run's verify passes by width (`run_facts.widths`), a few per run.
     # Kernels and threads change the pass time itself, so each setting gets its own curve and its own reference.
     return _frame(con, f"""
         WITH picked AS (
-            SELECT s.target, s.device, s.kernels, s.threads, p.k, p.rounds AS n, p.verify_s AS s,
-                s.draft = 'none' AS baseline
-            FROM round_counts p JOIN runs s USING (run_id)
-            WHERE s.status = 'ok' AND ((s.draft <> 'none' AND {spec_where}) OR (s.draft = 'none' AND {base_where}))),
+            SELECT target, device, kernels, threads, w.k, w.rounds AS n, w.verify_s AS s, baseline
+            FROM (SELECT target, device, kernels, threads, draft = 'none' AS baseline, unnest(widths) AS w
+                  FROM run_facts s
+                  WHERE (s.draft <> 'none' AND {spec_where}) OR (s.draft = 'none' AND {base_where}))),
         one_token AS (SELECT target, device, kernels, threads, sum(s) / sum(n) AS one_token_s FROM picked
                       WHERE baseline GROUP BY ALL)
         SELECT p.target, p.device, p.kernels, p.threads, p.k, sum(p.n)::BIGINT AS rounds,
             sum(p.s) / sum(p.n) AS verify_s, sum(p.s) / sum(p.n) / any_value(o.one_token_s) AS relative
         FROM picked p LEFT JOIN one_token o ON o.target = p.target AND o.device = p.device
             AND o.kernels IS NOT DISTINCT FROM p.kernels AND o.threads IS NOT DISTINCT FROM p.threads
-        GROUP BY ALL ORDER BY p.target, p.device, p.kernels, p.threads, p.k""", spec_params + base_params)
+    GROUP BY ALL ORDER BY p.target, p.device, p.kernels, p.threads, p.k""", spec_params + base_params)
 
 
 def lossless_rates(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:

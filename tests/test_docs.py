@@ -27,9 +27,9 @@ def _columns(relation: str) -> list[str]:
     return [name for name, *_ in con.execute(f"DESCRIBE {relation}").fetchall()]
 
 
-@pytest.mark.parametrize("relation", ["runs", "rounds", "run_totals", "round_counts", "run_stats", "trainings",
-                                      "training_epochs", "training_positions", "position_stats", "context_stats",
-                                      "batch_stats"])
+@pytest.mark.parametrize("relation", ["runs", "rounds", "run_totals", "round_counts", "run_stats", "run_facts",
+                                      "trainings", "training_epochs", "training_positions", "position_stats",
+                                      "context_stats", "batch_stats"])
 def test_the_readme_documents_every_column(relation):
     section = _section(f"### `{relation}`")
     documented = set(re.findall(r"\b[a-z_]+\b", section))

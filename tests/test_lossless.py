@@ -21,6 +21,7 @@ from runner.engine.decode import generate
 from runner.engine.drafters import NoDraft
 from runner.engine.sampling import Decoding, accept_greedy
 from runner.records import Divergence
+from runner.store import schema_facts
 
 GREEDY = Decoding("greedy", 0.0, 1.0)
 
@@ -101,6 +102,7 @@ def test_the_dashboard_shows_the_class_of_a_mismatch(monkeypatch, tmp_path):
     with duckdb.connect(str(db)) as con:
         con.execute("UPDATE runs SET divergence = 'tie', divergence_at = 6, divergence_gap = 0.03125, "
                     "divergence_tolerance = 0.25 WHERE run_id = 'p1-ls-k4'")
+        schema_facts.refresh_all(con)
     at = app(monkeypatch, db, "replay.py", run="p1-ls-k4")
     assert metrics(at)["lossless"] == "✗ tie"
     said = "a numeric tie at token 6: the target's two best logits there are 0.0312 apart (tie tolerance 0.25 in "

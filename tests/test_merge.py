@@ -11,12 +11,13 @@ from typer.testing import CliRunner
 
 from dashboard import queries
 from runner.cli import app
+from runner.store import schema_facts
 from runner.store.connect import init_db
 from runner.store.schema import SCHEMA_VERSION, migrate
 
-TABLES = ("runs", "rounds", "run_totals", "round_counts", "bench_results", "trainings", "training_epochs",
-          "training_positions")
-PER_RUN = ("runs", "rounds", "run_totals", "round_counts")
+TABLES = ("runs", "rounds", "run_totals", "round_counts", "run_facts", "bench_results", "trainings",
+          "training_epochs", "training_positions")
+PER_RUN = ("runs", "rounds", "run_totals", "round_counts", "run_facts")
 
 
 def counts(db: Path) -> dict[str, int]:
@@ -37,6 +38,7 @@ def recorded_elsewhere(db: Path, prefix: str, host: str, sweep: str) -> Path:
             con.execute(f"UPDATE {table} SET run_id = ? || run_id", [prefix])
         con.execute("UPDATE runs SET run_id = ? || run_id, baseline_run_id = ? || baseline_run_id, host = ?, "
                     "sweep_id = ?", [prefix, prefix, host, sweep])
+        schema_facts.refresh_all(con)
     return db
 
 
@@ -68,17 +70,17 @@ def test_merge_adds_every_run_once_and_its_counts_add_up(sources, tmp_path):
     assert counts(a)["runs"] == 13 and counts(a)["rounds"] > 13
     assert out.splitlines() == [
         f"{a}: +13 runs (1 sweeps), +{counts(a)['round_counts']} round_counts, +{counts(a)['rounds']} rounds, "
-        "+12 run_totals, +2 benchmarks, "
+        "+12 run_facts, +12 run_totals, +2 benchmarks, "
         "+0 trainings; 0 runs already there",
         f"{b}: +13 runs (1 sweeps), +{counts(b)['round_counts']} round_counts, +{counts(b)['rounds']} rounds, "
-        "+12 run_totals, +1 benchmarks, "
+        "+12 run_facts, +12 run_totals, +1 benchmarks, "
         "+1 trainings; 0 runs already there",
     ]
     merged = counts(into)
     code, out, _ = merge(b, a, "--into", into)  # again, in the other order: nothing new
     assert code == 0 and counts(into) == merged
-    assert out.splitlines()[0] == f"{b}: +0 runs (0 sweeps), +0 round_counts, +0 rounds, +0 run_totals, " \
-                                  "+0 benchmarks, +0 trainings; 13 runs already there"
+    assert out.splitlines()[0] == f"{b}: +0 runs (0 sweeps), +0 round_counts, +0 rounds, +0 run_facts, " \
+                                  "+0 run_totals, +0 benchmarks, +0 trainings; 13 runs already there"
 
 
 def test_merged_runs_keep_their_rows_and_the_dashboard_filters_them_by_host(sources, tmp_path):

@@ -11,9 +11,9 @@ import pytest
 from dashboard_fixtures import add_trees, build
 
 from dashboard import queries
-from runner.store import advisor, schema_rounds
+from runner.store import advisor, schema_facts, schema_rounds
 from runner.store.metrics import Filters
-from runner.store.schema import SCHEMA_VERSION, migrate
+from runner.store.schema import MIGRATIONS, migrate
 from runner.store.schema_rounds import FILL_ROUND_COUNTS
 
 SELECTIONS = [Filters(), Filters(draft=("ngram",), category=("code",)), Filters(host=("nowhere",))]
@@ -65,6 +65,7 @@ def retimed(path: Path) -> Path:
         con.execute("UPDATE rounds SET verify_s = (1 + k + round % 3) / 64")
         con.execute("DELETE FROM round_counts")
         con.execute(FILL_ROUND_COUNTS)
+        schema_facts.refresh_all(con)
     return path
 
 
@@ -94,7 +95,7 @@ def test_an_older_file_gets_the_same_counts_and_numbers_from_its_migration(tmp_p
     recorded = retimed(tmp_path / "recorded.duckdb")
     old = tmp_path / "old.duckdb"
     with duckdb.connect(str(old)) as con:
-        migrate(con, to_version=SCHEMA_VERSION - 1)  # before round_counts
+        migrate(con, to_version=MIGRATIONS.index(schema_rounds.count_rounds))  # before round_counts
         con.execute(f"ATTACH '{recorded}' AS a (READ_ONLY)")
         for table in ("runs", "rounds", "run_totals"):
             con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM a.{table}")
@@ -164,7 +165,7 @@ def summed_position_stats(keys: str, runs: str) -> str:
 
 @pytest.mark.parametrize("keys", ["draft", "target, mode, draft, category", "run_id"])
 def test_positions_pooled_per_key_equal_position_stats_summed(db, keys):
-    runs = "SELECT * FROM runs WHERE status = 'ok'"
+    runs = "SELECT * FROM run_facts"
     with duckdb.connect(str(db), read_only=True) as con:
         same(con.execute(f"SELECT * FROM ({schema_rounds.positions_pooled(keys, runs)}) ORDER BY ALL").df(),
              con.execute(f"SELECT * FROM ({summed_position_stats(keys, runs)}) ORDER BY ALL").df())

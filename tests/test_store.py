@@ -123,12 +123,16 @@ def test_runs_and_rounds_have_the_documented_columns(db):
         "thrown", "drafted", "alpha", "tau", "thrown_share", "tokens_per_s", "baseline_tokens_per_s",
         "measured_speedup", "target_pass_s", "verify_pass_s", "draft_token_s", "c", "theoretical_speedup",
         "lossless", "divergence", "kernels", "threads", "k_policy", "batch_size"]
+    assert [name for name, _ in columns(db, "run_facts")] == [
+        *(name for name, _ in columns(db, "run_stats")), "drafting_rounds", "tree", "widths",
+        "outcomes"]
     assert query(db, "SELECT version, name FROM schema_migrations ORDER BY version") == [
         (1, "create_runs_and_rounds"), (2, "create_run_stats"), (3, "add_device_name"), (4, "create_bench_results"),
         (5, "create_run_totals"), (6, "add_divergence"), (7, "add_kernels_and_threads"), (8, "define_metrics"),
         (9, "create_trainings"), (10, "add_concurrent_workers"), (11, "add_k_policy"), (12, "create_position_stats"),
         (13, "add_bench_k_policy"), (14, "add_tree_columns"), (15, "add_depth"), (16, "add_turns"),
-        (17, "add_training_categories"), (18, "add_sampling_test"), (19, "add_batches"), (20, "count_rounds")]
+        (17, "add_training_categories"), (18, "add_sampling_test"), (19, "add_batches"), (20, "count_rounds"),
+        (21, "create_run_facts")]
 
 
 @pytest.mark.parametrize("table, row", [("runs", run_row), ("rounds", round_columns), ("run_totals", totals_row),

@@ -48,8 +48,8 @@ def advisor_sql(filters: Filters) -> tuple[str, list]:
     spec_where, spec_params = filters.where()
     base_where, base_params = filters.where(skip=("draft", "k", "k_policy"))
     comparable_runs, comparable_params = comparable.comparable_runs_sql(filters)
-    positions = schema_rounds.positions_pooled(key, f"""SELECT * REPLACE ({_THREADS}) FROM runs
-        WHERE status = 'ok' AND k_policy = 'fixed' AND {spec_where}""")
+    positions = schema_rounds.positions_pooled(key, f"""SELECT * REPLACE ({_THREADS}) FROM run_facts
+        WHERE k_policy = 'fixed' AND {spec_where}""")
     return f"""
     WITH picked AS (
         SELECT * REPLACE ({_THREADS}) FROM runs WHERE status = 'ok' AND run_id IN ({comparable_runs})
@@ -116,11 +116,24 @@ def advisor_sql(filters: Filters) -> tuple[str, list]:
     ORDER BY {key}, k""", comparable_params + spec_params + base_params + spec_params
 
 
-def k_curve(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
-    """`advisor_sql` with each prediction's error against the measurement (NULL where none was recorded)."""
+def _evaluate(con: duckdb.DuckDBPyConnection, filters: Filters) -> None:
+    """`advisor_sql` with each prediction's error against the measurement (NULL where none was recorded), into the
+    connection's temporary table `advisor_curve`, which the advice then reads: one evaluation for both."""
     sql, params = advisor_sql(filters)
-    return con.execute(f"""SELECT *, predicted_tokens_per_s / measured_tokens_per_s - 1 AS error,
-        formula_tokens_per_s / measured_tokens_per_s - 1 AS formula_error FROM ({sql})""", params).df()
+    con.execute(f"""CREATE OR REPLACE TEMP TABLE advisor_curve AS
+        SELECT *, predicted_tokens_per_s / measured_tokens_per_s - 1 AS error,
+            formula_tokens_per_s / measured_tokens_per_s - 1 AS formula_error FROM ({sql})""", params)
+
+
+def _curve(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
+    return con.execute(f"SELECT * FROM advisor_curve ORDER BY {', '.join(KEY)}, k").df()
+
+
+def k_curve(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
+    """Per key × k from 1 to the largest fixed k recorded: the prediction, the measurement where one was recorded,
+    and the prediction's error against it (NULL where none was)."""
+    _evaluate(con, filters)
+    return _curve(con)
 
 
 def k_advice(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
@@ -129,12 +142,22 @@ def k_advice(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
     measured best; NULL where no run was recorded at that k: the prediction cannot be judged),
     the mean |error| of the advisor and of the flat formula over the recorded ks, the fastest measured adaptive
     policy, and the recommendation: that policy where it beat every fixed k, else the advisor's k, fixed."""
-    sql, params = advisor_sql(filters)
+    _evaluate(con, filters)
+    return _advice(con, filters)
+
+
+def k_answer(con: duckdb.DuckDBPyConnection, filters: Filters) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """`k_advice` and `k_curve` from one evaluation of the advisor (the Compare page shows both)."""
+    _evaluate(con, filters)
+    return _advice(con, filters), _curve(con)
+
+
+def _advice(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
     key = ", ".join(KEY)
     where, adaptive_params = filters.where()
     comparable_runs, comparable_params = comparable.comparable_runs_sql(filters)
     return con.execute(f"""
-        WITH curve AS ({sql}),
+        WITH curve AS (SELECT * FROM advisor_curve),
         summary AS (SELECT {key}, arg_max(k, predicted_tokens_per_s) AS predicted_best_k,
                 arg_max(k, predicted_tokens_per_s) FILTER (measured_tokens_per_s IS NOT NULL) AS predicted_recorded_k,
                 arg_max_null(measured_tokens_per_s, predicted_tokens_per_s) AS measured_at_predicted,
@@ -155,7 +178,7 @@ def k_advice(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
         SELECT *, measured_at_predicted >= (1 - {WITHIN}) * measured_best AS hit,
             CASE WHEN adaptive_wins THEN adaptive_policy ELSE 'fixed' END AS recommended_policy,
             CASE WHEN adaptive_wins THEN adaptive_k ELSE predicted_best_k END AS recommended_k
-        FROM joined ORDER BY {key}""", params + adaptive_params + comparable_params).df()
+        FROM joined ORDER BY {key}""", adaptive_params + comparable_params).df()
 
 
 def positions(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
@@ -163,6 +186,6 @@ def positions(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
     chance at position i, once the round reached it, does not depend on how many more it was asked for)."""
     where, params = filters.where()
     pooled = schema_rounds.positions_pooled("target, mode, draft, category",
-                                            f"SELECT * FROM runs WHERE status = 'ok' AND {where}")
+                                            f"SELECT * FROM run_facts WHERE {where}")
     return con.execute(f"""SELECT *, alpha(accepted, reached - accepted) AS rate FROM ({pooled})
         ORDER BY ALL""", params).df()

@@ -13,7 +13,7 @@ import duckdb
 import pandas as pd
 
 from runner.records import BASELINE_KEY, CELL_KEY, RunRecord
-from runner.store import metrics, pending
+from runner.store import metrics, pending, schema_facts
 from runner.store.connect import Locked, open_for_write, read, upgrade
 from runner.store.schema import StoreError, migrate
 from runner.store.schema_rounds import OUTCOME
@@ -116,6 +116,7 @@ def _insert(con: duckdb.DuckDBPyConnection, record: RunRecord) -> None:
             con.execute(_insert_sql("run_totals", list(totals)), list(totals.values()))
             counts = count_columns(record)
             con.execute(_insert_sql("round_counts", list(counts), _COUNT_TYPES), list(counts.values()))
+        schema_facts.refresh(con, record.run_id)
         con.commit()
     except duckdb.Error as error:
         con.rollback()

@@ -4,6 +4,8 @@ version check that refuses foreign and newer files.
 Append new migrations; never edit one that has shipped. A view's SQL is a template that several migrations may
 create it from (`RUN_STATS`: 8, 11, 19), so a template's change reaches new files only: a change to a view needs a
 new migration that re-creates it, and the template then serves the migrations before it as well (the newest wins).
+`run_facts` holds run_stats' rows worked out from `RUN_STATS_SELECT` as runs are written: a change to that SQL
+needs a migration that works the table out again.
 Column names are the public SQL contract (README, "Schema").
 """
 
@@ -17,6 +19,7 @@ import duckdb
 
 from runner.records import tree_depth
 from runner.store.schema_batches import BATCH_STATS, batch_columns
+from runner.store.schema_facts import RUN_STATS, create_run_facts
 from runner.store.schema_rounds import OUTCOMES_OF_ROUNDS, POSITION_STATS, count_rounds
 from runner.store.schema_trainings import add_training_categories, create_trainings
 from runner.store.spec_bench import CONTEXT_STATS
@@ -111,30 +114,6 @@ METRIC_MACROS = {
     # speedups are ratios, so runs and cells are pooled by the geometric mean
     "geomean(x)": "exp(avg(ln(x)))",
 }
-
-# One row per 'ok' run: its totals, the explainer's numbers, and its speedups against its baseline b.
-RUN_STATS = """CREATE OR REPLACE VIEW run_stats AS
-    WITH measured AS (
-        SELECT r.*, t.accepted::BIGINT AS accepted, t.rejected::BIGINT AS rejected, t.thrown::BIGINT AS thrown,
-               t.drafted::BIGINT AS drafted, alpha(t.accepted, t.rejected) AS alpha, tau(t.emitted, r.n_rounds) AS tau,
-               thrown_share(t.thrown, t.drafted) AS thrown_share,
-               r.new_tokens / nullif(r.wall_s, 0) AS tokens_per_s,
-               b.new_tokens / nullif(b.wall_s, 0) AS baseline_tokens_per_s,
-               CASE WHEN r.draft <> 'none' THEN (b.wall_s / nullif(b.new_tokens, 0))
-                    / nullif(r.wall_s / nullif(r.new_tokens, 0), 0) END AS measured_speedup,
-               b.verify_s / nullif(b.n_rounds, 0) AS target_pass_s,
-               r.verify_s / nullif(r.n_rounds, 0) AS verify_pass_s,
-               r.draft_s / nullif(t.drafted, 0) AS draft_token_s
-        FROM runs r LEFT JOIN run_totals t USING (run_id)
-        LEFT JOIN runs b ON b.run_id = r.baseline_run_id
-        WHERE r.status = 'ok'),
-    with_c AS (SELECT *, draft_cost(draft_token_s, target_pass_s) AS c FROM measured)
-    SELECT run_id, sweep_id, target, draft, draft_kind, category, prompt_id, k, mode,
-           temperature, top_p, seed, device, dtype, new_tokens, n_rounds, accepted, rejected,
-           thrown, drafted, alpha, tau, thrown_share, tokens_per_s, baseline_tokens_per_s,
-           measured_speedup, target_pass_s, verify_pass_s, draft_token_s, c,
-           formula_speedup(alpha, k, c) AS theoretical_speedup, lossless, divergence, kernels, threads{more}
-    FROM with_c"""
 
 
 def _define_metrics(con: duckdb.DuckDBPyConnection) -> None:
@@ -234,6 +213,7 @@ MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     _add_sampling_test,
     _add_batches,
     count_rounds,
+    create_run_facts,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

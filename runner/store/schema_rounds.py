@@ -40,16 +40,16 @@ POSITION_STATS = """CREATE OR REPLACE VIEW position_stats AS
 
 
 def positions_pooled(keys: str, runs: str) -> str:
-    """Per value of `keys` (columns of runs, comma-separated) and draft position: rounds that proposed, reached and
-    accepted it, over the runs `runs` selects (a query of rows of runs, 'ok' ones). Equal to `position_stats` summed
-    by `keys`, but each key's outcomes are pooled before they are spread over positions: a few rows per key rather
-    than per run (at a million runs the per-run spread was most of the advisor's time)."""
+    """Per value of `keys` (columns of run_facts, comma-separated) and draft position: rounds that proposed, reached
+    and accepted it, over the runs `runs` selects (a query of rows of run_facts). Equal to `position_stats` summed
+    by `keys`, but each key's outcomes (`run_facts.outcomes`) are pooled before they are spread over positions: a
+    few rows per key rather than per run (at a million runs the per-run spread was most of the advisor's time)."""
     return f"""
         SELECT {keys}, p.position, sum(o.n)::BIGINT AS proposed,
                coalesce(sum(o.n) FILTER (p.position <= o.a + o.r), 0)::BIGINT AS reached,
                coalesce(sum(o.n) FILTER (p.position <= o.a), 0)::BIGINT AS accepted
         FROM (SELECT {keys}, c.depth, c.accepted AS a, c.rejected AS r, sum(c.rounds) AS n
-              FROM round_counts c JOIN ({runs}) USING (run_id) WHERE c.k > 0 GROUP BY ALL) o
+              FROM (SELECT {keys}, unnest(outcomes) AS c FROM ({runs})) GROUP BY ALL) o
         CROSS JOIN LATERAL range(1, o.depth + 1) p(position) GROUP BY ALL"""
 
 

@@ -1,0 +1,91 @@
+"""`run_facts`: every 'ok' run's row of `run_stats` worked out once, as the run is written, instead of on every query
+(migration `create_run_facts` in `schema.py`; kept here to keep that file short).
+
+run_stats joined runs to run_totals and to the baseline's row of runs on every query: at a million runs, 0.3-1 s
+for each of the Overview's and Compare's queries. Its rows are now a table, written with the run (`refresh`), and
+run_stats is a view of that table, so its columns and numbers are what they were. The table adds what the dashboard
+pooled from round_counts per run: the rounds that drafted (`drafting_rounds`) and whether any drafted a tree (`tree`,
+for nodes per round), the verify passes by width (`widths`: per k, rounds and summed verify seconds), and the
+drafting rounds by outcome (`outcomes`: per depth, accepted and rejected, the rounds), which acceptance by position
+spreads.
+
+A run's row depends on its baseline's, so writing a run also works out again the rows of the runs that name it as
+their baseline (a baseline spilled while the file was locked can be written after its runs). A file changed by hand
+outside specdash keeps its old rows until `refresh_all`.
+"""
+
+from __future__ import annotations
+
+import duckdb
+
+# One row per 'ok' run: its totals, the explainer's numbers, and its speedups against its baseline b. Migrations 8, 11
+# and 19 made it the view run_stats itself; `create_run_facts` works it out into run_facts instead.
+RUN_STATS_SELECT = """
+    WITH measured AS (
+        SELECT r.*, t.accepted::BIGINT AS accepted, t.rejected::BIGINT AS rejected, t.thrown::BIGINT AS thrown,
+               t.drafted::BIGINT AS drafted, alpha(t.accepted, t.rejected) AS alpha, tau(t.emitted, r.n_rounds) AS tau,
+               thrown_share(t.thrown, t.drafted) AS thrown_share,
+               r.new_tokens / nullif(r.wall_s, 0) AS tokens_per_s,
+               b.new_tokens / nullif(b.wall_s, 0) AS baseline_tokens_per_s,
+               CASE WHEN r.draft <> 'none' THEN (b.wall_s / nullif(b.new_tokens, 0))
+                    / nullif(r.wall_s / nullif(r.new_tokens, 0), 0) END AS measured_speedup,
+               b.verify_s / nullif(b.n_rounds, 0) AS target_pass_s,
+               r.verify_s / nullif(r.n_rounds, 0) AS verify_pass_s,
+               r.draft_s / nullif(t.drafted, 0) AS draft_token_s
+        FROM runs r LEFT JOIN run_totals t USING (run_id)
+        LEFT JOIN runs b ON b.run_id = r.baseline_run_id
+        WHERE r.status = 'ok'),
+    with_c AS (SELECT *, draft_cost(draft_token_s, target_pass_s) AS c FROM measured)
+    SELECT run_id, sweep_id, target, draft, draft_kind, category, prompt_id, k, mode,
+           temperature, top_p, seed, device, dtype, new_tokens, n_rounds, accepted, rejected,
+           thrown, drafted, alpha, tau, thrown_share, tokens_per_s, baseline_tokens_per_s,
+           measured_speedup, target_pass_s, verify_pass_s, draft_token_s, c,
+           formula_speedup(alpha, k, c) AS theoretical_speedup, lossless, divergence, kernels, threads{more}
+    FROM with_c"""
+RUN_STATS = "CREATE OR REPLACE VIEW run_stats AS" + RUN_STATS_SELECT
+
+# run_stats' columns after the runs' own, as migration 19 left them
+_COLUMNS = ", k_policy, batch_size"
+ADDED = ("drafting_rounds", "tree", "widths", "outcomes")
+# Per run from round_counts: the rounds that drafted, whether any drafted a tree, per width (k) the rounds verified
+# and their summed verify seconds, and the drafting rounds counted by (depth, accepted, rejected).
+_PER_RUN = """SELECT * FROM (
+        SELECT run_id, (sum(rounds) FILTER (k > 0))::BIGINT AS drafting_rounds, bool_or(tree) FILTER (k > 0) AS tree,
+            list({{'k': k, 'rounds': rounds, 'verify_s': verify_s}} ORDER BY k) AS widths
+        FROM (SELECT run_id, k, sum(rounds)::BIGINT AS rounds, sum(verify_s) AS verify_s, bool_or(tree) AS tree
+              FROM round_counts WHERE {where} GROUP BY run_id, k)
+        GROUP BY run_id)
+    LEFT JOIN (
+        SELECT run_id, list({{'depth': depth, 'accepted': accepted, 'rejected': rejected, 'rounds': rounds}}
+                            ORDER BY depth, accepted, rejected) AS outcomes
+        FROM (SELECT run_id, depth, accepted, rejected, sum(rounds)::BIGINT AS rounds FROM round_counts
+              WHERE k > 0 AND {where} GROUP BY ALL)
+        GROUP BY run_id) USING (run_id)"""
+
+
+def _facts(where: str) -> str:
+    """run_facts' rows of the runs `where` picks (a condition on run_id)."""
+    return f"""SELECT s.*, {", ".join(f"c.{name}" for name in ADDED)}
+        FROM ({RUN_STATS_SELECT.format(more=_COLUMNS)}) s LEFT JOIN ({_PER_RUN.format(where=where)}) c USING (run_id)
+        WHERE s.{where}"""
+
+
+def create_run_facts(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute(f"CREATE TABLE run_facts AS {_facts('run_id IS NOT NULL')} ORDER BY s.run_id")
+    con.execute(f"CREATE OR REPLACE VIEW run_stats AS SELECT * EXCLUDE ({', '.join(ADDED)}) FROM run_facts")
+
+
+def refresh(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
+    """Work out the rows of `run_id` and of the runs whose baseline it is (inside the caller's transaction)."""
+    ids = [run_id, *(row[0] for row in con.execute("SELECT run_id FROM runs WHERE baseline_run_id = ?",
+                                                    [run_id]).fetchall())]
+    # Constants, not a subquery: the condition then reaches each table's scan, so a row costs its own runs only.
+    picked = f"run_id IN ({', '.join(f'${n}' for n in range(1, len(ids) + 1))})"
+    con.execute(f"DELETE FROM run_facts WHERE {picked}", ids)
+    con.execute(f"INSERT INTO run_facts {_facts(picked)}", ids)
+
+
+def refresh_all(con: duckdb.DuckDBPyConnection) -> None:
+    """Every row worked out again from runs, run_totals and round_counts: after a file was changed by hand."""
+    con.execute("DELETE FROM run_facts")
+    con.execute(f"INSERT INTO run_facts {_facts('run_id IS NOT NULL')} ORDER BY s.run_id")
