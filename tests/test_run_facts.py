@@ -17,8 +17,9 @@ from runner.store.schema import MIGRATIONS, migrate
 from runner.store.schema_facts import RUN_STATS_SELECT
 from runner.store.schema_rounds import FILL_ROUND_COUNTS
 
-# run_stats as migration 19 made it, a view over runs, run_totals and the baselines' rows of runs: the reference.
-PLAIN_STATS = RUN_STATS_SELECT.format(more=", k_policy, batch_size")
+# run_stats as migration 19 made it, a view over runs, run_totals and the baselines' rows of runs (with the runs'
+# own times, which run_facts adds): the reference.
+PLAIN_STATS = RUN_STATS_SELECT.format(more=", k_policy, batch_size, wall_s, prefill_s, draft_s, verify_s")
 # What run_facts adds, straight from the rounds: the rounds that drafted (NULL for none, as a sum over no rounds),
 # whether any drafted a tree, per k the rounds and their summed verify seconds, and the drafting rounds by outcome.
 PLAIN_ADDED = """

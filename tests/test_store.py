@@ -124,8 +124,8 @@ def test_runs_and_rounds_have_the_documented_columns(db):
         "measured_speedup", "target_pass_s", "verify_pass_s", "draft_token_s", "c", "theoretical_speedup",
         "lossless", "divergence", "kernels", "threads", "k_policy", "batch_size"]
     assert [name for name, _ in columns(db, "run_facts")] == [
-        *(name for name, _ in columns(db, "run_stats")), "drafting_rounds", "tree", "widths",
-        "outcomes"]
+        *(name for name, _ in columns(db, "run_stats")), "wall_s", "prefill_s", "draft_s",
+        "verify_s", "drafting_rounds", "tree", "widths", "outcomes"]
     assert query(db, "SELECT version, name FROM schema_migrations ORDER BY version") == [
         (1, "create_runs_and_rounds"), (2, "create_run_stats"), (3, "add_device_name"), (4, "create_bench_results"),
         (5, "create_run_totals"), (6, "add_divergence"), (7, "add_kernels_and_threads"), (8, "define_metrics"),

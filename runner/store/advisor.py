@@ -7,7 +7,7 @@ recorded, on the prompts that every compared cell of the setup × category ran (
 - s_i: the share of rounds (of runs whose k reaches position i) that accepted at least i drafts, and w_i: the share
   that drafted at least i (prompt lookup can find fewer; the budget cuts the last rounds), both as `position_stats`
   counts them (pooled per key first: `schema_rounds.positions_pooled`);
-- v(w): the mean verify pass over w drafts, from every round of the selected runs as `round_counts` counts them (the
+- v(w): the mean verify pass over w drafts, from every round of the selected runs as `run_facts.widths` sums them (the
   baselines' rounds give w = 0); a width no round verified is interpolated between its measured neighbours;
 - d: drafting seconds per drafted token, and l: the loop's own seconds per round (wall − prefill − draft − verify).
 
@@ -52,20 +52,20 @@ def advisor_sql(filters: Filters) -> tuple[str, list]:
         WHERE k_policy = 'fixed' AND {spec_where}""")
     return f"""
     WITH picked AS (
-        SELECT * REPLACE ({_THREADS}) FROM runs WHERE status = 'ok' AND run_id IN ({comparable_runs})
+        SELECT * REPLACE ({_THREADS}) FROM run_facts WHERE run_id IN ({comparable_runs})
             AND ((draft <> 'none' AND {spec_where}) OR (draft = 'none' AND {base_where}))),
     fixed AS (SELECT * FROM picked WHERE k_policy = 'fixed'),
     measured AS (SELECT {key}, k, count(*) AS runs, sum(new_tokens - 1) / sum(wall_s - prefill_s) AS tokens_per_s
         FROM fixed GROUP BY ALL),
     costs AS (
-        SELECT {key}, sum(f.draft_s) / nullif(sum(t.drafted), 0) AS draft_token_s,
-            sum(f.wall_s - f.prefill_s - f.batch_size * f.draft_s - f.verify_s) / sum(f.n_rounds) AS loop_s,
-            alpha(sum(t.accepted), sum(t.rejected)) AS alpha
-        FROM fixed f JOIN run_totals t USING (run_id) GROUP BY ALL),
+        SELECT {key}, sum(draft_s) / nullif(sum(drafted), 0) AS draft_token_s,
+            sum(wall_s - prefill_s - batch_size * draft_s - verify_s) / sum(n_rounds) AS loop_s,
+            alpha(sum(accepted), sum(rejected)) AS alpha
+        FROM fixed WHERE drafted IS NOT NULL GROUP BY ALL),
     baseline AS (SELECT {group}, mode, category, sum(new_tokens - 1) / sum(wall_s - prefill_s) AS tokens_per_s
         FROM picked WHERE draft = 'none' GROUP BY ALL),
     widths AS (SELECT {group}, o.k AS width, sum(o.verify_s) / sum(o.rounds) AS verify_s
-        FROM round_counts o JOIN picked USING (run_id) GROUP BY ALL),
+        FROM (SELECT {group}, unnest(widths) AS o FROM picked) GROUP BY ALL),
     grid AS (SELECT {group}, g.width, w.verify_s
         FROM (SELECT {group}, max(width) AS top FROM widths GROUP BY ALL) m
         CROSS JOIN LATERAL range(0, m.top + 1) g(width) LEFT JOIN widths w USING ({group}, width)),
@@ -90,11 +90,10 @@ def advisor_sql(filters: Filters) -> tuple[str, list]:
     chains AS (SELECT {key}, position AS k, 1 + sum(s) OVER upto AS emitted, sum(w) OVER upto AS drafted,
             one_pass_s + sum(w * step) OVER upto AS verify_s, one_pass_s
         FROM shares WINDOW upto AS (PARTITION BY {key} ORDER BY position)),
-    levels AS (SELECT run_id, sum(rounds * depth) AS levels FROM round_counts
-        WHERE k > 0 AND run_id IN (SELECT run_id FROM fixed) GROUP BY run_id),
-    per_k AS (SELECT {key}, f.k, sum(t.drafted) / sum(f.n_rounds) AS nodes,
-            sum(f.draft_s) / sum(f.n_rounds) AS round_draft_s, sum(t.drafted) > sum(coalesce(l.levels, 0)) AS wider
-        FROM fixed f JOIN run_totals t USING (run_id) LEFT JOIN levels l USING (run_id) GROUP BY ALL),
+    per_k AS (SELECT {key}, k, sum(drafted) / sum(n_rounds) AS nodes, sum(draft_s) / sum(n_rounds) AS round_draft_s,
+            -- a run's levels: Σ rounds · depth over its drafting rounds
+            sum(drafted) > sum(coalesce(list_sum(list_transform(outcomes, lambda o: o.depth * o.rounds)), 0)) AS wider
+        FROM fixed WHERE drafted IS NOT NULL GROUP BY ALL),
     shapes AS (SELECT *, bool_or(wider) OVER (PARTITION BY {key}) AS tree FROM per_k),
     tree_verify AS (SELECT h.*, lo.verify_s + (hi.verify_s - lo.verify_s) * (h.nodes - floor(h.nodes)) AS verify_s
         FROM shapes h JOIN curve lo ON {" AND ".join(f"lo.{c} = h.{c}" for c in GROUP)} AND lo.width = floor(h.nodes)

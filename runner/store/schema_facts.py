@@ -3,8 +3,9 @@
 
 run_stats joined runs to run_totals and to the baseline's row of runs on every query: at a million runs, 0.3-1 s
 for each of the Overview's and Compare's queries. Its rows are now a table, written with the run (`refresh`), and
-run_stats is a view of that table, so its columns and numbers are what they were. The table adds what the dashboard
-pooled from round_counts per run: the rounds that drafted (`drafting_rounds`) and whether any drafted a tree (`tree`,
+run_stats is a view of that table, so its columns and numbers are what they were. The table adds the run's own
+times (wall, prefill, drafting, verifying: what the k advisor splits a round into) and what the dashboard pooled
+from round_counts per run: the rounds that drafted (`drafting_rounds`) and whether any drafted a tree (`tree`,
 for nodes per round), the verify passes by width (`widths`: per k, rounds and summed verify seconds), and the
 drafting rounds by outcome (`outcomes`: per depth, accepted and rejected, the rounds), which acceptance by position
 spreads.
@@ -44,9 +45,10 @@ RUN_STATS_SELECT = """
     FROM with_c"""
 RUN_STATS = "CREATE OR REPLACE VIEW run_stats AS" + RUN_STATS_SELECT
 
-# run_stats' columns after the runs' own, as migration 19 left them
+# run_stats' columns after the runs' own, as migration 19 left them, then the run's own times the advisor splits
 _COLUMNS = ", k_policy, batch_size"
-ADDED = ("drafting_rounds", "tree", "widths", "outcomes")
+TIMES = ("wall_s", "prefill_s", "draft_s", "verify_s")
+ADDED = (*TIMES, "drafting_rounds", "tree", "widths", "outcomes")
 # Per run from round_counts: the rounds that drafted, whether any drafted a tree, per width (k) the rounds verified
 # and their summed verify seconds, and the drafting rounds counted by (depth, accepted, rejected).
 _PER_RUN = """SELECT * FROM (
@@ -65,8 +67,9 @@ _PER_RUN = """SELECT * FROM (
 
 def _facts(where: str) -> str:
     """run_facts' rows of the runs `where` picks (a condition on run_id)."""
-    return f"""SELECT s.*, {", ".join(f"c.{name}" for name in ADDED)}
-        FROM ({RUN_STATS_SELECT.format(more=_COLUMNS)}) s LEFT JOIN ({_PER_RUN.format(where=where)}) c USING (run_id)
+    return f"""SELECT s.*, {", ".join(f"c.{name}" for name in ADDED[len(TIMES):])}
+        FROM ({RUN_STATS_SELECT.format(more=_COLUMNS + "".join(f", {name}" for name in TIMES))}) s
+        LEFT JOIN ({_PER_RUN.format(where=where)}) c USING (run_id)
         WHERE s.{where}"""
 
 
