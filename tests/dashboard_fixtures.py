@@ -15,9 +15,13 @@ from __future__ import annotations
 from datetime import datetime
 from pathlib import Path
 
+import duckdb
+
 from runner.records import Generation, Round, RunRecord
+from runner.store import schema_facts
 from runner.store.bench_rows import BENCH_COLUMNS, write_bench
 from runner.store.runs import write_run
+from runner.store.schema_rounds import FILL_ROUND_COUNTS
 
 SWEEP = "s1"
 TARGET = "tiny-target"  # not a loadable model: the replay falls back to token ids
@@ -142,6 +146,19 @@ def add_trees(db: Path) -> Path:
     write_run(db, _record("c2-tree-k3", "code-02", "ngram-tree", 3, TREE_ROUNDS, 0.8, "code-02-base", True, TARGET,
                           58))
     return db
+
+
+def retimed(path: Path) -> Path:
+    """The fixture with its tree run, its verify times re-timed in 1/64 s (so that every sum of them is exact
+    whatever order it is added in), and the per-run tables worked out again from those rounds."""
+    add_trees(build(path))
+    with duckdb.connect(str(path)) as con:
+        con.execute("UPDATE rounds SET verify_s = (1 + k + round % 3) / 64")
+        con.execute("UPDATE runs r SET verify_s = (SELECT sum(verify_s) FROM rounds d WHERE d.run_id = r.run_id)")
+        con.execute("DELETE FROM round_counts")
+        con.execute(FILL_ROUND_COUNTS)
+        schema_facts.refresh_all(con)
+    return path
 
 
 def bench_row(bench_id: str, started: str, metric: str, draft: str, k: int, ours: float, theirs: float | None,

@@ -8,10 +8,10 @@ from pathlib import Path
 import duckdb
 import pandas as pd
 import pytest
-from dashboard_fixtures import add_trees, build
+from dashboard_fixtures import add_trees, build, retimed
 
 from dashboard import queries
-from runner.store import advisor, schema_facts, schema_rounds
+from runner.store import advisor, schema_rounds
 from runner.store.metrics import Filters
 from runner.store.schema import MIGRATIONS, migrate
 from runner.store.schema_rounds import FILL_ROUND_COUNTS
@@ -69,18 +69,6 @@ def counted(con: duckdb.DuckDBPyConnection) -> list[tuple]:
     con.execute("DELETE FROM round_counts")
     con.execute("INSERT INTO round_counts SELECT * FROM recorded")
     return rows
-
-
-def retimed(path: Path) -> Path:
-    """The dashboard fixture with its tree run, its verify times re-timed in 1/64 s, so that every sum of them is
-    exact whatever order it is added in, and round_counts counted again from those rounds."""
-    add_trees(build(path))
-    with duckdb.connect(str(path)) as con:
-        con.execute("UPDATE rounds SET verify_s = (1 + k + round % 3) / 64")
-        con.execute("DELETE FROM round_counts")
-        con.execute(FILL_ROUND_COUNTS)
-        schema_facts.refresh_all(con)
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -9,13 +9,12 @@ from pathlib import Path
 import duckdb
 import pandas as pd
 import pytest
-from dashboard_fixtures import PROMPTS, add_trees, baseline_record, build, speculative_record
+from dashboard_fixtures import PROMPTS, add_trees, baseline_record, build, retimed, speculative_record
 
 from runner.store import schema_facts
 from runner.store.runs import write_run
 from runner.store.schema import MIGRATIONS, migrate
 from runner.store.schema_facts import RUN_STATS_SELECT
-from runner.store.schema_rounds import FILL_ROUND_COUNTS
 
 # run_stats as migration 19 made it, a view over runs, run_totals and the baselines' rows of runs (with the runs'
 # own times, which run_facts adds): the reference.
@@ -61,19 +60,6 @@ def same(fast: pd.DataFrame, reference: pd.DataFrame) -> None:
         assert [w["verify_s"] for w in got] == pytest.approx([w["verify_s"] for w in want], rel=1e-12)
     assert listed(fast.pop("outcomes")) == listed(reference.pop("outcomes"))
     pd.testing.assert_frame_equal(fast, reference, check_exact=True, check_dtype=False)
-
-
-def retimed(path: Path) -> Path:
-    """The fixture with its tree run, verify times in 1/64 s (every sum exact in any order), the per-run tables
-    counted again from those rounds."""
-    add_trees(build(path))
-    with duckdb.connect(str(path)) as con:
-        con.execute("UPDATE rounds SET verify_s = (1 + k + round % 3) / 64")
-        con.execute("UPDATE runs r SET verify_s = (SELECT sum(verify_s) FROM rounds d WHERE d.run_id = r.run_id)")
-        con.execute("DELETE FROM round_counts")
-        con.execute(FILL_ROUND_COUNTS)
-        schema_facts.refresh_all(con)
-    return path
 
 
 @pytest.fixture(scope="module")
