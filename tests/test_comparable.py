@@ -12,12 +12,14 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import duckdb
+import pandas as pd
 import pytest
-from dashboard_fixtures import baseline_record, speculative_record
+from dashboard_fixtures import baseline_record, retimed, speculative_record
 from streamlit.testing.v1 import AppTest
 
 from dashboard import frames, queries
-from runner.store import advisor, comparable
+from runner.store import advisor, comparable, schema_facts
 from runner.store.metrics import Filters
 from runner.store.runs import write_run
 
@@ -81,3 +83,25 @@ def test_the_overview_headline_and_the_leaderboard_give_one_answer(monkeypatch, 
     assert board.loc[(SKINNY, "ngram"), ["code best", "code speedup", "prompts"]].tolist() == \
         ["k=2 · fixed", pytest.approx(4.0), "1"]
     assert board.loc[(STOCK, "layerskip:2"), "code best"] == "k=2 · fixed"
+
+
+def test_the_advisor_counts_positions_over_the_runs_it_compares(tmp_path):
+    """c2-ng-k2 ran code-02, which no other code cell ran: it is no comparable run (code's common prompt is
+    code-01), so removing it changes nothing the advisor says; its positions are not pooled with the runs it
+    measures rounds over."""
+    db, without = retimed(tmp_path / "runs.duckdb"), tmp_path / "without.duckdb"
+    without.write_bytes(db.read_bytes())
+    with duckdb.connect(str(without)) as con:
+        con.execute("DELETE FROM runs WHERE run_id = 'c2-ng-k2'")
+        schema_facts.refresh_all(con)
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert "c2-ng-k2" not in {r for (r,) in con.execute(*comparable.comparable_runs_sql(Filters())).fetchall()}
+        kept, left = advisor.k_curve(con, Filters()), len(con.execute("SELECT * FROM runs").fetchall())
+    with duckdb.connect(str(without), read_only=True) as con:
+        assert len(con.execute("SELECT * FROM runs").fetchall()) == left - 1
+        pd.testing.assert_frame_equal(advisor.k_curve(con, Filters()), kept, check_exact=True)
+    # ngram on code, pooled over k: c1-ng-k2 accepted 2, 1, 2, 2 in its 5 rounds, c1-ng-k4 4, 2, 3 in its 3, so at
+    # k = 2, s_1 = 7/8 and s_2 = 6/8. Pooling c2-ng-k2's 2, 2, 2, 2 into the counts but not into the rounds would
+    # have made them 11/8 and 10/8: 3.625 tokens a round, more than k + 1.
+    code = kept[(kept["draft"] == "ngram") & (kept["category"] == "code") & (kept["k"] == 2)]
+    assert code["emitted"].tolist() == [pytest.approx(1 + 7 / 8 + 6 / 8)]

@@ -122,3 +122,4 @@ def test_refresh_all_works_out_a_file_changed_by_hand(db, tmp_path):
         fresh = con.execute("SELECT measured_speedup FROM run_stats WHERE run_id = 'c1-ng-k2'").fetchone()[0]
     assert fresh == pytest.approx(2 * stale)  # the baseline took twice as long: the run's speedup doubles
     same(facts(changed), plain(changed))
+

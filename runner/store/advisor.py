@@ -6,7 +6,7 @@ recorded, on the prompts that every compared cell of the setup × category ran (
 
 - s_i: the share of rounds (of runs whose k reaches position i) that accepted at least i drafts, and w_i: the share
   that drafted at least i (prompt lookup can find fewer; the budget cuts the last rounds), both as `position_stats`
-  counts them (pooled per key first: `schema_rounds.positions_pooled`);
+  counts them (pooled per key first: `schema_rounds.positions_pooled`), over the same fixed-k runs as the rounds;
 - v(w): the mean verify pass over w drafts, from every round of the selected runs as `run_facts.widths` sums them (the
   baselines' rounds give w = 0); a width no round verified is interpolated between its measured neighbours;
 - d: drafting seconds per drafted token, and l: the loop's own seconds per round (wall − prefill − draft − verify).
@@ -48,8 +48,7 @@ def advisor_sql(filters: Filters) -> tuple[str, list]:
     spec_where, spec_params = filters.where()
     base_where, base_params = filters.where(skip=("draft", "k", "k_policy"))
     comparable_runs, comparable_params = comparable.comparable_runs_sql(filters)
-    positions = schema_rounds.positions_pooled(key, f"""SELECT * REPLACE ({_THREADS}) FROM run_facts
-        WHERE k_policy = 'fixed' AND {spec_where}""")
+    positions = schema_rounds.positions_pooled(key, "SELECT * FROM fixed")  # the runs `depth` counts, no others
     return f"""
     WITH picked AS (
         SELECT * REPLACE ({_THREADS}) FROM run_facts WHERE run_id IN ({comparable_runs})
@@ -112,7 +111,7 @@ def advisor_sql(filters: Filters) -> tuple[str, list]:
             AS formula_tokens_per_s
     FROM predicted p JOIN costs c USING ({key}) LEFT JOIN measured m USING ({key}, k)
         LEFT JOIN baseline b USING ({group}, mode, category)
-    ORDER BY {key}, k""", comparable_params + spec_params + base_params + spec_params
+    ORDER BY {key}, k""", comparable_params + spec_params + base_params
 
 
 def _evaluate(con: duckdb.DuckDBPyConnection, filters: Filters) -> None:
