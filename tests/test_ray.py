@@ -162,6 +162,11 @@ def test_bad_input_on_ray_exits_2_and_records_nothing(cluster, tiny_dir, tmp_pat
         (["--target", str(tiny_dir), "--workers", "2"], "--workers needs --ray"),
         (["--target", str(tiny_dir), "--ray", "auto", "--workers", "0"], "--workers needs --ray"),
     ]:
+        # Ray frees a killed actor's CPUs a while after the kill: on a busy machine the last case's actor can
+        # still hold the cluster's two when the next case asks, and the wait earns a second line on stderr.
+        deadline = time.monotonic() + 120
+        while ray.available_resources().get("CPU", 0) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
         result = CliRunner().invoke(app, base + args)
         assert result.exit_code == 2, result.stderr
         lines = result.stderr.strip().splitlines()
