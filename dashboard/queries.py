@@ -126,7 +126,7 @@ def verify_growth(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFr
             sum(p.s) / sum(p.n) AS verify_s, sum(p.s) / sum(p.n) / any_value(o.one_token_s) AS relative
         FROM picked p LEFT JOIN one_token o ON o.target = p.target AND o.device = p.device
             AND o.kernels IS NOT DISTINCT FROM p.kernels AND o.threads IS NOT DISTINCT FROM p.threads
-    GROUP BY ALL ORDER BY p.target, p.device, p.kernels, p.threads, p.k""", spec_params + base_params)
+        GROUP BY ALL ORDER BY p.target, p.device, p.kernels, p.threads, p.k""", spec_params + base_params)
 
 
 def lossless_rates(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
