@@ -1,6 +1,6 @@
 """Shared by the tests/test_reliability_*.py files: prompt files, sweep processes, invariant checks, readers.
 
-Run as a script it is one of two processes the concurrency tests start:
+Run as a script it is one of the processes the concurrency and crash tests start:
 
     python tests/reliability_helpers.py sweep OUT.json -- <runner sweep arguments>
         the real `python -m runner sweep`, counting the store's lock retries and spills into OUT.json; each
@@ -9,7 +9,12 @@ Run as a script it is one of two processes the concurrency tests start:
         until `path` exists, so a test can act at an exact point of the sweep;
     python tests/reliability_helpers.py reader dashboard|sql DB STOP OUT.json
         a reader that queries DB in a loop, as the dashboard or `runner sql` does, until the file STOP
-        appears; after every pass it publishes what it saw (queries, lock retries, errors, partial runs) in OUT.json.
+        appears; after every pass it publishes what it saw (queries, lock retries, errors, partial runs) in OUT.json;
+    python tests/reliability_helpers.py forks
+        imports the runner once, then forks one child per line read from stdin, each running the sweep role as
+        above (the line is JSON: out, log, env, args), and prints the child's pid; when a child ends, its exit
+        code (negative for a signal) appears in LOG.exit. The crash trials kill these children: each is a whole
+        sweep process, without paying again for the imports.
 
 Waiting is on events (a file appears, a count is reached, a process ends), never on elapsed time; HANG_S only
 turns a hung child into a failure instead of a hung test run.
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -101,6 +107,52 @@ def start_script(role: str, *args: str, log: Path) -> subprocess.Popen:
                                 env=child_env(), stdout=out, stderr=subprocess.STDOUT)
 
 
+class Forked:
+    """A sweep forked by `forks`: pid, poll, returncode, wait and kill, as a subprocess.Popen has them."""
+
+    def __init__(self, pid: int, log: Path):
+        self.pid, self.exit_file, self.returncode = pid, log.with_name(log.name + ".exit"), None
+
+    def poll(self) -> int | None:
+        if self.returncode is None and self.exit_file.exists():
+            self.returncode = int(self.exit_file.read_text())
+        return self.returncode
+
+    def wait(self, timeout: float = HANG_S) -> int:
+        hung = time.monotonic() + timeout
+        while self.poll() is None:
+            if time.monotonic() > hung:
+                raise AssertionError(f"forked sweep {self.pid} still running after {timeout} s")
+            time.sleep(0.01)
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signal.SIGKILL)  # a child that already ended is a zombie until reaped: no error
+
+
+class ForkServer:
+    """`forks` running; fork(out, log, env, args) starts one sweep and returns its Forked."""
+
+    def __init__(self, log: Path):
+        with log.open("w") as out:
+            self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "forks"], cwd=ROOT,
+                                         env=child_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=out, text=True)
+
+    def fork(self, out: Path, log: Path, env: dict[str, str], args: list[str]) -> Forked:
+        self.proc.stdin.write(json.dumps({"out": str(out), "log": str(log), "env": env, "args": args}) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise AssertionError(f"the fork server exited (code {self.proc.wait()})")
+        return Forked(int(line), log)
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=HANG_S)
+
+
 # --- the two script roles ------------------------------------------------------------------------------------
 
 
@@ -165,6 +217,54 @@ def _counting_sweep(out: Path, argv: list[str]) -> int:
     finally:
         out.write_text(json.dumps(counts))
     return counts["exit_code"]
+
+
+def _fork_sweeps() -> int:
+    """The `forks` role: one import of the runner, then a forked sweep per line of stdin (see the docstring)."""
+    from runner import cli  # noqa: F401 - what every child would import first; torch runs nothing here, so forking is safe
+
+    def reap(_signum, _frame) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if not pid:
+                return
+            log = logs.pop(pid)
+            publish(log.with_name(log.name + ".exit"), os.waitstatus_to_exitcode(status))
+
+    logs: dict[int, Path] = {}
+    signal.signal(signal.SIGCHLD, reap)
+    for line in sys.stdin:
+        job = json.loads(line)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})  # reaped only once its log is known
+        pid = os.fork()
+        if pid == 0:
+            _run_forked(job)
+        logs[pid] = Path(job["log"])
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
+        print(pid, flush=True)
+    return 0
+
+
+def _run_forked(job: dict) -> None:
+    """In the child: its environment and stderr, then the sweep role; never returns."""
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
+    code = 1
+    try:
+        os.environ.update(job["env"])
+        with open(job["log"], "w") as err, open(os.devnull, "w") as null:
+            os.dup2(err.fileno(), 2)
+            os.dup2(null.fileno(), 1)
+        code = _counting_sweep(Path(job["out"]), job["args"])
+    except BaseException:  # noqa: BLE001 - the child's error goes to its log, as a process's would
+        import traceback
+        traceback.print_exc()
+    finally:
+        sys.stderr.flush()
+        os._exit(code)
 
 
 def _dashboard_reads(db: Path, seen: dict) -> None:
@@ -254,7 +354,7 @@ def _reader(kind: str, db: Path, stop_file: Path, out: Path, pause_s: float = 0.
     return 0
 
 
-def publish(out: Path, seen: dict) -> None:
+def publish(out: Path, seen: dict | int) -> None:
     """Replace OUT.json whole, so the test never reads half a file."""
     partial = out.with_name(out.name + ".tmp")
     partial.write_text(json.dumps(seen))
@@ -266,6 +366,8 @@ if __name__ == "__main__":
     role, rest = sys.argv[1], sys.argv[2:]
     if role == "sweep":
         sys.exit(_counting_sweep(Path(rest[0]), rest[2:] if rest[1:2] == ["--"] else rest[1:]))
+    if role == "forks":
+        sys.exit(_fork_sweeps())
     if role == "reader":
         sys.exit(_reader(rest[0], Path(rest[1]), Path(rest[2]), Path(rest[3])))
     sys.exit(f"unknown role {role}")

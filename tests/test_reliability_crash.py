@@ -1,15 +1,13 @@
 """SIGKILL the runner at random points of a sweep: the file always opens, holds no partial run, and
 `--resume SWEEP_ID` records exactly the missing cells, leaving the runs recorded before the kill as they were.
 
-A killed sweep never printed its id (the summary comes at the end), so it is read from the file.
+A killed sweep never printed its id (the summary comes at the end), so it is read from the file. Each sweep is a
+process of its own, forked from one that imported the runner once (reliability_helpers' `forks`).
 """
 
 from __future__ import annotations
 
-import os
 import random
-import signal
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -18,10 +16,8 @@ from pathlib import Path
 import duckdb
 from reliability_helpers import (
     CELLS,
-    HANG_S,
     PARTIAL_RUNS,
-    ROOT,
-    child_env,
+    ForkServer,
     planned_cells,
     query,
     sweep_args,
@@ -47,7 +43,8 @@ def _runs_so_far(db: Path) -> int:
         return 0
 
 
-def _kill(args: list[str], db: Path, rng: random.Random, planned: int, log: Path, paused: bool) -> str:
+def _kill(forks: ForkServer, args: list[str], db: Path, rng: random.Random, planned: int, log: Path,
+          paused: bool) -> str:
     """Start a sweep and SIGKILL it; says where the kill landed.
 
     paused: the sweep stops after a random number of writes (1 to all but one) and is killed there, so the
@@ -56,10 +53,7 @@ def _kill(args: list[str], db: Path, rng: random.Random, planned: int, log: Path
     """
     out, go = log.with_suffix(".json"), log.with_suffix(".go")
     after = rng.randrange(1, planned)
-    env = {**child_env(), "PAUSE_AFTER": str(after), "GO": str(go)} if paused else child_env()
-    with log.open("w") as err:
-        proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "reliability_helpers.py"), "sweep", str(out),
-                                 "--", *args], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err)
+    proc = forks.fork(out, log, {"PAUSE_AFTER": str(after), "GO": str(go)} if paused else {}, args)
     try:
         if paused:
             wait_until(out.with_name(out.name + ".paused").exists, proc, what=f"the sweep's write {after}")
@@ -70,13 +64,13 @@ def _kill(args: list[str], db: Path, rng: random.Random, planned: int, log: Path
             time.sleep(rng.uniform(0, 0.2) if target else rng.uniform(0, LOAD_WINDOW_S))
         if proc.poll() is not None:
             return "finished before the kill"
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=HANG_S)
+        proc.kill()
+        proc.wait()
         return "killed while paused" if paused else "killed"
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.wait(timeout=HANG_S)
+            proc.wait()
 
 
 def _snapshot(db: Path) -> tuple[list, list]:
@@ -89,11 +83,12 @@ def test_sigkill_at_random_points_then_resume_records_exactly_the_missing_cells(
     prompts = write_prompts(tmp_path / "prompts.jsonl", PROMPTS)
     planned = sorted(planned_cells(PROMPTS, DRAFTS, KS), key=repr)
     outcomes: Counter[str] = Counter()
+    forks = ForkServer(tmp_path / "forks.log")
     for trial in range(TRIALS):
         db = tmp_path / f"trial{trial}.duckdb"
         args = sweep_args(tiny_dir, db, prompts, DRAFTS, KS)
         paused = trial % 2 == 1
-        landed = _kill(args, db, rng, len(planned), tmp_path / f"trial{trial}.log", paused)
+        landed = _kill(forks, args, db, rng, len(planned), tmp_path / f"trial{trial}.log", paused)
         if not db.exists():
             outcomes["killed before the file was created"] += 1
             continue
@@ -116,6 +111,7 @@ def test_sigkill_at_random_points_then_resume_records_exactly_the_missing_cells(
         kept = {row[0] for row in runs_before}
         assert [row for row in runs_after if row[0] in kept] == runs_before  # untouched, byte for byte
         assert [row for row in rounds_after if row[0] in kept] == rounds_before
+    forks.close()
     print(f"\ncrash trials: {dict(outcomes)}", file=sys.stderr)
     # every paused sweep was killed mid-sweep, and resumed; the others landed wherever chance put them
     assert outcomes["killed while paused, some runs recorded: resumed"] == TRIALS // 2
