@@ -5,15 +5,18 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
+import duckdb
 import pandas as pd
 import streamlit as st
 
 from dashboard import queries
-from runner.store.connect import upgrade
+from runner.store.connect import open_db, upgrade
 from runner.store.metrics import Filters
 from runner.store.schema import StoreError
 from runner.sweep import progress
@@ -46,10 +49,39 @@ def _stamp(db: Path) -> tuple:
     return tuple(stamp)
 
 
+# The read-only connection a page's render shares (one_connection), per session: Streamlit runs each session's
+# script in a thread of its own.
+_PAGE = threading.local()
+
+
+@contextmanager
+def one_connection() -> Iterator[None]:
+    """Every `load` in the block reads through one read-only connection, opened at the first read that misses the
+    cache and closed at the end. At 100M rounds a fresh connection starts with a cold cache: on one, the Compare
+    page's reads take about two thirds of the time. A writer waits for the block (its lock retries are bounded);
+    a page in the block must not open the file with another configuration (the SQL page's sandbox)."""
+    _PAGE.shared, _PAGE.con = True, None
+    try:
+        yield
+    finally:
+        if _PAGE.con is not None:
+            _PAGE.con.close()
+        _PAGE.shared, _PAGE.con = False, None
+
+
 @st.cache_data(ttl=600, max_entries=500, show_spinner=False)
 def _cached(_query: Callable[..., T], name: str, db: str, stamp: tuple, args: tuple) -> T:
     # Streamlit cannot hash a function: `name` stands for `_query` in the cache key.
-    return queries.read(db, _query, *args)
+    if not getattr(_PAGE, "shared", False):
+        return queries.read(db, _query, *args)
+    if _PAGE.con is None:
+        _PAGE.con, _ = open_db(db, read_only=True, bound_s=queries.LOCK_BOUND_S)
+    try:
+        return _query(_PAGE.con, *args)
+    except duckdb.IOException:  # e.g. a checkpoint met half-written: this read again, on a connection of its own
+        _PAGE.con.close()
+        _PAGE.con = None
+        return queries.read(db, _query, *args)
 
 
 def load(query: Callable[..., T], *args: object) -> T:

@@ -110,4 +110,5 @@ def render() -> None:
 
 
 if __name__ == "__main__":  # st.navigation runs each page file as __main__
-    render()
+    with common.one_connection():
+        render()
