@@ -118,12 +118,8 @@ class Forked:
             self.returncode = int(self.exit_file.read_text())
         return self.returncode
 
-    def wait(self, timeout: float = HANG_S) -> int:
-        hung = time.monotonic() + timeout
-        while self.poll() is None:
-            if time.monotonic() > hung:
-                raise AssertionError(f"forked sweep {self.pid} still running after {timeout} s")
-            time.sleep(0.01)
+    def wait(self) -> int:
+        wait_until(lambda: self.poll() is not None, what=f"forked sweep {self.pid} to end", poll_s=0.01)
         return self.returncode
 
     def kill(self) -> None:
@@ -132,7 +128,7 @@ class Forked:
 
 
 class ForkServer:
-    """`forks` running; fork(out, log, env, args) starts one sweep and returns its Forked."""
+    """`forks` running, as a context manager; fork(out, log, env, args) starts one sweep and returns its Forked."""
 
     def __init__(self, log: Path):
         with log.open("w") as out:
@@ -148,8 +144,11 @@ class ForkServer:
             raise AssertionError(f"the fork server exited (code {self.proc.wait()})")
         return Forked(int(line), log)
 
-    def close(self) -> None:
-        self.proc.stdin.close()
+    def __enter__(self) -> ForkServer:
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self.proc.stdin.close()  # the server ends once its stdin does
         self.proc.wait(timeout=HANG_S)
 
 

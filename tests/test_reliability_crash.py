@@ -14,6 +14,7 @@ from collections import Counter
 from pathlib import Path
 
 import duckdb
+import pytest
 from reliability_helpers import (
     CELLS,
     PARTIAL_RUNS,
@@ -78,12 +79,17 @@ def _snapshot(db: Path) -> tuple[list, list]:
             query(db, "SELECT * FROM rounds ORDER BY run_id, round"))
 
 
-def test_sigkill_at_random_points_then_resume_records_exactly_the_missing_cells(tiny_dir, tmp_path):
+@pytest.fixture
+def forks(tmp_path):
+    with ForkServer(tmp_path / "forks.log") as server:
+        yield server
+
+
+def test_sigkill_at_random_points_then_resume_records_exactly_the_missing_cells(tiny_dir, tmp_path, forks):
     rng = random.Random(SEED)
     prompts = write_prompts(tmp_path / "prompts.jsonl", PROMPTS)
     planned = sorted(planned_cells(PROMPTS, DRAFTS, KS), key=repr)
     outcomes: Counter[str] = Counter()
-    forks = ForkServer(tmp_path / "forks.log")
     for trial in range(TRIALS):
         db = tmp_path / f"trial{trial}.duckdb"
         args = sweep_args(tiny_dir, db, prompts, DRAFTS, KS)
@@ -111,7 +117,6 @@ def test_sigkill_at_random_points_then_resume_records_exactly_the_missing_cells(
         kept = {row[0] for row in runs_before}
         assert [row for row in runs_after if row[0] in kept] == runs_before  # untouched, byte for byte
         assert [row for row in rounds_after if row[0] in kept] == rounds_before
-    forks.close()
     print(f"\ncrash trials: {dict(outcomes)}", file=sys.stderr)
     # every paused sweep was killed mid-sweep, and resumed; the others landed wherever chance put them
     assert outcomes["killed while paused, some runs recorded: resumed"] == TRIALS // 2
