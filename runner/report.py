@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pandas as pd
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
-from transformers import PreTrainedTokenizerBase
 
 from runner.records import Divergence, Generation
+
+if TYPE_CHECKING:  # the tokenizer's type only: `sql` and `list` print tables without importing transformers
+    from transformers import PreTrainedTokenizerBase
 
 
 def _piece(tokenizer: PreTrainedTokenizerBase, token: int) -> str:

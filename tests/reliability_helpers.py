@@ -220,7 +220,7 @@ def _counting_sweep(out: Path, argv: list[str]) -> int:
 
 def _fork_sweeps() -> int:
     """The `forks` role: one import of the runner, then a forked sweep per line of stdin (see the docstring)."""
-    from runner import cli  # noqa: F401 - what every child would import first; torch runs nothing here, so forking is safe
+    from runner.cli import decoding  # noqa: F401 - what every child imports first; torch runs nothing yet: safe to fork
 
     def reap(_signum, _frame) -> None:
         while True:

@@ -186,3 +186,23 @@ def test_sql_refuses_writes_in_a_real_process(tmp_path, recorded):
     ]
     with duckdb.connect(str(recorded), read_only=True) as con:
         assert con.execute("SELECT answer FROM keep").fetchall() == [(42,)]
+
+
+IMPORTS_OF = ("import sys; from runner.cli import loaded; loaded(sys.argv[1]); "
+              "print(' '.join(m for m in ('torch', 'transformers') if m in sys.modules))")
+
+
+@pytest.mark.parametrize(("command", "heavy"), [("sql", ""), ("list", ""), ("merge", ""), ("serve", ""),
+                                                ("report", ""), ("sweep", "torch transformers")])
+def test_a_command_over_recorded_files_imports_neither_torch_nor_transformers(command, heavy):
+    """Only the group of the command that runs is imported; a decoding command is the control that needs both."""
+    done = subprocess.run([sys.executable, "-c", IMPORTS_OF, command], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == heavy
+
+
+def test_the_whole_command_line_lists_its_commands_in_the_groups_order():
+    from runner.cli import GROUPS
+
+    assert [c.name or c.callback.__name__ for c in app.registered_commands] + [
+        g.name for g in app.registered_groups] == list(GROUPS)

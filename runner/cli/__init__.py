@@ -1,26 +1,39 @@
 """`python -m runner …`: the command line only parses into configs and calls one function.
 
-One module per group of commands: `decoding` (generate, sweep), `data` (merge, sql, list, serve), `training`
-(write-prompts, train-draft), `check_head` (check-head) and `reports` (report spec-bench); `common` holds the app,
-the shared options and the one-line errors. The commands are registered here, in the order `--help` lists them.
+One module per group of commands, each registering its own on `common.app`: `decoding` (generate, sweep), `data`
+(merge, sql, list, serve), `training` (write-prompts, train-draft), `check_head` (check-head) and `reports` (report
+spec-bench); `common` holds the app, the shared options and the one-line errors, `inputs` the decoding commands'
+checks. A command's group is imported only when it runs: `sql`, `merge`, `list` and `serve` never import torch or
+transformers, and start in about a second. `--help` and `runner.cli.app` load every group, in the order listed.
 """
 
-from runner.cli.check_head import check_head_command
-from runner.cli.common import app, main
-from runner.cli.data import list_command, merge, serve_command, sql_command
-from runner.cli.decoding import generate, sweep
-from runner.cli.reports import report_app
-from runner.cli.training import train_draft_command, write_prompts_command
+from __future__ import annotations
 
-app.command()(generate)
-app.command()(sweep)
-app.command()(merge)
-app.command("sql")(sql_command)
-app.command("list")(list_command)
-app.command("write-prompts")(write_prompts_command)
-app.command("train-draft")(train_draft_command)
-app.command("check-head")(check_head_command)
-app.command("serve")(serve_command)
-app.add_typer(report_app, name="report")
+import importlib
+import sys
 
-__all__ = ["app", "main"]
+import typer
+
+from runner.cli import common
+
+GROUPS = {"generate": "decoding", "sweep": "decoding", "merge": "data", "sql": "data", "list": "data",
+          "serve": "data", "write-prompts": "training", "train-draft": "training", "check-head": "check_head",
+          "report": "reports"}
+
+
+def loaded(command: str | None = None) -> typer.Typer:
+    """The app with `command`'s group registered, or every group when `command` is not one of GROUPS."""
+    groups = [GROUPS[command]] if command in GROUPS else dict.fromkeys(GROUPS.values())
+    for group in groups:
+        importlib.import_module(f"runner.cli.{group}")
+    return common.app
+
+
+def __getattr__(name: str) -> typer.Typer:
+    if name == "app":  # `from runner.cli import app`: the whole command line, for tests and embedding
+        return loaded()
+    raise AttributeError(f"module 'runner.cli' has no attribute {name!r}")
+
+
+def main() -> None:
+    loaded(sys.argv[1] if len(sys.argv) > 1 else None)(prog_name=f"{sys.executable.rsplit('/', 1)[-1]} -m runner")

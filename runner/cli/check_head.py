@@ -7,12 +7,13 @@ from typing import Annotated
 
 import typer
 
-from runner.cli.common import Target, TrustRemoteCode, fail, stdout
+from runner.cli.common import Target, TrustRemoteCode, app, fail, stdout
 from runner.engine import head_files, medusa_files, models
 from runner.engine.head_files import EMBEDDING, HeadFile
 from runner.engine.medusa_files import MedusaFile
 
 
+@app.command("check-head")
 def check_head_command(
     head: Annotated[str, typer.Argument(help="a head directory, or a repo id in the local Hugging Face cache")],
     target: Target = models.DEFAULT_MODEL,

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from runner.cli.common import fail, stderr, stdout
+from runner.cli.common import app, fail, stderr, stdout
 from runner.report import frame_table
 from runner.serve import ServeError, serve
 from runner.store.merge import merge as merge_databases
@@ -16,6 +16,7 @@ from runner.store.schema import StoreError
 from runner.store.sql import QueryError, run_query
 
 
+@app.command()
 def merge(
     sources: Annotated[list[Path], typer.Argument(help="databases recorded elsewhere")],
     into: Annotated[Path, typer.Option(help="the database to merge into; created if absent")],
@@ -29,6 +30,7 @@ def merge(
         stdout.print(source.line(), highlight=False, soft_wrap=True)
 
 
+@app.command("sql")
 def sql_command(
     query: Annotated[str, typer.Argument(help="one read-only statement")],
     db: Annotated[Path, typer.Option(help="the DuckDB file")] = Path("runs.duckdb"),
@@ -44,6 +46,7 @@ def sql_command(
     stderr.print(note + (f" (truncated at {max_rows})" if result.truncated else ""), highlight=False)
 
 
+@app.command("list")
 def list_command(db: Annotated[Path, typer.Option(help="the DuckDB file")] = Path("runs.duckdb")) -> None:
     """List the recorded sweeps, newest first."""
     try:
@@ -53,6 +56,7 @@ def list_command(db: Annotated[Path, typer.Option(help="the DuckDB file")] = Pat
     stdout.print(frame_table(sweeps), highlight=False)
 
 
+@app.command("serve")
 def serve_command(
     db: Annotated[Path, typer.Option(help="the DuckDB file")] = Path("runs.duckdb"),
     port: Annotated[int, typer.Option(help="the dashboard's port")] = 8501,

@@ -21,16 +21,12 @@ from runner.cli.common import (
     Threads,
     TrustRemoteCode,
     UsageError,
-    batch_sizes,
-    check_run,
-    csv,
-    decoding_for,
+    app,
     fail,
-    ints,
-    parse_drafts,
     stderr,
     stdout,
 )
+from runner.cli.inputs import batch_sizes, check_run, csv, decoding_for, ints, parse_drafts
 from runner.engine import models
 from runner.engine.kernels import SKINNY
 from runner.engine.pair import PLAIN, DraftSpec, Pair, check_drafts
@@ -46,6 +42,7 @@ from runner.sweep.record import Recorder
 from runner.sweep.run import run_sweep
 
 
+@app.command()
 def generate(
     prompt: Annotated[str | None, typer.Option(help="the user message (or --prompt-id)")] = None,
     prompt_id: Annotated[str | None, typer.Option(
@@ -139,6 +136,7 @@ def _generate(pair: Pair, target: str, cell: Cell, seed: int, max_new_tokens: in
     return baseline, judge(run, (baseline.run_id, baseline.generation.output_tokens), context.classify)
 
 
+@app.command()
 def sweep(
     draft: Annotated[list[str], typer.Option(help="a drafter to compare; repeat for several")],
     target: Target = models.DEFAULT_MODEL,

@@ -9,12 +9,13 @@ from typing import Annotated
 import duckdb
 import typer
 
-from runner.cli.common import fail, stderr
+from runner.cli.common import app, fail, stderr
 from runner.store import spec_bench
 from runner.store.connect import reading, upgrade
 from runner.store.schema import StoreError
 
 report_app = typer.Typer(no_args_is_help=True, help="Tables over a recorded file, laid out as others publish them.")
+app.add_typer(report_app, name="report")
 LOCK_TIMEOUT_S = 30.0
 
 

@@ -10,7 +10,7 @@ import torch
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from runner.cli.common import Device, Target, fail, stderr, stdout
+from runner.cli.common import Device, Target, app, fail, stderr, stdout
 from runner.engine import models
 from runner.store.schema import StoreError
 from runner.train.conversations import DataError
@@ -19,6 +19,39 @@ from runner.train.run import default_prompts, epoch_table, train_draft
 from runner.train.write_prompts import write_prompts
 
 
+@app.command("write-prompts")
+def write_prompts_command(
+    out: Annotated[Path, typer.Option(help="the JSONL the prompts are appended to (train-draft --data reads it)")],
+    count: Annotated[int, typer.Option(help="prompts the file should hold")] = 400,
+    target: Target = models.DEFAULT_MODEL,
+    seed: int = 0,
+    batch_size: Annotated[int, typer.Option(help="requests the target answers together")] = 16,
+    device: Device = None,
+    threads: Annotated[int | None, typer.Option(help="torch threads (default: one per core); 1 is much faster on a "
+                                                     "machine other jobs keep busy")] = None,
+) -> None:
+    """Have the target write training prompts across topics and kinds of task, deduplicated and disjoint from the
+    evaluation prompts; a rerun adds to the file."""
+    if count < 1 or batch_size < 1:
+        fail(f"--count and --batch-size must be >= 1, got {count} and {batch_size}")
+    if out.exists() and not out.is_file():
+        fail(f"--out {out} is not a file")
+    if threads is not None:
+        if threads < 1:
+            fail(f"--threads must be >= 1, got {threads}")
+        torch.set_num_threads(threads)
+    try:
+        loaded = models.load(target, device, "float32")
+        with Progress(TextColumn("writing prompts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=stderr, disable=not stderr.is_terminal) as progress:
+            task = progress.add_task("", total=count)
+            written = write_prompts(loaded, out, count, seed, batch_size, lambda n: progress.advance(task, n))
+    except (ValueError, DataError) as exc:
+        fail(str(exc))
+    stdout.print(written.line(out), highlight=False, soft_wrap=True)
+
+
+@app.command("train-draft")
 def train_draft_command(
     out: Annotated[Path, typer.Option(help="the head's directory (config.json + model.safetensors), written last")],
     target: Target = models.DEFAULT_MODEL,
@@ -57,34 +90,3 @@ def train_draft_command(
     stdout.print(epoch_table(trained), highlight=False)
     stdout.print(f"saved epoch {trained.saved_epoch} to {out}; compare it: python -m runner sweep --draft {kind}:{out}",
                  highlight=False, soft_wrap=True)
-
-
-def write_prompts_command(
-    out: Annotated[Path, typer.Option(help="the JSONL the prompts are appended to (train-draft --data reads it)")],
-    count: Annotated[int, typer.Option(help="prompts the file should hold")] = 400,
-    target: Target = models.DEFAULT_MODEL,
-    seed: int = 0,
-    batch_size: Annotated[int, typer.Option(help="requests the target answers together")] = 16,
-    device: Device = None,
-    threads: Annotated[int | None, typer.Option(help="torch threads (default: one per core); 1 is much faster on a "
-                                                     "machine other jobs keep busy")] = None,
-) -> None:
-    """Have the target write training prompts across topics and kinds of task, deduplicated and disjoint from the
-    evaluation prompts; a rerun adds to the file."""
-    if count < 1 or batch_size < 1:
-        fail(f"--count and --batch-size must be >= 1, got {count} and {batch_size}")
-    if out.exists() and not out.is_file():
-        fail(f"--out {out} is not a file")
-    if threads is not None:
-        if threads < 1:
-            fail(f"--threads must be >= 1, got {threads}")
-        torch.set_num_threads(threads)
-    try:
-        loaded = models.load(target, device, "float32")
-        with Progress(TextColumn("writing prompts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=stderr, disable=not stderr.is_terminal) as progress:
-            task = progress.add_task("", total=count)
-            written = write_prompts(loaded, out, count, seed, batch_size, lambda n: progress.advance(task, n))
-    except (ValueError, DataError) as exc:
-        fail(str(exc))
-    stdout.print(written.line(out), highlight=False, soft_wrap=True)
