@@ -142,6 +142,7 @@ class RunRecord:
     batch_size: int = 1  # the sequences decoded together with it, itself included (runner/engine/batch.py)
     batch_slot: int = 0  # its place in that batch
     batch_id: str | None = None  # shared by the runs of one batch; None at batch 1
+    tree_nodes: int | None = None  # a tree's nodes per round at most (`:nodes=N`, or its pair's measured best)
 
     def cell_key(self) -> tuple:
         return tuple(getattr(self, name) for name in CELL_KEY)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from runner.engine import head_files, kernels, lookahead, medusa_files, models
+from runner.engine import head_files, kernels, lookahead, medusa_files, models, tree_size
 from runner.engine.batch import generate_batch
 from runner.engine.decode import generate
 from runner.engine.drafters import (
@@ -33,7 +33,7 @@ from runner.engine.trees import check_cache
 from runner.records import Generation
 
 DEFAULT_NGRAM = 3  # longest n-gram prompt lookup tries before falling back to shorter ones
-DEFAULT_NODES = 15  # a tree's nodes per round: 16 verify rows, the widest the skinny kernels cover (~1.6x one row)
+DEFAULT_NODES = 15  # a tree's nodes per round when none is given and the pair has not measured its own (`tree_size`)
 MAX_NODES = 63  # verify passes of up to 64 rows: the root and 63 nodes
 SIZED_TREES = ("ngram-tree", "eagle-tree", "hybrid", "recycling", "medusa-tree")  # the trees that take :nodes=<N>
 TREE_KINDS = (*SIZED_TREES, "lookahead")
@@ -54,7 +54,9 @@ class DraftSpec:
     # eagle, eagle-tree, hybrid, medusa and medusa-tree, 'W,N,G' for lookahead; None for recycling
     arg: str | None
     match: str | None = None  # ngram: which earlier occurrence it copies from (`NGRAM_MATCHES`)
-    nodes: int | None = None  # a tree: its nodes per round (lookahead: at most, G guesses of N - 1)
+    # a tree: its nodes per round (lookahead: at most, G guesses of N - 1); None for a sized tree given no :nodes=N,
+    # whose pair measures its own (`Pair.nodes_for`)
+    nodes: int | None = None
 
     @property
     def baseline(self) -> bool:
@@ -78,14 +80,14 @@ def parse_draft(text: str) -> DraftSpec:
     if kind == "ngram" and (not arg or n.isdigit() and int(n) >= 1 and (not match or match in NGRAM_MATCHES)):
         return DraftSpec(text, "ngram", n or str(DEFAULT_NGRAM), match or DEFAULT_MATCH)
     if kind == "ngram-tree" and (not arg or arg.isdigit() and int(arg) >= 1):
-        return DraftSpec(text, "ngram-tree", arg or str(DEFAULT_NGRAM), nodes=nodes or DEFAULT_NODES)
+        return DraftSpec(text, "ngram-tree", arg or str(DEFAULT_NGRAM), nodes=nodes)
     if kind == "lookahead":
         window, ngram, guesses = lookahead.parse(arg)
         return DraftSpec(text, "lookahead", f"{window},{ngram},{guesses}", nodes=guesses * (ngram - 1))
     if kind == "recycling" and not arg:
-        return DraftSpec(text, "recycling", None, nodes=nodes or DEFAULT_NODES)
+        return DraftSpec(text, "recycling", None, nodes=nodes)
     if kind in ("eagle-tree", "hybrid", "medusa-tree") and arg:
-        return DraftSpec(text, kind, arg, nodes=nodes or DEFAULT_NODES)
+        return DraftSpec(text, kind, arg, nodes=nodes)
     if kind == "layerskip" and arg.isdigit() and int(arg) >= 1:
         return DraftSpec(text, "layerskip", arg)
     if kind in ("model", "eagle", "medusa") and arg:
@@ -167,29 +169,41 @@ class Pair:
         # a lookahead draft's, per draft and batch size: its passes also carry the window, so at the same k they are
         # wider than any other draft's and would skew the widths `auto` reads for the others
         self.window_costs: dict[tuple[str, int], VerifyCosts] = {}
+        # per (tree draft, depth k) given no :nodes=N: the trials `warm_up` measured (`tree_size`)
+        self.tree_trials: dict[tuple[str, int | None], list[tree_size.Trial]] = {}
+
+    def nodes_for(self, spec: DraftSpec, k: int | None) -> int | None:
+        """A tree's nodes per round: its `:nodes=N`, else the best this pair measured at depth k (`warm_up`), else
+        DEFAULT_NODES; None for a chain."""
+        if spec.kind not in SIZED_TREES or spec.nodes is not None:
+            return spec.nodes
+        trials = self.tree_trials.get((spec.text, k))
+        return tree_size.best(trials) if trials else DEFAULT_NODES
 
     def drafter(self, spec: DraftSpec, decoding: Decoding, generator: torch.Generator,
-                policy: PolicySpec = FIXED) -> Drafter:
+                policy: PolicySpec = FIXED, k: int | None = None) -> Drafter:
+        """A fresh drafter for one generation at depth k (what sizes a tree given no :nodes=N)."""
         if spec.baseline:
             return NoDraft()
         if not policy.applies_to(spec.kind):
             raise ValueError(policy.refusal(spec.text))
         if spec.kind == "ngram":
             return NgramDrafter(int(spec.arg), spec.match)
+        nodes = self.nodes_for(spec, k)
         if spec.kind in TREE_KINDS:
             check_cache(new_cache(self.target.model))  # refuse a sliding-window target before it runs
         if spec.kind == "ngram-tree":
-            return NgramTreeDrafter(int(spec.arg), spec.nodes)
+            return NgramTreeDrafter(int(spec.arg), nodes)
         if spec.kind == "recycling":
-            return RecyclingDrafter(spec.nodes)
+            return RecyclingDrafter(nodes)
         if spec.kind == "lookahead":
             return LookaheadDrafter(*lookahead.parse(spec.arg))
         if spec.kind == "eagle-tree":
-            return EagleTreeDrafter(self.draft_models[spec.text], decoding, generator, spec.nodes)
+            return EagleTreeDrafter(self.draft_models[spec.text], decoding, generator, nodes)
         if spec.kind == "hybrid":
-            return HybridDrafter(self.draft_models[spec.text], decoding, generator, DEFAULT_NGRAM, spec.nodes)
+            return HybridDrafter(self.draft_models[spec.text], decoding, generator, DEFAULT_NGRAM, nodes)
         if spec.kind == "medusa-tree":
-            return MedusaTreeDrafter(self.draft_models[spec.text], spec.nodes)
+            return MedusaTreeDrafter(self.draft_models[spec.text], nodes)
         if spec.kind == "medusa":
             return MedusaDrafter(self.draft_models[spec.text])
         if spec.kind == "eagle":
@@ -206,7 +220,7 @@ class Pair:
         if (k is None) != spec.baseline:
             raise ValueError(f"{spec.text}: k must be {'None' if spec.baseline else 'given'}, got {k}")
         generator = torch.Generator(device=self.target.device).manual_seed(seed)
-        drafter = self.drafter(spec, decoding, generator, policy)
+        drafter = self.drafter(spec, decoding, generator, policy, k)
         with kernels.using(self.switches):
             return generate(self.target, drafter, prompt, k, decoding, max_new_tokens, generator, policy,
                             self._costs(spec, 1))
@@ -220,7 +234,7 @@ class Pair:
         if (k is None) != spec.baseline:
             raise ValueError(f"{spec.text}: k must be {'None' if spec.baseline else 'given'}, got {k}")
         generators = [torch.Generator(device=self.target.device).manual_seed(seed) for _ in prompts]
-        drafters = [self.drafter(spec, decoding, g, policy) for g in generators]
+        drafters = [self.drafter(spec, decoding, g, policy, k) for g in generators]
         with kernels.using(self.switches):
             return generate_batch(self.target, drafters, prompts, k, decoding, max_new_tokens, generators, policy,
                                   self._costs(spec, len(prompts)))
@@ -235,7 +249,13 @@ class Pair:
                 max_new_tokens: int, batches: tuple[int, ...] = (1,)) -> None:
         """One short generation per drafter, k and batch size, so one-time costs (allocator growth, kernel choice
         for each verify width k+1) stay out of the timings: k+2 tokens make the prefill's and one full round of k (no
-        run goes past max_new_tokens, so neither does its warm-up). A batch repeats the prompt."""
+        run goes past max_new_tokens, so neither does its warm-up). A batch repeats the prompt. First, a tree given
+        no :nodes=N has its nodes per round measured at each k (`tree_size`)."""
+        for spec in specs:
+            for k in ks if spec.kind in SIZED_TREES and spec.nodes is None else ():
+                if (spec.text, k) not in self.tree_trials:
+                    self.tree_trials[spec.text, k] = tree_size.measure(self, spec, prompt, k, min(tree_size.TOKENS,
+                                                                                                  max_new_tokens))
         for spec in specs:
             for k in [None] if spec.baseline else ks:
                 n = min(WARMUP_TOKENS if k is None else k + 2, max_new_tokens)

@@ -192,6 +192,17 @@ def _add_batches(con: duckdb.DuckDBPyConnection) -> None:
     con.execute(BATCH_STATS)
 
 
+def _add_tree_nodes(con: duckdb.DuckDBPyConnection) -> None:
+    # A tree's nodes per round at most: given as :nodes=N, or measured by its pair (runner/engine/tree_size.py). Runs
+    # recorded before drafted their :nodes=N, else 15, the fixed default then; lookahead G guesses of N - 1 (7,5,7).
+    con.execute("ALTER TABLE runs ADD COLUMN tree_nodes INTEGER")
+    con.execute("""UPDATE runs SET tree_nodes = coalesce(TRY_CAST(regexp_extract(draft, ':nodes=([0-9]+)$', 1)
+        AS INTEGER), 15) WHERE draft_kind IN ('ngram-tree', 'eagle-tree', 'hybrid', 'recycling', 'medusa-tree')""")
+    con.execute("""UPDATE runs SET tree_nodes = CASE WHEN draft = 'lookahead' THEN 28 ELSE
+        CAST(split_part(draft, ',', 3) AS INTEGER) * (CAST(split_part(draft, ',', 2) AS INTEGER) - 1) END
+        WHERE draft_kind = 'lookahead'""")
+
+
 MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     _create_runs_and_rounds,
     _create_run_stats,
@@ -214,6 +225,7 @@ MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     _add_batches,
     count_rounds,
     create_run_facts,
+    _add_tree_nodes,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

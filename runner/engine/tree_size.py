@@ -1,0 +1,60 @@
+"""How many nodes a tree drafts per round, when the user gives no `:nodes=N`: measured per pair, as EAGLE-2 picks its
+total tokens by timing.
+
+A wider tree accepts more per round (τ grows with N, ever more slowly) and costs a wider verify pass (flat on a GPU
+up to dozens of rows, ~×1.6 at 16 rows and steeper after on two CPU cores). Which N pays depends on the target,
+the device, the kernels, the threads and the drafter, so the pair measures it once per drafter and depth: a short
+greedy generation on the warm-up prompt at each candidate N, scored by accepted tokens per second of drafting and
+verifying, τ(N) / (median round seconds). τ is exact for that prompt (greedy is deterministic); the median keeps
+one slow round from deciding. The best N is used for every generation of that drafter and depth, greedy or
+sampled, at every batch size, and recorded with each run (`runs.tree_nodes`).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from runner.engine.sampling import Decoding
+
+if TYPE_CHECKING:
+    from runner.engine.pair import DraftSpec, Pair
+
+CANDIDATES = (4, 8, 16, 32, 63)  # nodes per round tried: verify passes of 5 to 64 rows
+TOKENS = 32  # new tokens per trial: about a dozen rounds at τ ≈ 2.5
+GREEDY = Decoding("greedy", 0.0, 1.0)
+
+
+@dataclass(frozen=True)
+class Trial:
+    nodes: int
+    tau: float  # tokens per round: accepted + the correction or bonus
+    round_s: float  # the median round's draft + verify seconds
+
+    @property
+    def rate(self) -> float:
+        return self.tau / self.round_s
+
+
+def score(nodes: int, rounds: list[tuple[int, float]]) -> Trial:
+    """One trial from its rounds' (tokens emitted, draft + verify seconds)."""
+    return Trial(nodes, sum(e for e, _ in rounds) / len(rounds), statistics.median(s for _, s in rounds))
+
+
+def best(trials: list[Trial]) -> int:
+    """The N with the most tokens per second; the smaller N of a tie."""
+    return max(trials, key=lambda t: (t.rate, -t.nodes)).nodes
+
+
+def measure(pair: Pair, spec: DraftSpec, prompt: list[int], k: int, tokens: int = TOKENS) -> list[Trial]:
+    """Each candidate N: one untimed round (the new verify width's one-time costs), then `tokens` new tokens timed."""
+    trials = []
+    for nodes in CANDIDATES:
+        sized = replace(spec, nodes=nodes)
+        pair.run(sized, prompt, k, GREEDY, min(2, tokens), seed=0)
+        generation = pair.run(sized, prompt, k, GREEDY, tokens, seed=0)
+        rounds = [(r.emitted, r.draft_s + r.verify_s) for r in generation.rounds]
+        if rounds:
+            trials.append(score(nodes, rounds))
+    return trials
