@@ -12,7 +12,7 @@ from runner.cli import app
 from runner.engine import tree_size
 from runner.engine.models import encode_chat
 from runner.engine.pair import DEFAULT_NODES, Pair, parse_draft
-from runner.engine.tree_size import CANDIDATES, GREEDY, Trial, best, score
+from runner.engine.tree_size import CANDIDATES, GREEDY, Trial, best, line, score
 from runner.store.schema import SCHEMA_VERSION, migrate
 
 PROMPT = "Repeat: red green blue, red green blue, red green blue, red green"
@@ -27,6 +27,8 @@ def test_a_trial_is_tokens_per_round_over_the_median_round():
 def test_the_best_n_has_the_most_tokens_per_second_and_a_tie_goes_to_the_smaller():
     assert best([Trial(4, 2.0, 0.25), Trial(8, 3.0, 0.3), Trial(16, 3.3, 0.5)]) == 8  # 8, 10 and 6.6 tokens/s
     assert best([Trial(16, 3.0, 0.3), Trial(4, 2.0, 0.2), Trial(8, 2.5, 0.4)]) == 4  # 10 = 10: the smaller
+    assert line("ngram-tree", 3, [Trial(4, 2.0, 0.25), Trial(8, 3.0, 0.3)]) == (
+        "ngram-tree at k=3: 8 nodes per round, measured (4: 8.0, 8: 10.0 tokens/s of drafting and verifying)")
 
 
 def test_a_pair_measures_each_tree_and_depth_once_and_drafts_its_best(tiny):

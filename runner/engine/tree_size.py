@@ -58,3 +58,9 @@ def measure(pair: Pair, spec: DraftSpec, prompt: list[int], k: int, tokens: int 
         if rounds:
             trials.append(score(nodes, rounds))
     return trials
+
+
+def line(text: str, k: int, trials: list[Trial]) -> str:
+    """What was measured, for people: the N chosen and every N's tokens per second."""
+    rates = ", ".join(f"{t.nodes}: {t.rate:.1f}" for t in trials)
+    return f"{text} at k={k}: {best(trials)} nodes per round, measured ({rates} tokens/s of drafting and verifying)"
