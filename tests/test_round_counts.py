@@ -100,7 +100,8 @@ def test_an_older_file_gets_the_same_counts_and_numbers_from_its_migration(tmp_p
         migrate(con, to_version=MIGRATIONS.index(schema_rounds.count_rounds))  # before round_counts
         con.execute(f"ATTACH '{recorded}' AS a (READ_ONLY)")
         for table in ("runs", "rounds", "run_totals"):
-            con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM a.{table}")
+            columns = "* EXCLUDE (tree_nodes)" if table == "runs" else "*"  # a column added after
+            con.execute(f"INSERT INTO {table} BY NAME SELECT {columns} FROM a.{table}")
         migrate(con)
         assert con.execute(COUNTS).fetchall() == con.execute("SELECT * FROM a.round_counts ORDER BY ALL").fetchall()
     for fn, args in ((queries.cells, (Filters(),)), (queries.verify_growth, (Filters(),)),

@@ -104,7 +104,8 @@ def test_an_older_file_gets_the_same_rows_from_its_migration(db, tmp_path):
         migrate(con, to_version=MIGRATIONS.index(schema_facts.create_run_facts))  # before run_facts
         con.execute(f"ATTACH '{db}' AS a (READ_ONLY)")
         for table in ("runs", "rounds", "run_totals", "round_counts"):
-            con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM a.{table}")
+            columns = "* EXCLUDE (tree_nodes)" if table == "runs" else "*"  # a column added after
+            con.execute(f"INSERT INTO {table} BY NAME SELECT {columns} FROM a.{table}")
         before = con.execute("SELECT * FROM run_stats ORDER BY run_id").df()
         migrate(con)
         after = con.execute("SELECT * FROM run_stats ORDER BY run_id").df()
