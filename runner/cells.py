@@ -156,7 +156,7 @@ class RunContext:
             baseline_run_id=None, lossless=None, provenance=self.provenance, kernels=self.pair.kernels,
             threads=torch.get_num_threads(), turn=cell.prompt.turn, conversation=cell.prompt.thread,
             batch_size=cell.batch_size, batch_slot=cell.slot, batch_id=batch_id,
-            tree_nodes=self.pair.nodes_for(cell.draft, cell.k),
+            tree_nodes=self.pair.nodes_for(cell.draft, cell.k, cell.batch_size),
         )
 
     def classify(self, prompt: tuple[int, ...], baseline: tuple[int, ...], ours: tuple[int, ...]) -> Divergence | None:

@@ -27,8 +27,10 @@ def test_a_trial_is_tokens_per_round_over_the_median_round():
 def test_the_best_n_has_the_most_tokens_per_second_and_a_tie_goes_to_the_smaller():
     assert best([Trial(4, 2.0, 0.25), Trial(8, 3.0, 0.3), Trial(16, 3.3, 0.5)]) == 8  # 8, 10 and 6.6 tokens/s
     assert best([Trial(16, 3.0, 0.3), Trial(4, 2.0, 0.2), Trial(8, 2.5, 0.4)]) == 4  # 10 = 10: the smaller
-    assert line("ngram-tree", 3, [Trial(4, 2.0, 0.25), Trial(8, 3.0, 0.3)]) == (
+    assert line("ngram-tree", 3, 1, [Trial(4, 2.0, 0.25), Trial(8, 3.0, 0.3)]) == (
         "ngram-tree at k=3: 8 nodes per round, measured (4: 8.0, 8: 10.0 tokens/s of drafting and verifying)")
+    assert line("recycling", 2, 4, [Trial(16, 8.0, 0.5)]) == (
+        "recycling at k=2, batch 4: 16 nodes per round, measured (16: 16.0 tokens/s of drafting and verifying)")
 
 
 def test_a_pair_measures_each_tree_and_depth_once_and_drafts_its_best(tiny):
@@ -37,8 +39,8 @@ def test_a_pair_measures_each_tree_and_depth_once_and_drafts_its_best(tiny):
     prompt = encode_chat(tiny, PROMPT)
     assert pair.nodes_for(measured, 2) == DEFAULT_NODES  # before the warm-up has measured it
     pair.warm_up([measured, pinned, chain], prompt, (2, 3), GREEDY, 40)
-    assert set(pair.tree_trials) == {("ngram-tree", 2), ("ngram-tree", 3)}  # the pinned tree and the chain: none
-    for (_, k), trials in pair.tree_trials.items():
+    assert set(pair.tree_trials) == {("ngram-tree", 2, 1), ("ngram-tree", 3, 1)}  # the pinned tree, the chain: none
+    for (_, k, _), trials in pair.tree_trials.items():
         assert [t.nodes for t in trials] == list(CANDIDATES)
         for trial in trials:  # τ is the greedy run's own: tokens per round at that N, counted again here
             rounds = pair.run(replace(measured, nodes=trial.nodes), prompt, k, GREEDY, tree_size.TOKENS, 0).rounds
@@ -51,6 +53,21 @@ def test_a_pair_measures_each_tree_and_depth_once_and_drafts_its_best(tiny):
     pair.warm_up([measured], prompt, (2,), GREEDY, 40)
     assert pair.tree_trials == first  # measured once per pair
     assert (pair.nodes_for(pinned, 2), pair.nodes_for(chain, 2)) == (5, None)
+
+
+def test_at_a_batch_size_the_pair_measures_passes_as_wide_as_the_batchs(tiny):
+    """Two copies of the prompt decode alike (greedy): each shared round makes exactly twice a lone round's tokens."""
+    measured = parse_draft("recycling")
+    pair = Pair(tiny, [measured])
+    prompt = encode_chat(tiny, PROMPT)
+    pair.warm_up([measured], prompt, (2,), GREEDY, 40, batches=(1, 2))
+    alone, together = pair.tree_trials["recycling", 2, 1], pair.tree_trials["recycling", 2, 2]
+    assert [t.nodes for t in together] == list(CANDIDATES)
+    assert [t.tau for t in together] == [2 * t.tau for t in alone]
+    chosen = pair.nodes_for(measured, 2, batch=2)
+    assert chosen == best(together)
+    runs = pair.run_batch(measured, [prompt, prompt], 2, GREEDY, 40, seed=0)
+    assert max(r.k for run in runs for r in run.rounds) <= chosen
 
 
 def test_a_sweep_records_the_nodes_each_run_drafted(tmp_path, tiny_dir):

@@ -120,9 +120,9 @@ def _generate(pair: Pair, target: str, cell: Cell, seed: int, max_new_tokens: in
                          f"context of {pair.target.max_context} tokens")
     pair.warm_up([PLAIN, cell.draft], ids, warm_ks([cell.k], [cell.policy]), cell.decoding, max_new_tokens,
                  (cell.batch_size,))
-    for (text, k), trials in pair.tree_trials.items():
+    for (text, k, size), trials in pair.tree_trials.items():
         if trials:
-            stderr.print(tree_size.line(text, k, trials), markup=False, highlight=False, soft_wrap=True)
+            stderr.print(tree_size.line(text, k, size, trials), markup=False, highlight=False, soft_wrap=True)
     context = RunContext(pair, target, "generate", seed, max_new_tokens, provenance={})
     started = datetime.now(UTC).isoformat()
 

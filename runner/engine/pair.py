@@ -169,27 +169,28 @@ class Pair:
         # a lookahead draft's, per draft and batch size: its passes also carry the window, so at the same k they are
         # wider than any other draft's and would skew the widths `auto` reads for the others
         self.window_costs: dict[tuple[str, int], VerifyCosts] = {}
-        # per (tree draft, depth k) given no :nodes=N: the trials `warm_up` measured (`tree_size`)
-        self.tree_trials: dict[tuple[str, int | None], list[tree_size.Trial]] = {}
+        # per (tree draft, depth k, batch size) given no :nodes=N: the trials `warm_up` measured (`tree_size`)
+        self.tree_trials: dict[tuple[str, int | None, int], list[tree_size.Trial]] = {}
 
-    def nodes_for(self, spec: DraftSpec, k: int | None) -> int | None:
-        """A tree's nodes per round: its `:nodes=N`, else the best this pair measured at depth k (`warm_up`), else
-        DEFAULT_NODES; None for a chain."""
+    def nodes_for(self, spec: DraftSpec, k: int | None, batch: int = 1) -> int | None:
+        """A tree's nodes per round: its `:nodes=N`, else the best this pair measured at depth k and this batch size
+        (`warm_up`), else DEFAULT_NODES; None for a chain."""
         if spec.kind not in SIZED_TREES or spec.nodes is not None:
             return spec.nodes
-        trials = self.tree_trials.get((spec.text, k))
+        trials = self.tree_trials.get((spec.text, k, batch))
         return tree_size.best(trials) if trials else DEFAULT_NODES
 
     def drafter(self, spec: DraftSpec, decoding: Decoding, generator: torch.Generator,
-                policy: PolicySpec = FIXED, k: int | None = None) -> Drafter:
-        """A fresh drafter for one generation at depth k (what sizes a tree given no :nodes=N)."""
+                policy: PolicySpec = FIXED, k: int | None = None, batch: int = 1) -> Drafter:
+        """A fresh drafter for one generation at depth k and batch size `batch` (what sizes a tree given no
+        :nodes=N)."""
         if spec.baseline:
             return NoDraft()
         if not policy.applies_to(spec.kind):
             raise ValueError(policy.refusal(spec.text))
         if spec.kind == "ngram":
             return NgramDrafter(int(spec.arg), spec.match)
-        nodes = self.nodes_for(spec, k)
+        nodes = self.nodes_for(spec, k, batch)
         if spec.kind in TREE_KINDS:
             check_cache(new_cache(self.target.model))  # refuse a sliding-window target before it runs
         if spec.kind == "ngram-tree":
@@ -234,7 +235,7 @@ class Pair:
         if (k is None) != spec.baseline:
             raise ValueError(f"{spec.text}: k must be {'None' if spec.baseline else 'given'}, got {k}")
         generators = [torch.Generator(device=self.target.device).manual_seed(seed) for _ in prompts]
-        drafters = [self.drafter(spec, decoding, g, policy, k) for g in generators]
+        drafters = [self.drafter(spec, decoding, g, policy, k, len(prompts)) for g in generators]
         with kernels.using(self.switches):
             return generate_batch(self.target, drafters, prompts, k, decoding, max_new_tokens, generators, policy,
                                   self._costs(spec, len(prompts)))
@@ -250,12 +251,13 @@ class Pair:
         """One short generation per drafter, k and batch size, so one-time costs (allocator growth, kernel choice
         for each verify width k+1) stay out of the timings: k+2 tokens make the prefill's and one full round of k (no
         run goes past max_new_tokens, so neither does its warm-up). A batch repeats the prompt. First, a tree given
-        no :nodes=N has its nodes per round measured at each k (`tree_size`)."""
+        no :nodes=N has its nodes per round measured at each k and batch size (`tree_size`)."""
+        tokens = min(tree_size.TOKENS, max_new_tokens)
         for spec in specs:
             for k in ks if spec.kind in SIZED_TREES and spec.nodes is None else ():
-                if (spec.text, k) not in self.tree_trials:
-                    self.tree_trials[spec.text, k] = tree_size.measure(self, spec, prompt, k, min(tree_size.TOKENS,
-                                                                                                  max_new_tokens))
+                for size in batches:
+                    if (spec.text, k, size) not in self.tree_trials:
+                        self.tree_trials[spec.text, k, size] = tree_size.measure(self, spec, prompt, k, tokens, size)
         for spec in specs:
             for k in [None] if spec.baseline else ks:
                 n = min(WARMUP_TOKENS if k is None else k + 2, max_new_tokens)

@@ -3,11 +3,12 @@ total tokens by timing.
 
 A wider tree accepts more per round (τ grows with N, ever more slowly) and costs a wider verify pass (flat on a GPU
 up to dozens of rows, ~×1.6 at 16 rows and steeper after on two CPU cores). Which N pays depends on the target,
-the device, the kernels, the threads and the drafter, so the pair measures it once per drafter and depth: a short
-greedy generation on the warm-up prompt at each candidate N, scored by accepted tokens per second of drafting and
+the device, the kernels, the threads, the drafter and the batch size, so the pair measures it once per drafter,
+depth and batch size: a short greedy generation on the warm-up prompt at each candidate N (at batch B, B copies of
+it decoded together, so that the pass is as wide as the batch's), scored by tokens per second of drafting and
 verifying, τ(N) / (median round seconds). τ is exact for that prompt (greedy is deterministic); the median keeps
-one slow round from deciding. The best N is used for every generation of that drafter and depth, greedy or
-sampled, at every batch size, and recorded with each run (`runs.tree_nodes`).
+one slow round from deciding. The best N is used for every generation of that drafter, depth and batch size,
+greedy or sampled, and recorded with each run (`runs.tree_nodes`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from runner.engine.sampling import Decoding
 
 if TYPE_CHECKING:
     from runner.engine.pair import DraftSpec, Pair
+    from runner.records import Generation
 
 CANDIDATES = (4, 8, 16, 32, 63)  # nodes per round tried: verify passes of 5 to 64 rows
 TOKENS = 32  # new tokens per trial: about a dozen rounds at τ ≈ 2.5
@@ -38,7 +40,8 @@ class Trial:
 
 
 def score(nodes: int, rounds: list[tuple[int, float]]) -> Trial:
-    """One trial from its rounds' (tokens emitted, draft + verify seconds)."""
+    """One trial from its rounds' (tokens emitted, draft + verify seconds); a batch's round: every member's tokens,
+    every member's drafting and the one shared pass."""
     return Trial(nodes, sum(e for e, _ in rounds) / len(rounds), statistics.median(s for _, s in rounds))
 
 
@@ -47,20 +50,29 @@ def best(trials: list[Trial]) -> int:
     return max(trials, key=lambda t: (t.rate, -t.nodes)).nodes
 
 
-def measure(pair: Pair, spec: DraftSpec, prompt: list[int], k: int, tokens: int = TOKENS) -> list[Trial]:
-    """Each candidate N: one untimed round (the new verify width's one-time costs), then `tokens` new tokens timed."""
+def measure(pair: Pair, spec: DraftSpec, prompt: list[int], k: int, tokens: int = TOKENS,
+            batch: int = 1) -> list[Trial]:
+    """Each candidate N: one untimed round (the new verify width's one-time costs), then `tokens` new tokens timed;
+    at a batch size above 1, `batch` copies of the prompt decoded together, so that the pass is as wide as a batch's."""
+    def run(sized: DraftSpec, n: int) -> list[Generation]:
+        if batch == 1:
+            return [pair.run(sized, prompt, k, GREEDY, n, seed=0)]
+        return pair.run_batch(sized, [prompt] * batch, k, GREEDY, n, seed=0)
+
     trials = []
     for nodes in CANDIDATES:
         sized = replace(spec, nodes=nodes)
-        pair.run(sized, prompt, k, GREEDY, min(2, tokens), seed=0)
-        generation = pair.run(sized, prompt, k, GREEDY, tokens, seed=0)
-        rounds = [(r.emitted, r.draft_s + r.verify_s) for r in generation.rounds]
+        run(sized, min(2, tokens))
+        members = [g.rounds for g in run(sized, tokens)]
+        rounds = [(sum(r.emitted for r in shared), sum(r.draft_s for r in shared) + shared[0].verify_s)
+                  for shared in zip(*members, strict=False)]  # round j of every member: one shared pass
         if rounds:
             trials.append(score(nodes, rounds))
     return trials
 
 
-def line(text: str, k: int, trials: list[Trial]) -> str:
+def line(text: str, k: int, batch: int, trials: list[Trial]) -> str:
     """What was measured, for people: the N chosen and every N's tokens per second."""
     rates = ", ".join(f"{t.nodes}: {t.rate:.1f}" for t in trials)
-    return f"{text} at k={k}: {best(trials)} nodes per round, measured ({rates} tokens/s of drafting and verifying)"
+    at = f"k={k}" if batch == 1 else f"k={k}, batch {batch}"
+    return f"{text} at {at}: {best(trials)} nodes per round, measured ({rates} tokens/s of drafting and verifying)"
