@@ -27,6 +27,14 @@ def test_a_trial_is_tokens_per_round_over_the_median_round():
 def test_the_best_n_has_the_most_tokens_per_second_and_a_tie_goes_to_the_smaller():
     assert best([Trial(4, 2.0, 0.25), Trial(8, 3.0, 0.3), Trial(16, 3.3, 0.5)]) == 8  # 8, 10 and 6.6 tokens/s
     assert best([Trial(16, 3.0, 0.3), Trial(4, 2.0, 0.2), Trial(8, 2.5, 0.4)]) == 4  # 10 = 10: the smaller
+
+
+def test_nodes_that_accept_nothing_more_are_never_chosen_however_fast_they_ran():
+    # 8 and 32 nodes drafted the same tree as 4 (the same τ), so their faster rounds were noise; 16 accepted more
+    trials = [Trial(4, 2.0, 0.25), Trial(8, 2.0, 0.2), Trial(16, 2.4, 0.3), Trial(32, 2.4, 0.1)]
+    assert best(trials) == 4  # 8.0 tokens/s against 16's 8.0: the smaller
+    assert best([*trials[:2], Trial(16, 2.4, 0.28), trials[3]]) == 16  # 8.57 against 4's 8.0
+    assert best([Trial(4, 1.15, 0.049), Trial(63, 1.15, 0.043)]) == 4
     assert line("ngram-tree", 3, 1, [Trial(4, 2.0, 0.25), Trial(8, 3.0, 0.3)]) == (
         "ngram-tree at k=3: 8 nodes per round, measured (4: 8.0, 8: 10.0 tokens/s of drafting and verifying)")
     assert line("recycling", 2, 4, [Trial(16, 8.0, 0.5)]) == (

@@ -2,13 +2,13 @@
 total tokens by timing.
 
 A wider tree accepts more per round (τ grows with N, ever more slowly) and costs a wider verify pass (flat on a GPU
-up to dozens of rows, ~×1.6 at 16 rows and steeper after on two CPU cores). Which N pays depends on the target,
-the device, the kernels, the threads, the drafter and the batch size, so the pair measures it once per drafter,
-depth and batch size: a short greedy generation on the warm-up prompt at each candidate N (at batch B, B copies of
-it decoded together, so that the pass is as wide as the batch's), scored by tokens per second of drafting and
-verifying, τ(N) / (median round seconds). τ is exact for that prompt (greedy is deterministic); the median keeps
-one slow round from deciding. The best N is used for every generation of that drafter, depth and batch size,
-greedy or sampled, and recorded with each run (`runs.tree_nodes`).
+up to dozens of rows, ~×1.6 at 16 rows and steeper after on two CPU cores). Which N pays depends on the target, the
+device, the kernels, the threads, the drafter and the batch size, so the pair measures it once per drafter, depth
+and batch size: a short greedy generation on the warm-up prompt at each candidate N (at batch B, B copies of it
+decoded together, so that the pass is as wide as the batch's), scored by tokens per second of drafting and
+verifying, τ(N) / (median round seconds), among the N whose τ beats every smaller N's. τ is exact for that prompt
+(greedy is deterministic); the median keeps one slow round from deciding. The best N is used for every generation of
+that drafter, depth and batch size, greedy or sampled, and recorded with each run (`runs.tree_nodes`).
 """
 
 from __future__ import annotations
@@ -46,8 +46,12 @@ def score(nodes: int, rounds: list[tuple[int, float]]) -> Trial:
 
 
 def best(trials: list[Trial]) -> int:
-    """The N with the most tokens per second; the smaller N of a tie."""
-    return max(trials, key=lambda t: (t.rate, -t.nodes)).nodes
+    """The N with the most tokens per second among those whose τ beats every smaller N's, the smaller N of a tie.
+    Nodes that accept nothing more cannot pay for their rows (prompt lookup's trie often has fewer branches than N
+    allows, and is then the same tree at every N), so a faster time for them is noise."""
+    ordered = sorted(trials, key=lambda t: t.nodes)
+    gaining = [t for i, t in enumerate(ordered) if all(t.tau > smaller.tau for smaller in ordered[:i])]
+    return max(gaining, key=lambda t: (t.rate, -t.nodes)).nodes
 
 
 def measure(pair: Pair, spec: DraftSpec, prompt: list[int], k: int, tokens: int = TOKENS,
