@@ -14,13 +14,13 @@ from runner.engine.decode import Target, generate
 from runner.engine.drafters import NoDraft
 from runner.engine.eagle_drafter import EagleDrafter
 from runner.engine.eagle_tree import EagleTreeDrafter
-from runner.engine.hybrid import GAIN_FLOOR, PROBE, RECENT, HybridDrafter, depth_along, merge
+from runner.engine.hybrid import GAIN_SHARE, PROBE, RECENT, HybridDrafter, depth_along, merge
 from runner.engine.models import encode_chat
 from runner.engine.ngram_tree import NgramTreeDrafter
 from runner.engine.pair import Pair, parse_draft
 from runner.engine.recycling import RecyclingDrafter, rank_tree
 from runner.engine.sampling import Decoding
-from runner.engine.trees import depths
+from runner.engine.trees import as_parents, depths, trie
 
 GREEDY = Decoding("greedy", 0.0, 1.0)
 HEAD = Path(__file__).resolve().parent.parent / "heads" / "smollm2-135m"
@@ -143,16 +143,21 @@ def test_tree_drafts_are_parsed_with_their_node_counts():
 
 
 def test_hybrid_drafts_with_prompt_lookup_alone_after_a_full_match_and_merges_otherwise(smollm2, head):
-    text = "Repeat after me: the quick brown fox, the quick brown fox, the quick brown"
-    hybrid, lookup = HybridDrafter(head, GREEDY, torch.Generator(), n=3, nodes=8), NgramTreeDrafter(3, nodes=8)
+    text = "Repeat after me: the quick brown fox jumps, a brown fox sleeps, the quick brown"
+    hybrid = HybridDrafter(head, GREEDY, torch.Generator(), n=3, nodes=8)
     with torch.inference_mode():
         tokens = _ready(hybrid, smollm2, text, chat=False)  # ... and the target goes on with " fox"
-        lookup.prefill(tokens, None, None)
-        expected = lookup.propose(tokens, 3)
         got = hybrid.propose(tokens, 3)
-        # the last 3 tokens occurred before: the lookup's trie with all 8 nodes, and no head pass
-        assert lookup.matched == 3 and hybrid.head.calls == 0
-        assert (got.tokens.tolist(), got.parents) == (expected.tokens.tolist(), expected.parents)
+        # the last 3 tokens occurred before: the trie of what followed each earlier occurrence of them (the most
+        # recent first), none of the shorter matches' continuations, and no head pass
+        ids = tokens.tolist()
+        follows = [ids[i : i + 3] for i in range(len(ids) - 1, 2, -1) if ids[i - 3 : i] == ids[-3:]]
+        assert hybrid.lookup.matched == 3 and len(follows) == 1 and hybrid.head.calls == 0
+        tokens_, parents = trie(follows)
+        assert (got.tokens.tolist(), got.parents) == (tokens_, as_parents(parents))
+        whole = NgramTreeDrafter(3, nodes=8)
+        whole.prefill(tokens, None, None)
+        assert len(tokens_) < len(whole.trie(tokens, 3)[0])  # the shorter matches' branches are left out
         fresh = HybridDrafter(head, GREEDY, torch.Generator(), n=3, nodes=8)
         plain = _ready(fresh, smollm2, "Name one planet.")
         merged = fresh.propose(plain, 3)  # no full match: the head drafts (its catch-up and k - 1 tree passes)
@@ -169,13 +174,16 @@ def test_hybrid_drops_a_head_that_does_not_pay_and_probes_it_again(smollm2, head
     hybrid = HybridDrafter(head, GREEDY, torch.Generator(), n=3, nodes=8)
     with torch.inference_mode():
         tokens = _ready(hybrid, smollm2, "Name one planet.")
-        hybrid.gain = GAIN_FLOOR / 2  # the head added too little lately: the lookup drafts alone
+        hybrid.gain, hybrid.own = GAIN_SHARE, 2.0  # the head added a quarter token to the lookup's 2: too little
+
         hybrid.propose(tokens, 3)
         assert hybrid.head.calls == 0 and hybrid.skipped == 1
         hybrid.skipped = PROBE - 1  # ... until the PROBE-th round
         hybrid.propose(tokens, 3)
         assert hybrid.head.calls == 3 and hybrid.skipped == 0
-    # the round's lookup part was 3-4-5 / 6 and the path took 3 4 9 (the head's 9): a gain of 1 over the lookup's 2
+    # the round's lookup part was 3-4-5 / 6 and the path took 3 4 9 (the head's 9): a gain of 1 over the lookup's
+    # 2 (+ 1, the correction)
     hybrid.judged, hybrid.lookup.seen = (([3, 4, 6, 5], [-1, 0, -1, 1]), 2, 3), [1, 2, 3, 4, 9, 8]
     hybrid._learn()
-    assert hybrid.gain == pytest.approx(GAIN_FLOOR / 2 + RECENT * (1 - GAIN_FLOOR / 2)) and hybrid.judged is None
+    assert hybrid.gain == pytest.approx(GAIN_SHARE + RECENT * (1 - GAIN_SHARE)) and hybrid.judged is None
+    assert hybrid.own == pytest.approx(2.0 + RECENT * (3 - 2.0))

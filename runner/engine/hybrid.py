@@ -1,13 +1,17 @@
 """`hybrid:<head>`: prompt lookup's branches and the head's dynamic tree, merged into one tree.
 
 Prompt lookup is right when the text repeats itself (summaries, code edits) and a head when it does not. As
-SAM-Decoding chooses between its suffix automaton and EAGLE-2 by the match's length: when the last n tokens occurred
-before (n = 3, the longest n-gram prompt lookup tries), the lookup's trie drafts alone, all the nodes, and the head
-only reads the target's features the next time it drafts; otherwise one verify pass judges both, the lookup's trie
-in up to half the nodes, the head's EAGLE-2 tree in the rest, a head node whose branch the trie holds being the
-same node. The head keeps its share only while it pays: after each round it drafted, its gain is how much further the
-accepted path went than the lookup's part of the tree would have taken it; below `GAIN_FLOOR` tokens a round (an
-average over recent rounds) the lookup drafts alone, and the head tries again every `PROBE`-th round.
+SAM-Decoding drafts its suffix automaton's continuation whenever the match is long enough and EAGLE-2 otherwise:
+when the last n tokens occurred before (n = 3, the longest n-gram prompt lookup tries), the trie of what followed
+those n tokens drafts alone, and the head only reads the target's features the next time it drafts; otherwise one
+verify pass judges both, the lookup's trie (every shorter match's continuations too) in up to half the nodes, the
+head's EAGLE-2 tree in the rest, a head node whose branch the trie holds being the same node.
+
+The head keeps its share only while it pays. After each round it drafted, its gain is how much further the accepted
+path went than the lookup's part of the tree would have taken it, and the lookup's own is that part's depth plus
+the correction. A head round costs the head's passes and the rows of its nodes, about a quarter of a round more on
+two CPU cores, so while the head's gain is under `GAIN_SHARE` of the lookup's own (running averages over recent
+rounds) the lookup drafts alone, and the head tries again every `PROBE`-th round.
 """
 
 from __future__ import annotations
@@ -20,11 +24,11 @@ from runner.engine.eagle_tree import EagleTreeDrafter
 from runner.engine.heads import EagleHead
 from runner.engine.ngram_tree import NgramTreeDrafter
 from runner.engine.sampling import Decoding, host
-from runner.engine.trees import ROOT, as_parents
+from runner.engine.trees import ROOT, as_parents, trie
 
-GAIN_FLOOR = 0.25  # tokens a round the head must add to the lookup's own to keep its share of the tree
+GAIN_SHARE = 0.25  # the share of the lookup's own tokens a round that the head must add to keep its nodes
 PROBE = 8  # below the floor, the head still drafts every PROBE-th round, so a text that suits it wins it back
-RECENT = 0.25  # the weight of the newest round in the head's average gain
+RECENT = 0.25  # the weight of the newest round in the running averages
 
 
 def depth_along(tokens: list[int], parents: list[int], text: list[int]) -> int:
@@ -53,8 +57,8 @@ def merge(first: tuple[list[int], list[int]], second: tuple[list[int], list[int]
 
 
 class HybridDrafter:
-    """`NgramTreeDrafter` alone after a full-length match or while the head does not pay; else its first
-    `nodes` // 2 nodes, then `EagleTreeDrafter` filling the tree to `nodes`."""
+    """`NgramTreeDrafter`'s continuations of a full-length match alone, or its whole trie alone while the head does
+    not pay; else the trie's first `nodes` // 2 nodes, then `EagleTreeDrafter` filling the tree to `nodes`."""
 
     wants_top = 0
 
@@ -66,6 +70,7 @@ class HybridDrafter:
         self.nodes = nodes
         self.wants_hidden = self.head.wants_hidden
         self.gain = 1.0  # tokens a round the head added, on average; it starts trusted
+        self.own = 1.0  # tokens a round the lookup's part of the head rounds' trees took, on average
         self.skipped = 0  # rounds since the head last drafted
         # the last round the head drafted in: the lookup's part of its tree, where the text then ended, and the
         # accepted path's length once known
@@ -78,13 +83,14 @@ class HybridDrafter:
     def prefill(self, tokens: Tensor, hidden: Tensor | None, top: Tensor | None) -> None:
         self.lookup.prefill(tokens, hidden, top)
         self.head.prefill(tokens, hidden, top)
-        self.gain, self.skipped, self.judged = 1.0, 0, None
+        self.gain, self.own, self.skipped, self.judged = 1.0, 1.0, 0, None
 
     def propose(self, tokens: Tensor, k: int) -> Draft:
-        drafts, parents = self.lookup.trie(tokens, k)
+        branches = self.lookup.branches(tokens, k)
         self._learn()
-        alone = self.lookup.matched == self.lookup.n or self.gain < GAIN_FLOOR and self.skipped < PROBE - 1
-        if alone or k == 0:
+        full = self.lookup.matched == self.lookup.n
+        drafts, parents = trie(branches[: self.lookup.matches] if full else branches, self.nodes)
+        if full or self.gain < GAIN_SHARE * self.own and self.skipped < PROBE - 1 or k == 0:
             self.skipped += 1
             return Draft(tokens=torch.tensor(drafts, dtype=tokens.dtype, device=tokens.device), q=None,
                          parents=as_parents(parents))
@@ -98,12 +104,14 @@ class HybridDrafter:
                      parents=as_parents(parents))
 
     def _learn(self) -> None:
-        """Fold the last head round's gain into the average, once the text it accepted has arrived."""
+        """Fold the last head round's gain and the lookup's own into the averages, once the text it accepted has
+        arrived."""
         if self.judged is None or self.judged[2] is None:
             return
         (looked, start, accepted), self.judged = self.judged, None
-        path = self.lookup.seen[start : start + accepted]
-        self.gain += RECENT * (accepted - depth_along(*looked, path) - self.gain)
+        own = depth_along(*looked, self.lookup.seen[start : start + accepted])
+        self.gain += RECENT * (accepted - own - self.gain)
+        self.own += RECENT * (own + 1 - self.own)
 
     def accepted(self, n: int, hidden: Tensor | None, top: Tensor | None) -> None:
         self.head.accepted(n, hidden, top)

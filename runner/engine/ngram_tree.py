@@ -28,24 +28,30 @@ class NgramTreeDrafter(NgramDrafter):
             raise ValueError(f"a tree needs at least one node, got {nodes}")
         self.nodes = nodes
         self.matched = 0  # how many of the last tokens the latest trie's longest match spans
+        self.matches = 0  # how many of the latest branches continue that longest match (they come first)
 
     def _branches(self, k: int) -> list[list[int]]:
         """The continuations to merge, most recent occurrence of the longest n-gram first; `matched` becomes the
-        longest m whose last m tokens occurred before (0: none)."""
+        longest m whose last m tokens occurred before (0: none), and `matches` the number of its occurrences."""
         branches = []
-        self.matched = 0
+        self.matched = self.matches = 0
         for m in range(self.n, 0, -1):
             for start in reversed(self.follows[m - 1].get(tuple(self.seen[-m:]), ())):
                 branches.append(self.seen[start : start + k])
                 self.matched = max(self.matched, m)
+            self.matches = self.matches or len(branches)
         return branches
+
+    def branches(self, committed: Tensor, k: int) -> list[list[int]]:
+        """The continuations after the `committed` tokens, in the order the trie merges them."""
+        self._extend(host(committed[len(self.seen) :]))  # the text committed since
+        self.calls += 1
+        return self._branches(k)
 
     def trie(self, committed: Tensor, k: int) -> tuple[list[int], list[int]]:
         """The trie after the `committed` tokens: its nodes' tokens and parents, in the order they were added (a parent
         before its children)."""
-        self._extend(host(committed[len(self.seen) :]))  # the text committed since
-        self.calls += 1
-        return trie(self._branches(k), self.nodes)
+        return trie(self.branches(committed, k), self.nodes)
 
     def propose(self, tokens: Tensor, k: int) -> Draft:
         drafts, parents = self.trie(tokens, k)
