@@ -16,7 +16,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import queries
-from runner.store.connect import open_db, upgrade
+from runner.store.connect import READ_BOUND_S, open_db, upgrade
 from runner.store.metrics import Filters
 from runner.store.schema import StoreError
 from runner.sweep import progress
@@ -75,7 +75,7 @@ def _cached(_query: Callable[..., T], name: str, db: str, stamp: tuple, args: tu
     if not getattr(_PAGE, "shared", False):
         return queries.read(db, _query, *args)
     if _PAGE.con is None:
-        _PAGE.con, _ = open_db(db, read_only=True, bound_s=queries.LOCK_BOUND_S)
+        _PAGE.con, _ = open_db(db, read_only=True, bound_s=READ_BOUND_S)
     try:
         return _query(_PAGE.con, *args)
     except duckdb.IOException:  # e.g. a checkpoint met half-written: this read again, on a connection of its own

@@ -17,18 +17,16 @@ import pandas as pd
 
 from runner.store import metrics
 from runner.store import trainings as trainings_store
-from runner.store.connect import reading
+from runner.store.connect import READ_BOUND_S, reading
 from runner.store.metrics import CELL, PASS_SETUP, Filters
 from runner.store.schema import schema_version
 
 T = TypeVar("T")
-# A reader waits this long for the runner's write transaction (milliseconds each) before giving up.
-LOCK_BOUND_S = 10.0
 
 
 def read(db_path: str | os.PathLike, query: Callable[..., T], *args: object) -> T:
     """Run one query function on a short-lived read-only connection, so the runner can write between reads."""
-    return reading(db_path, lambda con: query(con, *args), LOCK_BOUND_S)
+    return reading(db_path, lambda con: query(con, *args), READ_BOUND_S)
 
 
 def _frame(con: duckdb.DuckDBPyConnection, sql: str, params: list) -> pd.DataFrame:

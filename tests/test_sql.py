@@ -171,7 +171,7 @@ def test_a_database_held_by_a_writer_is_busy_then_readable(db):
     writer = duckdb.connect(str(db))  # same process: a second config on the file is refused, then retried
     try:
         with pytest.raises(QueryError, match="is busy"):
-            run_query(db, "SELECT 1", timeout_ms=200)
+            run_query(db, "SELECT 1", lock_bound_s=0.5)
     finally:
         writer.close()
     assert run_query(db, "SELECT 1 AS one").frame["one"].tolist() == [1]

@@ -102,6 +102,10 @@ def _is_lock_conflict(error: duckdb.Error) -> bool:
 
 
 READER_YIELD_S = 1.0  # a reader waits at most this long for a writer that is waiting
+# How long a reader (a dashboard page, `runner sql`, the SQL page) waits for the file before it says it is busy. A
+# run's write holds it for milliseconds idle and up to ~1.4 s on a loaded 2-core machine, where a 5 s bound was
+# outlasted by one write after another (2 of 72 reads under 4 readers and a sweep); no reader failed with 10 s.
+READ_BOUND_S = 10.0
 
 
 def _writer_flag(path: Path) -> Path:

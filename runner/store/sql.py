@@ -16,7 +16,7 @@ from pathlib import Path
 import duckdb
 import pandas as pd
 
-from runner.store.connect import Locked, open_db, upgrade
+from runner.store.connect import READ_BOUND_S, Locked, open_db, upgrade
 from runner.store.schema import StoreError
 
 _SANDBOX = {
@@ -126,16 +126,17 @@ def _failure(error: duckdb.Error, timeout_ms: int) -> QueryError:
     return QueryError(_first_line(error))
 
 
-def run_query(db_path: str | os.PathLike, sql: str, max_rows: int = 10_000,
-              timeout_ms: int = 5000) -> QueryResult:
-    """Run one read statement on a read-only, sandboxed connection; at most max_rows rows."""
+def run_query(db_path: str | os.PathLike, sql: str, max_rows: int = 10_000, timeout_ms: int = 5000,
+              lock_bound_s: float = READ_BOUND_S) -> QueryResult:
+    """Run one read statement on a read-only, sandboxed connection; at most max_rows rows. The statement may run
+    `timeout_ms`; opening the file may wait `lock_bound_s` for a write, as a dashboard page does."""
     statement = check_statement(sql)
     if not Path(db_path).is_file():
         raise QueryError(f"no database at {db_path}")
-    config, bound_s = {"max_execution_time": timeout_ms, **_SANDBOX}, max(timeout_ms / 1000, 1.0)
+    config = {"max_execution_time": timeout_ms, **_SANDBOX}
     try:
-        upgrade(db_path, bound_s)  # the examples read the metric macros, which an older file lacks
-        con, _ = open_db(db_path, read_only=True, bound_s=bound_s, config=config)
+        upgrade(db_path, lock_bound_s)  # the examples read the metric macros, which an older file lacks
+        con, _ = open_db(db_path, read_only=True, bound_s=lock_bound_s, config=config)
     except Locked:
         raise QueryError(f"{db_path} is busy (a run is being recorded); try again") from None
     except StoreError as error:
