@@ -39,10 +39,14 @@ def test_rows_hold_medians_and_min_max_over_repeats_and_judge_the_goal():
 
 @pytest.fixture(scope="module")
 def quick(tiny_dir, tmp_path_factory) -> tuple[int, str, list[dict]]:
-    """One --quick bench on a tiny random model (SmolLM2's tokenizer): every path, in seconds."""
+    """One --quick bench on a tiny random model (SmolLM2's tokenizer): every path, in seconds. The bench measures the
+    kernels' choices afresh and caches them; in a cache of its own, so that a sweep of the same tiny model in another
+    test process never reads a table written halfway through its run (a Ray actor and the local sweep it is compared
+    with then round a probability differently in its last bit)."""
     db = tmp_path_factory.mktemp("bench") / "runs.duckdb"
     out = io.StringIO()
-    with contextlib.redirect_stdout(out):
+    with contextlib.redirect_stdout(out), pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SPECDASH_CACHE", str(tmp_path_factory.mktemp("bench-cache")))
         code = bench.main(["--quick", "--target", str(tiny_dir), "--drafts", "ngram,layerskip:2", "--db", str(db)])
     printed = out.getvalue()
     bench_id = printed.rsplit("recorded as bench ", 1)[1].split()[0]
