@@ -12,8 +12,9 @@ import torch
 import torch.nn.functional as F
 from conftest import tiny_llama
 from transformers import DynamicCache
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from runner.engine import kernels
+from runner.engine import attention, kernels, trees
 from runner.engine.drafters import crop_to
 from runner.engine.pair import Pair, parse_draft, parse_kernels
 
@@ -203,5 +204,61 @@ def test_a_verify_pass_on_every_candidate_agrees_with_stock_on_the_real_model(sm
                         ours = logits()
                     assert (ours - stock).abs().max() < 1e-3, (name, width)
                     assert torch.equal(ours.argmax(-1), stock.argmax(-1)), (name, width)
+    finally:
+        switch.tables = saved
+
+
+def test_masked_attention_inside_use_reads_grouped_heads_in_place_and_gives_stocks_logits_exactly(smollm2,
+                                                                                                   monkeypatch):
+    """SmolLM2 (9 query heads over 3 key/value heads), linears forced stock so only attention differs: a chain of
+    2, 9 and 64 rows, a tree of 16 under its mask and a left-padded batch of 3 x 5 give stock's logits bit for bit,
+    and none of their layers runs transformers' function inside `use()`; a one-token pass still does."""
+    model, switch = smollm2.model, kernels.attach(smollm2.model)
+    layers = model.config.num_hidden_layers
+    stock_calls = []
+    monkeypatch.setattr(attention, "sdpa_attention_forward",
+                        lambda *a, **kw: stock_calls.append(1) or sdpa_attention_forward(*a, **kw))
+    saved = dict(switch.tables)
+    forced(switch, lambda r: kernels.STOCK)
+    ids = torch.tensor(smollm2.tokenizer("The quick brown fox jumps over the lazy dog. " * 12)["input_ids"][:120])
+    context = 40
+
+    def chain(width: int) -> dict:
+        return {"input_ids": ids[None, context:context + width]}
+
+    def tree(parents: tuple[int, ...]) -> dict:
+        return {"input_ids": ids[None, context:context + len(parents) + 1],
+                "attention_mask": trees.attention_mask(parents, context, model.dtype, ids.device),
+                "position_ids": trees.position_ids(parents, context, ids.device)}
+
+    def batch(rows: int, width: int) -> dict:  # row r's first r cache columns are padding
+        sees = torch.ones(rows, width, context + width, dtype=torch.bool)
+        sees[:, :, context:] = torch.ones(width, width, dtype=torch.bool).tril()
+        for r in range(rows):
+            sees[r, :, :r] = False
+        mask = torch.zeros(sees.shape).masked_fill(~sees, torch.finfo(model.dtype).min)[:, None]
+        return {"input_ids": torch.stack([ids[context + 7 * r:context + 7 * r + width] for r in range(rows)]),
+                "attention_mask": mask}
+
+    passes = {"chain 2": (1, chain(2)), "chain 9": (1, chain(9)), "chain 64": (1, chain(64)),
+              "tree 16": (1, tree((-1, -1, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6))), "batch 3x5": (3, batch(3, 5))}
+    try:
+        with torch.inference_mode():
+            for name, (rows, inputs) in passes.items():
+                cache = DynamicCache(config=model.config)
+                model(input_ids=torch.stack([ids[7 * r:7 * r + context] for r in range(rows)]), cache=cache,
+                      use_cache=True)
+                stock_calls.clear()
+                stock = model(**inputs, cache=cache, use_cache=True).logits
+                assert len(stock_calls) == layers, name  # outside use(): transformers' own function
+                crop_to(cache, context)
+                stock_calls.clear()
+                with kernels.using([switch]):
+                    ours = model(**inputs, cache=cache, use_cache=True).logits
+                    assert stock_calls == [], name
+                    crop_to(cache, context)
+                    model(input_ids=ids[None, context:context + 1].expand(rows, 1), cache=cache, use_cache=True)
+                    assert len(stock_calls) == layers, name  # one token: transformers folds the heads itself
+                assert torch.equal(ours, stock), name
     finally:
         switch.tables = saved

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from runner.engine import attention
 from runner.engine.sources import cache_dir, exclusive
 
 STOCK, SKINNY = "stock", "skinny"  # values of --kernels: torch's own F.linear, or the measured choice
@@ -173,7 +174,8 @@ def all_cores() -> int:
 
 
 class Kernels:
-    """The switch on one model's linears: stock, except inside `use()`, where each takes its shape's choice."""
+    """The switch on one model's linears and grouped attention: stock, except inside `use()`, where each linear
+    takes its shape's choice and a masked pass's attention reads grouped key/value heads in place (attention.py)."""
 
     def __init__(self, model: nn.Module) -> None:
         self.linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
@@ -181,6 +183,7 @@ class Kernels:
         self.active: Table | None = None
         for linear in self.linears:
             linear.forward = self._forward(linear)  # an instance attribute: the class stays torch's
+        attention.follow(model, lambda: self.active is not None)
 
     def _forward(self, linear: nn.Linear) -> Callable[[Tensor], Tensor]:
         shape = tuple(linear.weight.shape)
