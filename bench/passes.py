@@ -70,30 +70,38 @@ def _passes(target: models.Loaded, context: int) -> dict[tuple[str, int], Callab
     return {(shape, width): makers[shape](width) for shape, widths in WIDTHS.items() for width in widths}
 
 
-def verify_curve(target: models.Loaded, context: int, repeats: int, switches: list[kernels.Kernels]) -> Curve:
-    """Milliseconds of ONE target pass of each shape and width after `context` cached tokens, per repeat; the
-    passes take turns, in an order that flips each repeat."""
+def verify_curve(target: models.Loaded, context: int, repeats: int,
+                 paths: dict[str, list[kernels.Kernels]]) -> dict[str, Curve]:
+    """Milliseconds of ONE target pass of each shape and width after `context` cached tokens, per repeat, on each
+    kernel path (a name and the switches it turns on). Each pass runs on every path back to back before the next
+    pass, the paths' order and the passes' order flipping each repeat: a load that comes or goes slows both sides
+    of a comparison alike."""
     clock = Clock(target.device)
-    with torch.inference_mode(), kernels.using(switches):
+    with torch.inference_mode():
         passes = _passes(target, context)
-        times: Curve = {key: [] for key in passes}
+        times = {name: {key: [] for key in passes} for name in paths}
         for repeat in range(repeats + 1):  # the first round warms every shape up and is not kept
+            order = list(paths) if repeat % 2 else list(reversed(paths))
             for key in passes if repeat % 2 else reversed(passes):
-                start = clock()
-                passes[key]()
-                if repeat:
-                    times[key].append((clock() - start) * 1000)
+                for name in order:
+                    with kernels.using(paths[name]):
+                        start = clock()
+                        passes[key]()
+                        elapsed = clock() - start
+                    if repeat:
+                        times[name][key].append(elapsed * 1000)
     return times
 
 
 def verify_curves(target: models.Loaded, context: int, repeats: int, thread_counts: list[int]) -> Curves:
-    """The verify curve on stock F.linear and on the skinny kernels, at each thread count (CPU); stock alone on a
-    GPU, where the kernels never apply."""
+    """The verify curve on stock (F.linear, transformers' attention) and on the skinny kernels, interleaved, at each
+    thread count (CPU); stock alone on a GPU, where the kernels never apply."""
     if target.device.type != "cpu":
-        return {(kernels.STOCK, torch.get_num_threads()): verify_curve(target, context, repeats, [])}
+        curve = verify_curve(target, context, repeats, {kernels.STOCK: []})[kernels.STOCK]
+        return {(kernels.STOCK, torch.get_num_threads()): curve}
     paths = {kernels.STOCK: [], kernels.SKINNY: [kernels.attach(target.model)]}
-    return {(name, threads): verify_curve(target, context, repeats, switches)
-            for threads in at_each(thread_counts) for name, switches in paths.items()}
+    return {(name, threads): curve for threads in at_each(thread_counts)
+            for name, curve in verify_curve(target, context, repeats, paths).items()}
 
 
 def at_each(thread_counts: list[int]) -> Iterator[int]:
