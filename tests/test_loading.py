@@ -3,6 +3,7 @@ that refuses or cannot be reached, a checkpoint that would leave weights at rand
 
 from __future__ import annotations
 
+import hashlib
 import http.server
 import os
 import subprocess
@@ -177,3 +178,16 @@ def test_processes_converting_one_gguf_at_once_convert_it_once(tmp_path, monkeyp
     for caller in callers:
         caller.join()
     assert calls == [gguf] and results == [sources.converted_dir(gguf)] * 2
+
+
+def test_copies_of_one_gguf_share_one_conversion_and_another_content_gets_its_own(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDASH_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "venv1").mkdir()
+    (tmp_path / "venv2").mkdir()
+    first, second, other = tmp_path / "venv1/m.gguf", tmp_path / "venv2/m.gguf", tmp_path / "m.gguf"
+    first.write_bytes(b"GGUF" + bytes(range(256)) * 10)
+    second.write_bytes(first.read_bytes())
+    other.write_bytes(b"GGUF" + bytes(range(255, -1, -1)) * 10)  # the same size, other bytes
+    digest = hashlib.sha256(first.read_bytes()).hexdigest()[:16]
+    assert sources.converted_dir(first) == sources.converted_dir(second) == tmp_path / "cache" / f"m-{digest}"
+    assert sources.converted_dir(other) != sources.converted_dir(first)
