@@ -29,13 +29,22 @@ def follow(model: nn.Module, active: Callable[[], bool]) -> None:
             _SWITCHES[module] = active
 
 
+_STOCK_ONLY = ("position_bias", "softcap", "s_aux")  # arguments only transformers' function knows what to do with
+
+
+def _in_place(module: nn.Module, query: Tensor, attention_mask: Tensor | None, dropout: float, kwargs: dict) -> bool:
+    """Whether this call reads the grouped heads in place: a followed layer, switched on, a masked CPU pass of 2+
+    tokens, nothing else asked of it."""
+    active = _SWITCHES.get(module)
+    plain = not dropout and not any(kwargs.get(name) is not None for name in _STOCK_ONLY)
+    return (active is not None and active() and attention_mask is not None and query.shape[2] > 1
+            and query.device.type == "cpu" and plain)
+
+
 def grouped_sdpa(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
                  dropout: float = 0.0, scaling: float | None = None, **kwargs) -> tuple[Tensor, None]:
     """transformers' `sdpa` entry: its own function, except for a followed layer's masked passes of 2+ tokens."""
-    active = _SWITCHES.get(module)
-    if (active is None or not active() or attention_mask is None or query.shape[2] == 1 or dropout
-            or query.device.type != "cpu" or any(kwargs.get(name) is not None
-                                                 for name in ("position_bias", "softcap", "s_aux"))):
+    if not _in_place(module, query, attention_mask, dropout, kwargs):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=scaling, enable_gqa=True)
