@@ -1,4 +1,4 @@
-"""The dashboard in a real browser: `streamlit run` as a subprocess, headless Debian Chromium via Playwright.
+"""The dashboard in a real browser: `streamlit run` as a subprocess, Debian's Chromium headless shell via Playwright.
 
 Screenshots of every page land in artifacts/screenshots/ (git-ignored) for a person to look at.
 """

@@ -16,7 +16,7 @@ from bench.load import CHROMIUM, open_sessions, serve, summary
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(),
                                 reason=f"no Chromium headless shell at {CHROMIUM} (`make browser` installs it)")
 SESSIONS = 20
-# Only a hang guard: on an idle 2-core machine the twenty render in ~2 minutes (the pages take most of the CPU),
+# Only a hang guard: on an idle 2-core machine the twenty render in about a minute (the pages take most of the CPU),
 # on a busy one several times that; a session still not rendered after this long is hung.
 HANG_S = 900
 
