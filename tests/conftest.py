@@ -27,7 +27,7 @@ torch.set_num_threads(1)
 # The files that take longest, run first: `make test` hands whole files to its workers in this order, so the long
 # ones start at once and the short ones fill in around them, instead of one long file running alone at the end.
 LONGEST_FIRST = ("test_reliability_crash.py", "test_reliability_load.py", "test_reference.py",
-                 "test_kernels_lossless.py", "test_reliability_concurrency.py", "test_ray.py", "test_browser.py",
+                 "test_reliability_concurrency.py", "test_ray.py", "test_browser.py",
                  "test_families.py", "test_sampling_smollm2.py", "test_heads.py", "test_trees_sampling.py",
                  "test_trees.py", "test_tree_drafters.py", "test_serve.py", "test_policies.py", "test_sampling.py")
 
