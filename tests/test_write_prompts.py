@@ -95,3 +95,19 @@ def test_the_target_writes_one_text_per_request(tiny):
 @pytest.mark.parametrize("path", write_prompts.evaluation_files())
 def test_every_evaluation_file_is_read_whole(path):
     assert not read_data(path).skipped
+
+
+def test_the_shipped_written_prompts_are_near_no_evaluation_prompt_nor_each_other():
+    """The target-written training set (`make prompts`), checked again by the rule write-prompts applies."""
+    shipped = read_data(write_prompts.SHIPPED).conversations
+    evaluation, taken = Seen(), Seen()
+    for path in write_prompts.evaluation_files():
+        for conversation in read_data(path).conversations:
+            for turn in conversation.turns:
+                evaluation.add(turn)
+    for conversation in shipped:
+        text = "\n".join(conversation.turns)
+        assert evaluation.match(text, contained=True) is None and taken.match(text) is None, conversation.id
+        taken.add(text)
+    counts = {category: sum(c.category == category for c in shipped) for category, _, _ in seeds.REQUESTS.values()}
+    assert len(shipped) == 1500 and min(counts.values()) >= 150, counts
