@@ -176,14 +176,14 @@ def test_the_confidence_stop_matches_the_targets_own_probabilities(smollm2):
 
 
 def plain_probabilities(target: models.Loaded, prompt: list[int], n: int) -> list[float]:
-    """The top probability of the target at each of its n greedy tokens, from full forward passes (no cache)."""
-    ids, tops = list(prompt), []
+    """The top probability of the target at each of its n greedy tokens, from transformers' own greedy `generate`
+    (its raw logits at every step), which shares none of our decoding code."""
+    ids = torch.tensor([prompt])
     with torch.inference_mode():
-        for _ in range(n):
-            logits = target.model(input_ids=torch.tensor([ids])).logits[0, -1, : target.vocab_size]
-            tops.append(torch.softmax(logits.float(), -1).max().item())
-            ids.append(int(logits.argmax()))
-    return tops
+        out = target.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
+                                    output_logits=True, return_dict_in_generate=True)
+    assert len(out.logits) == n  # no end of text within n tokens: every round below has its probabilities
+    return [torch.softmax(logits[0, : target.vocab_size].float(), -1).max().item() for logits in out.logits]
 
 
 @pytest.mark.parametrize("policy", ["fixed", "heuristic", "heuristic:3", "auto", "auto:3", "confidence:0.3"])

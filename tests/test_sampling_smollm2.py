@@ -12,7 +12,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from runner.engine import sampling
+from runner.engine import kernels, sampling
 from runner.engine.clock import Clock
 from runner.engine.decode import Sequence, Target, speculative_round
 from runner.engine.drafters import crop_to
@@ -63,12 +63,13 @@ def laws(smollm2) -> dict[str, tuple[list[int], torch.Tensor]]:
 
 
 def first_tokens(smollm2, pair: Pair, draft: str, prefix: list[int]) -> tuple[list[int], list[tuple[int, int]]]:
-    """The first token each of SAMPLES rounds emits after `prefix` (seeds 0, 1, …), and (accepted, k) per round."""
+    """The first token each of SAMPLES rounds emits after `prefix` (seeds 0, 1, …), and (accepted, k) per round,
+    on the pair's kernels as its runs use them (the law it is compared with comes from a stock forward pass)."""
     spec = parse_draft(draft)
     target = Target(smollm2)
     clock = Clock(smollm2.device)
     firsts, outcomes = [], []
-    with torch.inference_mode():
+    with torch.inference_mode(), kernels.using(pair.switches):
         target.prefill(torch.tensor(prefix[:-1]))  # the cache holds every committed token but the newest
         for seed in range(SAMPLES):
             generator = torch.Generator().manual_seed(seed)
