@@ -87,20 +87,21 @@ async def _one(browser, url: str, index: int, timeout_s: float) -> Session:
         await context.close()
 
 
-async def _wave(url: str, sessions: int, timeout_s: float) -> list[Session]:
+async def _wave(url: str, sessions: int, timeout_s: float, args: list[str]) -> list[Session]:
     from playwright.async_api import async_playwright
 
     async with async_playwright() as p:
-        browser = await p.chromium.launch(executable_path=CHROMIUM, headless=True, args=LAUNCH_ARGS)
+        browser = await p.chromium.launch(executable_path=CHROMIUM, headless=True, args=args)
         try:
             return list(await asyncio.gather(*(_one(browser, url, i, timeout_s) for i in range(sessions))))
         finally:
             await browser.close()
 
 
-def open_sessions(url: str, sessions: int = 20, timeout_s: float = 120) -> list[Session]:
-    """`sessions` browser sessions opening `url` at once; each one's render time or error."""
-    return asyncio.run(_wave(url, sessions, timeout_s))
+def open_sessions(url: str, sessions: int = 20, timeout_s: float = 120, args: list[str] = LAUNCH_ARGS) -> list[Session]:
+    """`sessions` browser sessions opening `url` at once (Chromium started with `args`); each one's render time or
+    error."""
+    return asyncio.run(_wave(url, sessions, timeout_s, args))
 
 
 def percentile(values: list[float], share: float) -> float:

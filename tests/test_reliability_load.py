@@ -12,6 +12,7 @@ import pytest
 from dashboard_fixtures import build
 
 from bench.load import CHROMIUM, open_sessions, serve, summary
+from tests.conftest import TEST_LAUNCH_ARGS
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(),
                                 reason=f"no Chromium headless shell at {CHROMIUM} (`make browser` installs it)")
@@ -24,8 +25,8 @@ HANG_S = 900
 def test_twenty_concurrent_sessions_render_the_overview_without_errors(tmp_path):
     db = build(tmp_path / "runs.duckdb")
     with serve(db, tmp_path / "streamlit.log") as url:
-        open_sessions(url, 1, timeout_s=HANG_S)  # the first session pays for the imports
-        results = open_sessions(url, SESSIONS, timeout_s=HANG_S)
+        open_sessions(url, 1, timeout_s=HANG_S, args=TEST_LAUNCH_ARGS)  # the first session pays for the imports
+        results = open_sessions(url, SESSIONS, timeout_s=HANG_S, args=TEST_LAUNCH_ARGS)
     print(f"\nload: {summary(results)}", file=sys.stderr)
     assert len(results) == SESSIONS
     assert [r for r in results if r.error] == []
