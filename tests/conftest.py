@@ -94,8 +94,8 @@ def foreign_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 # The tests' Chromium runs V8 without its optimising compilers: the pages' scripts run once or twice, so compiling
-# them costs more than it saves. Twenty sessions at once took ~12% less CPU so (102-109 against 117-123 CPU s on
-# 2 cores, three runs each); the pages and what the tests assert of them are the same. The benches keep the default.
+# them costs more than it saves. Twenty sessions at once took less CPU so (102 and 114 CPU s against 117 and 123 on
+# 2 cores, two runs each); the pages and what the tests assert of them are the same. The benches keep the default.
 TEST_LAUNCH_ARGS = [*LAUNCH_ARGS, "--js-flags=--jitless"]
 
 
