@@ -25,6 +25,7 @@ UNSEEN = (  # prompts outside the built-in suite and the other tests
     "hall, and the reading club will meet in the school gym on Thursdays until the library reopens.",
     "List three uses of a paperclip other than holding paper together.",
 )
+PROMPTS = len(BUILT_IN) + len(UNSEEN)
 KS = (1, 2, 4, 8)
 # How many prompts each draft checks every k on. The prompts are taken in turn, each draft starting at another, so
 # every verify width meets several kinds of text without every draft decoding every prompt at every k: prompt
@@ -35,15 +36,14 @@ PROMPTS_PER_K = {"ngram": 2, "layerskip:24": 1, "layerskip:12": 1, "model:tiny":
 def cases(draft: str) -> list[tuple[int, int]]:
     """(prompt index, k) pairs for one draft: every k on PROMPTS_PER_K[draft] different prompts."""
     start, per_k = 2 * list(PROMPTS_PER_K).index(draft), PROMPTS_PER_K[draft]
-    prompts = len(BUILT_IN) + len(UNSEEN)
-    return [((start + per_k * i + j) % prompts, k) for i, k in enumerate(KS) for j in range(per_k)]
+    return [((start + per_k * i + j) % PROMPTS, k) for i, k in enumerate(KS) for j in range(per_k)]
 
 
 def test_every_draft_checks_every_k_and_every_prompt_is_decoded():
     for draft, per_k in PROMPTS_PER_K.items():
         pairs = cases(draft)
         assert all(len({i for i, k2 in pairs if k2 == k}) == per_k for k in KS) and len(pairs) == per_k * len(KS)
-    assert {i for draft in PROMPTS_PER_K for i, _ in cases(draft)} == set(range(len(BUILT_IN) + len(UNSEEN)))
+    assert {i for draft in PROMPTS_PER_K for i, _ in cases(draft)} == set(range(PROMPTS))
     layer_skip = cases("layerskip:24") + cases("layerskip:12")
     assert all(len({i for i, k2 in layer_skip if k2 == k}) == 2 for k in KS)
 

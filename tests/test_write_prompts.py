@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import pytest
 
@@ -97,9 +98,12 @@ def test_every_evaluation_file_is_read_whole(path):
     assert not read_data(path).skipped
 
 
+SHIPPED = Path(write_prompts.__file__).parent / "written_prompts.jsonl"  # what `make prompts` wrote
+
+
 def test_the_shipped_written_prompts_are_near_no_evaluation_prompt_nor_each_other():
     """The target-written training set (`make prompts`), checked again by the rule write-prompts applies."""
-    shipped = read_data(write_prompts.SHIPPED).conversations
+    shipped = read_data(SHIPPED).conversations
     evaluation, taken = Seen(), Seen()
     for path in write_prompts.evaluation_files():
         for conversation in read_data(path).conversations:

@@ -28,7 +28,6 @@ from runner.train.data import left_padded
 
 NEAR = 0.5  # word-trigram Jaccard similarity from which two prompts count as the same
 TEMPERATURE, TOP_P = 0.9, 0.95  # sampling, so one request written twice gives two texts
-SHIPPED = Path(__file__).parent / "written_prompts.jsonl"  # the training prompts SmolLM2 wrote (`make prompts`)
 
 
 def evaluation_files() -> list[Path]:
