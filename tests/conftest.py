@@ -5,16 +5,19 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
-from playwright.sync_api import Browser, sync_playwright
 from tokenizers import Tokenizer, pre_tokenizers
 from tokenizers import models as tok_models
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from bench.load import CHROMIUM, LAUNCH_ARGS
 from runner.engine import models
+
+if TYPE_CHECKING:  # playwright is imported by the browser fixture alone: the GPU check runs tests without it
+    from playwright.sync_api import Browser
 
 # One torch thread in the test process: on a busy 2-core machine two threads wait on each other at every
 # matmul (a SmolLM2 pass measured ~0.1 s on one thread, over 1 s on two), and the sweeps the tests start in
@@ -102,6 +105,8 @@ TEST_LAUNCH_ARGS = [*LAUNCH_ARGS, "--js-flags=--jitless"]
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
     """Debian's Chromium headless shell, once per browser test file."""
+    from playwright.sync_api import sync_playwright
+
     with sync_playwright() as p:
         chromium = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=TEST_LAUNCH_ARGS)
         try:
