@@ -97,7 +97,7 @@ def small_prompts(path: Path) -> Path:
 
 
 def tiny_config(tmp_path: Path, tiny_dir: Path, **changes: object) -> TrainConfig:
-    base = TrainConfig(target=str(tiny_dir), out=tmp_path / "head", data=small_prompts(tmp_path / "p.jsonl"),
+    base = TrainConfig(target=str(tiny_dir), out=tmp_path / "head", data=(small_prompts(tmp_path / "p.jsonl"),),
                        max_tokens=400, epochs=3, draft_vocab=256, seed=0, db=tmp_path / "runs.duckdb", unroll=2,
                        lr=3e-3, max_new_tokens=12, batch_size=8, batch_tokens=1024)
     return TrainConfig(**{**base.__dict__, **changes})

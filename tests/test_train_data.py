@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from runner.cli import app
 from runner.engine import models
 from runner.train import data
-from runner.train.conversations import Conversation, DataError, read_data
+from runner.train.conversations import Conversation, DataError, read_all, read_data
 
 MIXED = [
     {"id": "sg-1", "conversations": [{"from": "human", "value": "What is a prime?"},
@@ -65,6 +65,16 @@ def test_a_file_with_nothing_usable_is_refused_with_what_was_skipped(tmp_path):
     with pytest.raises(DataError, match=r"^bad.jsonl: 0 conversations \(0 user turns\); skipped 2: 1 not JSON, "
                                         r"1 without a user turn: nothing to train on$"):
         read_data(write(tmp_path / "bad.jsonl", [MIXED[4]], ("oops",)))
+
+
+def test_several_files_are_read_one_after_another_and_an_id_an_earlier_file_gave_is_skipped(tmp_path):
+    first = write(tmp_path / "a.jsonl", [MIXED[0], MIXED[2]])
+    second = write(tmp_path / "b.jsonl", [MIXED[3], {"id": "sg-1", "category": "code", "prompt": "Again."}])
+    read = read_all((first, second))
+    assert [c.id for c in read.conversations] == ["sg-1", "p-1", "7"]
+    assert read.skipped == Counter({"with a repeated id": 1})
+    with pytest.raises(DataError, match=r"^bad.jsonl: .*nothing to train on$"):  # each file must hold some
+        read_all((first, write(tmp_path / "bad.jsonl", [MIXED[4]])))
 
 
 def test_train_draft_exits_2_on_a_file_with_no_usable_record(tmp_path, tiny_dir, monkeypatch):
@@ -124,7 +134,7 @@ def test_the_answers_are_cached_chunk_by_chunk_so_a_stopped_generation_resumes(t
     assert sorted(s.prompt_id for s in resumed) == [f"c{i}" for i in range(5)]
 
 
-def test_a_head_trains_on_a_sharegpt_file_and_is_scored_per_category(tmp_path, tiny_dir, monkeypatch):
+def test_a_head_trains_on_two_sharegpt_files_and_is_scored_per_category(tmp_path, tiny_dir, monkeypatch):
     from rich.console import Console
     from test_train import tiny_config
 
@@ -134,10 +144,12 @@ def test_a_head_trains_on_a_sharegpt_file_and_is_scored_per_category(tmp_path, t
     records = [{"id": f"{c}-{i}", "category": c, "conversations": [
         {"from": "human", "value": f"Tell me about {c} number {i}."}, {"from": "gpt", "value": "Someone else's."},
         {"from": "human", "value": "Say more."}]} for c in ("code", "poem") for i in range(10)]
-    config = tiny_config(tmp_path, tiny_dir, data=write(tmp_path / "chats.jsonl", records), epochs=1)
+    files = (write(tmp_path / "code.jsonl", records[:10]), write(tmp_path / "poem.jsonl", records[10:]))
+    config = tiny_config(tmp_path, tiny_dir, data=files, epochs=1)
     trained = train_draft(config, Console(quiet=True))
     con = duckdb.connect(str(config.db), read_only=True)
-    assert con.execute("SELECT train_prompts, heldout_prompts FROM trainings").fetchall() == [(18, 2)]
+    assert con.execute("SELECT train_prompts, heldout_prompts, prompts_file FROM trainings").fetchall() == [
+        (18, 2, f"{files[0]}, {files[1]}")]
     rows = con.execute("SELECT epoch, category, position, judged, accepted FROM training_positions "
                        "ORDER BY ALL").fetchall()
     con.close()

@@ -55,10 +55,10 @@ def write_prompts_command(
 def train_draft_command(
     out: Annotated[Path, typer.Option(help="the head's directory (config.json + model.safetensors), written last")],
     target: Target = models.DEFAULT_MODEL,
-    data: Annotated[Path | None, typer.Option(
+    data: Annotated[list[Path] | None, typer.Option(
         "--data", "--prompts", help="conversations (ShareGPT `conversations`, OpenAI `messages`, `turns`) or prompts "
-        "({id, category, prompt}), JSON Lines or one JSON array; the target rewrites every answer. Default: the "
-        "shipped training prompts")] = None,
+        "({id, category, prompt}), JSON Lines or one JSON array; repeat for several files, read one after another; "
+        "the target rewrites every answer. Default: the shipped training prompts")] = None,
     max_tokens: Annotated[int, typer.Option(help="answer tokens of training data the target writes")] = 60_000,
     epochs: int = 6,
     draft_vocab: Annotated[int, typer.Option(help="the head's vocabulary: the most frequent answer tokens")] = 8192,
@@ -75,7 +75,7 @@ def train_draft_command(
 ) -> None:
     """Train an EAGLE-style draft head (or Medusa heads) for a target on its own answers; record every epoch."""
     config = TrainConfig(
-        target=target, out=out, data=data or default_prompts(), max_tokens=max_tokens, epochs=epochs,
+        target=target, out=out, data=tuple(data or [default_prompts()]), max_tokens=max_tokens, epochs=epochs,
         draft_vocab=draft_vocab, seed=seed, db=db, unroll=unroll, lr=lr, max_new_tokens=max_new_tokens,
         device=device, threads=threads, command=" ".join(["python -m runner", *sys.argv[1:]]), kind=kind,
     )

@@ -83,6 +83,28 @@ def read_data(path: Path) -> Read:
     return read
 
 
+def data_name(paths: tuple[Path, ...]) -> str:
+    return ", ".join(path.name for path in paths)
+
+
+def read_all(paths: tuple[Path, ...]) -> Read:
+    """The usable conversations of every file in `paths`, one file after another; a conversation whose id an
+    earlier file already gave is skipped, as a repeated id within one file is."""
+    conversations: list[Conversation] = []
+    skipped: Counter = Counter()
+    seen: set[str] = set()
+    for path in paths:
+        read = read_data(path)
+        skipped.update(read.skipped)
+        for conversation in read.conversations:
+            if conversation.id in seen:
+                skipped["with a repeated id"] += 1
+                continue
+            seen.add(conversation.id)
+            conversations.append(conversation)
+    return Read(conversations, skipped)
+
+
 def _records(text: str) -> tuple[list[tuple[int, object]], Counter]:
     """(record number, parsed JSON) for each record, and the count of lines that are not JSON."""
     skipped: Counter = Counter()

@@ -23,7 +23,7 @@ from runner.engine import head_files, models
 from runner.engine.head_config import HeadConfig
 from runner.engine.heads import EagleHead
 from runner.store.trainings import pooled
-from runner.train.conversations import Conversation, Read, read_data
+from runner.train.conversations import Conversation, Read, data_name, read_all
 from runner.train.data import Sample
 from runner.train.unroll import acceptance_counts, batches, unrolled, weighted_loss
 
@@ -38,7 +38,7 @@ class TrainConfig:
 
     target: str  # model spec of the target the head drafts for
     out: Path  # the head's directory: config.json + model.safetensors, written whole at the end
-    data: Path  # conversations or prompts (`conversations.py`); every HELDOUT_EVERY-th of each category held out
+    data: tuple[Path, ...]  # files of conversations or prompts, read in turn; every HELDOUT_EVERY-th held out
     max_tokens: int  # answer tokens of training data the target writes (whole answers, so a little more)
     epochs: int
     draft_vocab: int  # rows of the head's LM head: the most frequent tokens of the training answers
@@ -287,11 +287,12 @@ def save(head: EagleHead, weights: dict, out: Path) -> None:
     head_files.save(head, out)
 
 
-def load_split(path: Path) -> tuple[list[Conversation], list[Conversation], Read]:
-    """The data file's conversations split for training and evaluation, and what was read and skipped."""
-    read = read_data(path)
+def load_split(paths: tuple[Path, ...]) -> tuple[list[Conversation], list[Conversation], Read]:
+    """The data files' conversations, in file order, split for training and evaluation, and what was read and
+    skipped."""
+    read = read_all(paths)
     train, heldout = split(read.conversations)
     if not heldout or not train:
-        raise ValueError(f"{path.name}: needs {HELDOUT_EVERY} prompts in a category at least (every "
+        raise ValueError(f"{data_name(paths)}: needs {HELDOUT_EVERY} prompts in a category at least (every "
                          f"{HELDOUT_EVERY}th of each is held out for evaluation)")
     return train, heldout, read

@@ -25,6 +25,7 @@ from runner.engine.medusa import FINAL_NORMED
 from runner.store.connect import check_db
 from runner.store.trainings import TrainingLog
 from runner.train import data, medusa_fit, resume
+from runner.train.conversations import data_name
 from runner.train.fit import (
     Epoch,
     TrainConfig,
@@ -90,7 +91,7 @@ def train_draft(config: TrainConfig, console: Console) -> Trained:
         torch.set_num_threads(config.threads)
     started, cpu_start, load_before = time.perf_counter(), time.process_time(), load_info()
     train_prompts, heldout_prompts, read = load_split(config.data)
-    console.print(read.summary(config.data.name), highlight=False)
+    console.print(read.summary(data_name(config.data)), highlight=False)
     loaded = models.load(config.target, config.device, TRAIN_DTYPE)
     loaded.model.requires_grad_(False)
     medusa = config.kind == "medusa"
@@ -103,7 +104,7 @@ def train_draft(config: TrainConfig, console: Console) -> Trained:
                  "resumed_epoch": len(resumed["epochs"]) - 1} if resumed else {}
     log.start({**continued,
         "target": config.target, "draft": f"{config.kind}:{config.out}", "out_dir": str(config.out),
-        "prompts_file": str(config.data), "train_prompts": len(train_prompts),
+        "prompts_file": ", ".join(map(str, config.data)), "train_prompts": len(train_prompts),
         "heldout_prompts": len(heldout_prompts), "max_new_tokens": config.max_new_tokens, "epochs": config.epochs,
         "draft_vocab": loaded.vocab_size if medusa else config.draft_vocab, "layers": list(layers),
         "unroll": config.unroll, "lr": config.lr,
