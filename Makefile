@@ -43,7 +43,7 @@ prompts: setup
 	$(PY) -m runner write-prompts --out runner/train/written_prompts.jsonl --count 1500 --batch-size 32 --threads 2
 
 # The shipped draft head for the default target, trained on its own answers to both training prompt files
-# (README, "Draft heads": about 65 min on 2 cores, 40 of them writing the answers, which are cached for a rerun).
+# (README, "Draft heads": 25 min training on 2 cores after up to 40 min writing the answers, cached for a rerun).
 head: setup
 	$(PY) -m runner train-draft --target smollm2-135m --data runner/train/prompts.jsonl \
 		--data runner/train/written_prompts.jsonl --max-tokens 120000 --out heads/smollm2-135m --threads 2 --db $(DB)
