@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The prepared GPU check: one pass by width profiled on CUDA, the model-family matrix's sweeps in bfloat16 (lossless
-# or a classified tie), host syncs per round counted by CUDA's sync debug mode, the numeric-tie tolerance, then short
-# sweeps in bfloat16 (the default pair's chains; trees, heads and batches of 4) with their runs against the
-# baselines, and the bench of the default pair (--quick; the verify curve to 64 rows included). Everything lands in
-# one Markdown report, $OUT/gpu.md (bench/results/gpu.md by default), the bench's own in gpu-bench.md beside it.
+# The prepared GPU check: one pass by width profiled on CUDA, a generation's rounds against its passes, the
+# model-family matrix's sweeps in bfloat16 (lossless or a classified tie), host syncs per round counted by CUDA's sync
+# debug mode, the numeric-tie tolerance, then short sweeps in bfloat16 (the default pair's chains; trees, heads and
+# batches of 4) with their runs against the baselines, and the bench of the default pair (--quick; the verify curve
+# to 64 rows included). Everything lands in one Markdown report, $OUT/gpu.md (bench/results/gpu.md by default), the
+# bench's own in gpu-bench.md beside it.
 #
 # The GPU machine reaches no package registry and takes at most 64 MiB per call, the repository's tracked files
 # (~33 MiB) included; the default model's GGUF alone is 93 MB. So the check travels in parts:
@@ -13,8 +14,10 @@
 #   GPU, one call per part but the last, back to back (a warm machine keeps /tmp between calls):
 #       bash bench/gpu_check.sh stage        carry [".gpu-1"], then [".gpu-2"], …
 #   GPU, the last part:
-#       bash bench/gpu_check.sh run          carry [".gpu-N"]      (at most 565 s of steps, each under its own timeout)
+#       bash bench/gpu_check.sh run          carry [".gpu-N"]      (at most 560 s of steps, each under its own timeout)
 #   then copy gpu.md from the returned files to bench/results/gpu.md and commit it.
+# runs.duckdb is never read there: moved out of the tree before `fetch` and back after the last call, it leaves room
+# for 4 parts instead of 5.
 # The machine's own torch (2.11+cu130 when last seen, not this project's 2.13.0) and its accelerate, scipy,
 # pytest, typer and rich are used; the report names the versions.
 set -uo pipefail
@@ -101,18 +104,19 @@ run() {
         echo
     } > "$REPORT"
     export COLUMNS=200  # the tables, whole
-    # Sized after the first run on an H200 (bench/results/gpu.md), where a SmolLM2-135M pass took ~0.1 s and every
-    # step below but the table reached its cap: the profile first, then one category and 32 tokens.
+    # Caps from the runs on an H200 (bench/results/gpu.md): each about twice the step's time there, 560 s in all.
     step "One pass by width on CUDA, profiled" 45 python3 bench/verify_profile.py --device cuda --widths 1,16 \
         --repeats 5
-    step "Family matrix, CUDA bfloat16" 110 env SPECDASH_FAMILY_DEVICE=cuda SPECDASH_FAMILY_DTYPE=bfloat16 \
+    step "A generation's rounds against its passes; the host's hottest calls" 75 python3 bench/loop_profile.py \
+        --device cuda --dtype bfloat16 --tokens 32 --drafts ngram,ngram-tree:nodes=16,layerskip:24
+    step "Family matrix, CUDA bfloat16" 90 env SPECDASH_FAMILY_DEVICE=cuda SPECDASH_FAMILY_DTYPE=bfloat16 \
         python3 -m pytest -q -p no:cacheprovider tests/test_families.py -k sweeps
-    step "Host syncs per round (CUDA sync debug mode)" 60 python3 bench/sync_count.py --device cuda
-    step "Numeric-tie tolerance, bfloat16" 60 python3 bench/tie_tolerance.py --device cuda --dtype bfloat16
-    step "Sweep of the default pair, bfloat16" 75 python3 -m runner sweep --device cuda --dtype bfloat16 \
+    step "Host syncs per round (CUDA sync debug mode)" 45 python3 bench/sync_count.py --device cuda
+    step "Numeric-tie tolerance, bfloat16" 50 python3 bench/tie_tolerance.py --device cuda --dtype bfloat16
+    step "Sweep of the default pair, bfloat16" 60 python3 -m runner sweep --device cuda --dtype bfloat16 \
         --draft ngram --draft layerskip:24 --k 2,4 --categories code --prompts-per-category 1 --mode greedy \
         --mode sample --max-new-tokens 32 --db "$db"
-    step "Sweep of trees, heads and batches, bfloat16" 90 python3 -m runner sweep --device cuda --dtype bfloat16 \
+    step "Sweep of trees, heads and batches, bfloat16" 120 python3 -m runner sweep --device cuda --dtype bfloat16 \
         --draft ngram-tree --draft hybrid:heads/smollm2-135m --draft medusa-tree:heads/medusa-smollm2 \
         --draft recycling --draft lookahead --k 4 --batch 1,4 --categories code --prompts-per-category 1 \
         --mode greedy --max-new-tokens 32 --db "$db"
@@ -121,7 +125,7 @@ run() {
                 count(*) FILTER (divergence = 'tie') AS ties, count(*) FILTER (divergence = 'real') AS real,
                 round(sum(new_tokens) / sum(wall_s), 1) AS tokens_per_s
          FROM runs WHERE status = 'ok' GROUP BY ALL ORDER BY draft, k, batch, mode"
-    step "Bench of the default pair, bfloat16 (make bench --quick on CUDA)" 110 python3 bench/bench.py --device cuda \
+    step "Bench of the default pair, bfloat16 (make bench --quick on CUDA)" 60 python3 bench/bench.py --device cuda \
         --dtype bfloat16 --policies heuristic,auto --quick --db "$db" --report "$out/gpu-bench.md"
     echo "report: $REPORT"
 }
