@@ -14,7 +14,7 @@
 #   GPU, one call per part but the last, back to back (a warm machine keeps /tmp between calls):
 #       bash bench/gpu_check.sh stage        carry [".gpu-1"], then [".gpu-2"], …
 #   GPU, the last part:
-#       bash bench/gpu_check.sh run          carry [".gpu-N"]      (at most 560 s of steps, each under its own timeout)
+#       bash bench/gpu_check.sh run          carry [".gpu-N"]      (at most 575 s of steps, each under its own timeout)
 #   then copy gpu.md from the returned files to bench/results/gpu.md and commit it.
 # runs.duckdb is never read there: moved out of the tree before `fetch` and back after the last call, it leaves room
 # for 4 parts instead of 5.
@@ -104,19 +104,20 @@ run() {
         echo
     } > "$REPORT"
     export COLUMNS=200  # the tables, whole
-    # Caps from the runs on an H200 (bench/results/gpu.md): each about twice the step's time there, 560 s in all.
+    # Caps from the runs on an H200 (bench/results/gpu.md): each about twice the step's time there, 575 s in all (the
+    # generation's profile also compiles transformers' forward, ~40 s).
     step "One pass by width on CUDA, profiled" 45 python3 bench/verify_profile.py --device cuda --widths 1,16 \
         --repeats 5
-    step "A generation's rounds against its passes; the host's hottest calls" 75 python3 bench/loop_profile.py \
+    step "A generation's rounds against its passes; the host's hottest calls" 120 python3 bench/loop_profile.py \
         --device cuda --dtype bfloat16 --tokens 32 --drafts ngram,ngram-tree:nodes=16,layerskip:24
-    step "Family matrix, CUDA bfloat16" 90 env SPECDASH_FAMILY_DEVICE=cuda SPECDASH_FAMILY_DTYPE=bfloat16 \
+    step "Family matrix, CUDA bfloat16" 80 env SPECDASH_FAMILY_DEVICE=cuda SPECDASH_FAMILY_DTYPE=bfloat16 \
         python3 -m pytest -q -p no:cacheprovider tests/test_families.py -k sweeps
     step "Host syncs per round (CUDA sync debug mode)" 45 python3 bench/sync_count.py --device cuda
     step "Numeric-tie tolerance, bfloat16" 50 python3 bench/tie_tolerance.py --device cuda --dtype bfloat16
     step "Sweep of the default pair, bfloat16" 60 python3 -m runner sweep --device cuda --dtype bfloat16 \
         --draft ngram --draft layerskip:24 --k 2,4 --categories code --prompts-per-category 1 --mode greedy \
         --mode sample --max-new-tokens 32 --db "$db"
-    step "Sweep of trees, heads and batches, bfloat16" 120 python3 -m runner sweep --device cuda --dtype bfloat16 \
+    step "Sweep of trees, heads and batches, bfloat16" 100 python3 -m runner sweep --device cuda --dtype bfloat16 \
         --draft ngram-tree --draft hybrid:heads/smollm2-135m --draft medusa-tree:heads/medusa-smollm2 \
         --draft recycling --draft lookahead --k 4 --batch 1,4 --categories code --prompts-per-category 1 \
         --mode greedy --max-new-tokens 32 --db "$db"

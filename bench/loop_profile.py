@@ -1,6 +1,7 @@
 """Where a generation's time goes outside the target's passes: for plain decoding and a few drafts, the wall time
-per round beside the verify pass's own time (the round's clock marks), transformers' plain `generate` on the same
-prompt, then the host's hottest functions in one plain generation (cProfile) and torch's operators in another.
+per round beside the verify pass's own time (the round's clock marks); transformers' plain `generate` on the same
+prompt, also with a static cache (which it compiles into CUDA graphs on a GPU); then the host's hottest functions
+in one plain generation (cProfile) and torch's operators in another.
 
 `python bench/loop_profile.py [--device cuda] [--dtype bfloat16] [--tokens 32] [--drafts ngram,ngram-tree:nodes=16]`
 """
@@ -49,11 +50,11 @@ def main() -> None:
     def ours(spec, k):
         return pair.run(spec, prompt, k, GREEDY, args.tokens, seed=0)
 
-    def theirs():
+    def theirs(**options):
         ids = torch.tensor([prompt], device=target.device)
         with torch.inference_mode():
             return target.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                         max_new_tokens=args.tokens, min_new_tokens=args.tokens)
+                                         max_new_tokens=args.tokens, min_new_tokens=args.tokens, **options)
 
     for spec in specs:
         k = None if spec.baseline else args.k
@@ -69,14 +70,19 @@ def main() -> None:
         print(f"ours {spec.text:22} {wall * 1000:7.1f} ms, prefill {generation.prefill_s * 1000:6.1f}, {n} rounds: "
               f"{(wall - generation.prefill_s) / n * 1000:6.2f} ms a round, of which verify {verify:6.2f}, "
               f"draft {draft:6.2f}")
-    theirs()
-    walls = []
-    for _ in range(args.repeats):
+    # A static cache makes transformers compile the forward on CUDA (mode reduce-overhead: CUDA graphs, one launch a
+    # pass); on a CPU it only changes the cache.
+    for label, options in (("", {}), (", static cache", {"cache_implementation": "static"})):
         start = clock()
-        theirs()
-        walls.append(clock() - start)
-    wall = statistics.median(walls)
-    print(f"transformers generate {wall * 1000:8.1f} ms: {wall / args.tokens * 1000:6.2f} ms a token")
+        first = theirs(**options)
+        first_s, walls = clock() - start, []
+        for _ in range(args.repeats):
+            start = clock()
+            again = theirs(**options)
+            walls.append(clock() - start)
+        wall, same = statistics.median(walls), torch.equal(first, again)
+        print(f"transformers generate{label}: {wall * 1000:7.1f} ms, {wall / args.tokens * 1000:6.2f} ms a token "
+              f"(first call {first_s:.1f} s; later calls {'the same' if same else 'OTHER'} tokens)")
 
     for label, fn in (("ours plain", lambda: ours(PLAIN, None)), ("transformers plain", theirs)):
         profiler = cProfile.Profile()
