@@ -13,14 +13,18 @@ recorded, on the prompts that every compared cell of the setup × category ran (
 
 A round at k then emits 1 + Σ_{i≤k} s_i tokens in d·Σ_{i≤k} w_i + v(0) + Σ_{i≤k} w_i·(v(i) − v(i−1)) + l seconds.
 
-At batch size B (part of the setup, like the kernels: `runner/engine/batch.py`) v(w) is the shared pass over B
-sequences of w drafts each, the baseline is plain decoding at B, every member drafts in turn before the pass, so a
-round's drafting is B·d·Σ w_i, and l is what is left of a member's round after B times its own drafting: the advice
-is then one k per batch size, as a serving engine's per-batch-size draft length takes it.
+At batch size B (part of the setup, like the kernels: `runner/engine/batch.py`) the baseline is plain decoding at B
+and v(w) is the shared pass by its width: every member's rows padded to the widest member's drafts, so v comes from
+the batch's passes (one per batch and round, as wide as its widest member) and a pass is at least i wide when any
+member drafted that far: 1 − (1 − w_i)^B of them, members drafting independently, in place of w_i in the verify
+term. Every member drafts in turn before the pass, so a round's drafting is B·d·Σ w_i, and l is what is left of a
+member's round after B times its own drafting: the advice is then one k per batch size, as a serving engine's
+per-batch-size draft length takes it.
 
 A tree (its rounds drafted more nodes than levels, `position_stats` counting levels) is verified as wide as its
-nodes: at each depth k recorded, its mean nodes per round n_k give v(n_k) (between the curve's neighbouring widths)
-and its drafting is its measured seconds per round at k; depths never recorded are not predicted.
+nodes: at each depth k recorded, its mean nodes per round n_k (in a batch, its passes' mean width) give v(n_k)
+(between the curve's neighbouring widths) and its drafting is its measured seconds per round at k; depths never
+recorded are not predicted.
 Measured throughput is the decode phase's: (new_tokens − 1) / (wall_s − prefill_s) (the prefill makes the first
 token), so prediction and measurement count the same tokens and the same seconds.
 """
@@ -63,8 +67,15 @@ def advisor_sql(filters: Filters) -> tuple[str, list]:
         FROM fixed WHERE drafted IS NOT NULL GROUP BY ALL),
     baseline AS (SELECT {group}, mode, category, sum(new_tokens - 1) / sum(wall_s - prefill_s) AS tokens_per_s
         FROM picked WHERE draft = 'none' GROUP BY ALL),
-    widths AS (SELECT {group}, o.k AS width, sum(o.verify_s) / sum(o.rounds) AS verify_s
-        FROM (SELECT {group}, unnest(widths) AS o FROM picked) GROUP BY ALL),
+    passes AS (  -- a batch's shared passes, each as wide as its widest member's drafts
+        SELECT {", ".join(f"p.{c}" for c in KEY)}, p.k, max(x.k) AS width, any_value(x.verify_s) AS verify_s
+        FROM picked p JOIN runs USING (run_id) JOIN rounds x USING (run_id) WHERE p.batch_size > 1
+        GROUP BY {", ".join(f"p.{c}" for c in KEY)}, p.k, runs.batch_id, x.round),
+    widths AS (
+        SELECT {group}, o.k AS width, sum(o.verify_s) / sum(o.rounds) AS verify_s
+            FROM (SELECT {group}, unnest(widths) AS o FROM picked WHERE batch_size = 1) GROUP BY ALL
+        UNION ALL BY NAME
+        SELECT {group}, width, avg(verify_s) AS verify_s FROM passes GROUP BY ALL),
     grid AS (SELECT {group}, g.width, w.verify_s
         FROM (SELECT {group}, max(width) AS top FROM widths GROUP BY ALL) m
         CROSS JOIN LATERAL range(0, m.top + 1) g(width) LEFT JOIN widths w USING ({group}, width)),
@@ -86,17 +97,20 @@ def advisor_sql(filters: Filters) -> tuple[str, list]:
     shares AS (SELECT {key}, position, coalesce(p.accepted, 0) / d.rounds AS s,
             coalesce(p.proposed, 0) / d.rounds AS w, x.step, x.one_pass_s
         FROM depth d LEFT JOIN positions p USING ({key}, position) JOIN steps x USING ({group}, position)),
+    -- the share of passes at least `position` wide: some member of the batch drafted that far
     chains AS (SELECT {key}, position AS k, 1 + sum(s) OVER upto AS emitted, sum(w) OVER upto AS drafted,
-            one_pass_s + sum(w * step) OVER upto AS verify_s, one_pass_s
+            one_pass_s + sum((1 - pow(1 - w, batch_size)) * step) OVER upto AS verify_s, one_pass_s
         FROM shares WINDOW upto AS (PARTITION BY {key} ORDER BY position)),
     per_k AS (SELECT {key}, k, sum(drafted) / sum(n_rounds) AS nodes, sum(draft_s) / sum(n_rounds) AS round_draft_s,
             -- a run's levels: Σ rounds · depth over its drafting rounds
             sum(drafted) > sum(coalesce(list_sum(list_transform(outcomes, lambda o: o.depth * o.rounds)), 0)) AS wider
         FROM fixed WHERE drafted IS NOT NULL GROUP BY ALL),
-    shapes AS (SELECT *, bool_or(wider) OVER (PARTITION BY {key}) AS tree FROM per_k),
-    tree_verify AS (SELECT h.*, lo.verify_s + (hi.verify_s - lo.verify_s) * (h.nodes - floor(h.nodes)) AS verify_s
-        FROM shapes h JOIN curve lo ON {" AND ".join(f"lo.{c} = h.{c}" for c in GROUP)} AND lo.width = floor(h.nodes)
-        JOIN curve hi ON {" AND ".join(f"hi.{c} = h.{c}" for c in GROUP)} AND hi.width = ceil(h.nodes)
+    pass_nodes AS (SELECT {key}, k, avg(width) AS pass_nodes FROM passes GROUP BY ALL),
+    shapes AS (SELECT h.*, bool_or(wider) OVER (PARTITION BY {key}) AS tree, coalesce(n.pass_nodes, h.nodes) AS wide
+        FROM per_k h LEFT JOIN pass_nodes n USING ({key}, k)),
+    tree_verify AS (SELECT h.*, lo.verify_s + (hi.verify_s - lo.verify_s) * (h.wide - floor(h.wide)) AS verify_s
+        FROM shapes h JOIN curve lo ON {" AND ".join(f"lo.{c} = h.{c}" for c in GROUP)} AND lo.width = floor(h.wide)
+        JOIN curve hi ON {" AND ".join(f"hi.{c} = h.{c}" for c in GROUP)} AND hi.width = ceil(h.wide)
         WHERE h.tree),
     predicted AS (
         SELECT c.*, batch_size * c.drafted * d.draft_token_s AS draft_s
