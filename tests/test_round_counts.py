@@ -55,9 +55,10 @@ PLAIN_VERIFY_GROWTH = f"""
     FROM picked p LEFT JOIN one_token o ON o.target = p.target AND o.device = p.device
         AND o.kernels IS NOT DISTINCT FROM p.kernels AND o.threads IS NOT DISTINCT FROM p.threads
     GROUP BY ALL ORDER BY p.target, p.device, p.kernels, p.threads, p.k"""
-PLAIN_WIDTHS = "SELECT {group}, o.k AS width, avg(o.verify_s) AS verify_s FROM rounds o JOIN picked USING (run_id)"
+PLAIN_WIDTHS = ("SELECT {group}, o.k AS width, avg(o.verify_s) AS verify_s FROM rounds o JOIN picked USING (run_id)"
+                " WHERE batch_size = 1")
 FAST_WIDTHS = ("SELECT {group}, o.k AS width, sum(o.verify_s) / sum(o.rounds) AS verify_s\n"
-               "        FROM (SELECT {group}, unnest(widths) AS o FROM picked)")
+               "            FROM (SELECT {group}, unnest(widths) AS o FROM picked WHERE batch_size = 1)")
 
 
 def counted(con: duckdb.DuckDBPyConnection) -> list[tuple]:
