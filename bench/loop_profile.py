@@ -56,16 +56,21 @@ def main() -> None:
             return target.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
                                          max_new_tokens=args.tokens, min_new_tokens=args.tokens, **options)
 
+    def timed(fn):
+        """The median wall seconds of `args.repeats` calls after the one before them, and the last call's result."""
+        walls = []
+        for _ in range(args.repeats):
+            start = clock()
+            result = fn()
+            walls.append(clock() - start)
+        return statistics.median(walls), result
+
     for spec in specs:
         k = None if spec.baseline else args.k
         ours(spec, k)  # warm
-        walls, rounds = [], None
-        for _ in range(args.repeats):
-            start = clock()
-            generation = ours(spec, k)
-            walls.append(clock() - start)
-            rounds = generation.rounds
-        wall, n = statistics.median(walls), len(rounds)
+        wall, generation = timed(lambda spec=spec, k=k: ours(spec, k))
+        rounds = generation.rounds
+        n = len(rounds)
         verify, draft = (sum(getattr(r, f) for r in rounds) / n * 1000 for f in ("verify_s", "draft_s"))
         print(f"ours {spec.text:22} {wall * 1000:7.1f} ms, prefill {generation.prefill_s * 1000:6.1f}, {n} rounds: "
               f"{(wall - generation.prefill_s) / n * 1000:6.2f} ms a round, of which verify {verify:6.2f}, "
@@ -75,12 +80,9 @@ def main() -> None:
     for label, options in (("", {}), (", static cache", {"cache_implementation": "static"})):
         start = clock()
         first = theirs(**options)
-        first_s, walls = clock() - start, []
-        for _ in range(args.repeats):
-            start = clock()
-            again = theirs(**options)
-            walls.append(clock() - start)
-        wall, same = statistics.median(walls), torch.equal(first, again)
+        first_s = clock() - start
+        wall, again = timed(lambda options=options: theirs(**options))
+        same = torch.equal(first, again)
         print(f"transformers generate{label}: {wall * 1000:7.1f} ms, {wall / args.tokens * 1000:6.2f} ms a token "
               f"(first call {first_s:.1f} s; later calls {'the same' if same else 'OTHER'} tokens)")
 
