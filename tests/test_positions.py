@@ -40,16 +40,17 @@ TREE_ROUNDS = (Round(4, 1, 0, 3, True, 2, 0.008, 0.016, (5, 6, 7, 8), (8, 9), TR
 
 
 def run(run_id: str, draft: str, k: int | None, policy: str | None, spec: list | tuple[Round, ...],
-        loop_s: float, status: str = "ok") -> RunRecord:
+        loop_s: float, status: str = "ok", category: str = "code",
+        baseline: str = "base") -> RunRecord:
     made = spec if spec and isinstance(spec[0], Round) else rounds(spec)
     prefill = 0.1
     wall = prefill + sum(r.draft_s + r.verify_s for r in made) + loop_s
     gen = Generation((1, 2, 3), tuple(range(1 + sum(r.emitted for r in made))), made, prefill, wall,
                      sum(r.k > 0 for r in made), "max_new_tokens")
     kind = "baseline" if draft == "none" else draft.split(":")[0]
-    return RunRecord(run_id, "s1", "2026-01-01T12:00:00", "t", draft, kind, "code", "p1", "x", k, "greedy", 0.0,
+    return RunRecord(run_id, "s1", "2026-01-01T12:00:00", "t", draft, kind, category, "p1", "x", k, "greedy", 0.0,
                      1.0, 0, 64, "cpu", "float32", status, None, gen if status == "ok" else None, "x",
-                     None if draft == "none" else "base", None, kernels="skinny", threads=2, k_policy=policy)
+                     None if draft == "none" else baseline, None, kernels="skinny", threads=2, k_policy=policy)
 
 
 @pytest.fixture(scope="module")
@@ -159,16 +160,35 @@ def test_a_tree_is_predicted_at_the_width_of_its_nodes(db):
     assert curve["measured_tokens_per_s"].tolist() == pytest.approx([4 / 0.048])
 
 
-def test_a_tree_of_a_fractional_width_reads_the_curve_between_its_neighbours(tmp_path):
-    # 4 nodes (a-b-c, d; depth 3) verified in 16 ms, then 3 nodes (a-b, d; depth 2) in 14 ms: 3.5 nodes a round,
-    # v(3.5) = 15 ms halfway along; 7 ms drafting a round; both accept one level: 2 tokens in 22 ms, 90.9/s.
-    rounds_ = (Round(4, 1, 0, 3, True, 2, 0.008, 0.016, (5, 6, 7, 8), (8, 9), TREE, (3,)),
-               Round(3, 1, 1, 1, False, 2, 0.006, 0.014, (5, 6, 8), (5, 1), (-1, 0, -1), (0,)))
+def test_a_tree_is_verified_at_the_curve_over_its_passes_widths(tmp_path):
+    # Three rounds of 4, 2 and 3 nodes (a-b-c, d; a, d; a-b, d) verified in 16, 12 and 18 ms, each accepting one
+    # level: 2 tokens a round, 6 ms drafting a round on average. The curve over the widths its passes had is
+    # (16 + 12 + 18) / 3 = 15.33 ms: 2 / 21.33 ms = 93.75/s, the run's own 6 tokens in 64 ms. The curve at its mean
+    # width (3 nodes: the 18 ms pass) would say 2 / 24 ms = 83.3/s: a pass's cost is not linear in its width.
+    rounds_ = (TREE_ROUNDS[0],
+               Round(2, 1, 0, 1, True, 2, 0.004, 0.012, (5, 8), (8, 9), (-1, -1), (1,)),
+               Round(3, 1, 1, 1, False, 2, 0.006, 0.018, (5, 6, 8), (5, 1), (-1, 0, -1), (0,)))
     path = tmp_path / "runs.duckdb"
     write_run(path, run("base", "none", None, None, [(0, 0, 0.010)] * 4, 0.0))
     write_run(path, run("tree", "ngram-tree", 3, "fixed", rounds_, 0.0))
     with duckdb.connect(str(path), read_only=True) as con:
         curve = advisor.k_curve(con, Filters(draft=("ngram-tree",)))
-    assert curve["drafted"].tolist() == [3.5]
-    assert curve["predicted_tokens_per_s"].tolist() == pytest.approx([2 / (0.007 + 0.015)])
-    assert curve["measured_tokens_per_s"].tolist() == pytest.approx([4 / 0.044])
+    assert curve["drafted"].tolist() == [3.0]
+    assert curve["predicted_tokens_per_s"].tolist() == pytest.approx([2 / (0.006 + 0.046 / 3)])
+    assert curve["measured_tokens_per_s"].tolist() == pytest.approx([6 / 0.064])
+
+
+def test_each_category_reads_its_own_verify_curve(tmp_path):
+    # The same rounds on code and on summaries, whose long passages make every pass twice as dear: v(0) = 10 / 20 ms,
+    # v(1) = 12 / 24 ms. s1 = 1/2, w1 = 1, 2 ms drafting a token, 1 ms loop a round: code 1.5 / 15 ms = 100/s,
+    # summaries 1.5 / 27 ms = 55.6/s (one curve pooled over both, 15 and 18 ms, would say 71.4/s for both).
+    path = tmp_path / "runs.duckdb"
+    for category, scale in (("code", 1), ("summary", 2)):
+        write_run(path, run(f"base-{category}", "none", None, None, [(0, 0, 0.010 * scale)] * 4, 0.0,
+                            category=category))
+        write_run(path, run(f"k1-{category}", "layerskip:2", 1, "fixed", [(1, 1, 0.012 * scale), (1, 0, 0.012 * scale)],
+                            0.002, category=category, baseline=f"base-{category}"))
+    with duckdb.connect(str(path), read_only=True) as con:
+        curve = advisor.k_curve(con, Filters(draft=("layerskip:2",)))
+    assert curve["category"].tolist() == ["code", "summary"]
+    assert curve["predicted_tokens_per_s"].tolist() == pytest.approx([1.5 / 0.015, 1.5 / 0.027])

@@ -59,6 +59,11 @@ PLAIN_WIDTHS = ("SELECT {group}, o.k AS width, avg(o.verify_s) AS verify_s FROM 
                 " WHERE batch_size = 1")
 FAST_WIDTHS = ("SELECT {group}, o.k AS width, sum(o.verify_s) / sum(o.rounds) AS verify_s\n"
                "            FROM (SELECT {group}, unnest(widths) AS o FROM picked WHERE batch_size = 1)")
+PLAIN_TREE_WIDTHS = ("SELECT {key}, f.k, o.k AS width, count(*) AS n FROM rounds o JOIN fixed f USING (run_id)"
+                     " WHERE batch_size = 1 GROUP BY ALL")
+FAST_TREE_WIDTHS = ("SELECT {key}, k, o.k AS width, sum(o.rounds) AS n\n"
+                    "            FROM (SELECT {key}, k, unnest(widths) AS o FROM fixed WHERE batch_size = 1)"
+                    " GROUP BY ALL")
 
 
 def counted(con: duckdb.DuckDBPyConnection) -> list[tuple]:
@@ -153,12 +158,14 @@ def test_position_stats_equal_them_over_every_round(db):
 @pytest.mark.parametrize("filters", SELECTIONS[:2])
 def test_the_advisor_equals_it_over_every_round(db, filters):
     sql, params = advisor.advisor_sql(filters)
-    group = ", ".join(advisor.GROUP)
+    group, key = ", ".join(advisor.CURVE), ", ".join(advisor.KEY)
     fast, plain = FAST_WIDTHS.format(group=group), PLAIN_WIDTHS.format(group=group)
-    assert fast in sql
+    fast_tree, plain_tree = FAST_TREE_WIDTHS.format(key=key), PLAIN_TREE_WIDTHS.format(key=key)
+    assert fast in sql and fast_tree in sql
     with duckdb.connect(str(db), read_only=True) as con:
         same(con.execute(f"SELECT * FROM ({sql}) ORDER BY ALL", params).df(),
-             con.execute(f"SELECT * FROM ({sql.replace(fast, plain)}) ORDER BY ALL", params).df())
+             con.execute(f"SELECT * FROM ({sql.replace(fast, plain).replace(fast_tree, plain_tree)}) ORDER BY ALL",
+                         params).df())
 
 
 def summed_position_stats(keys: str, runs: str) -> str:

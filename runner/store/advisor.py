@@ -7,7 +7,8 @@ recorded, on the prompts that every compared cell of the setup × category ran (
 - s_i: the share of rounds (of runs whose k reaches position i) that accepted at least i drafts, and w_i: the share
   that drafted at least i (prompt lookup can find fewer; the budget cuts the last rounds), both as `position_stats`
   counts them (pooled per key first: `schema_rounds.positions_pooled`), over the same fixed-k runs as the rounds;
-- v(w): the mean verify pass over w drafts, from every round of the selected runs as `run_facts.widths` sums them (the
+- v(w): the mean verify pass over w drafts, per category (its prompts set the context every pass reads: a summary's
+  passage makes each pass dearer), from every round of the selected runs as `run_facts.widths` sums them (the
   baselines' rounds give w = 0); a width no round verified is interpolated between its measured neighbours;
 - d: drafting seconds per drafted token, and l: the loop's own seconds per round (wall − prefill − draft − verify).
 
@@ -22,9 +23,9 @@ member's round after B times its own drafting: the advice is then one k per batc
 per-batch-size draft length takes it.
 
 A tree (its rounds drafted more nodes than levels, `position_stats` counting levels) is verified as wide as its
-nodes: at each depth k recorded, its mean nodes per round n_k (in a batch, its passes' mean width) give v(n_k)
-(between the curve's neighbouring widths) and its drafting is its measured seconds per round at k; depths never
-recorded are not predicted.
+nodes: at each depth k recorded, its verify term is v over the widths its passes had (its rounds' nodes; in a batch,
+its shared passes' widths), Σ n_w·v(w) / Σ n_w, not v at the mean width, since a pass's cost is not linear in its
+width; its drafting is its measured seconds per round at k; depths never recorded are not predicted.
 Measured throughput is the decode phase's: (new_tokens − 1) / (wall_s − prefill_s) (the prefill makes the first
 token), so prediction and measurement count the same tokens and the same seconds.
 """
@@ -39,6 +40,7 @@ from runner.store.metrics import Filters
 
 GROUP = ("target", "device", "kernels", "threads", "batch_size")  # what a verify curve belongs to
 KEY = (*GROUP, "mode", "category", "draft")
+CURVE = (*GROUP, "category")  # a verify curve per category: its prompts set the context every pass reads
 WITHIN = 0.03  # a predicted best k "hits" when its measured speed is within 3% of the measured best
 # Runs recorded before `threads` existed have none; 0 (never a real thread count) stands for it inside the query,
 # because USING joins never match NULLs.
@@ -49,6 +51,7 @@ def advisor_sql(filters: Filters) -> tuple[str, list]:
     """Per key × k from 1 to the largest fixed k recorded: the prediction and, where a fixed-k run was recorded,
     the measurement."""
     key, group = ", ".join(KEY), ", ".join(GROUP)
+    curve_key = ", ".join(CURVE)
     spec_where, spec_params = filters.where()
     base_where, base_params = filters.where(skip=("draft", "k", "k_policy"))
     comparable_runs, comparable_params = comparable.comparable_runs_sql(filters)
@@ -68,35 +71,35 @@ def advisor_sql(filters: Filters) -> tuple[str, list]:
     baseline AS (SELECT {group}, mode, category, sum(new_tokens - 1) / sum(wall_s - prefill_s) AS tokens_per_s
         FROM picked WHERE draft = 'none' GROUP BY ALL),
     passes AS (  -- a batch's shared passes, each as wide as its widest member's drafts
-        SELECT {", ".join(f"p.{c}" for c in KEY)}, p.k, max(x.k) AS width, any_value(x.verify_s) AS verify_s
+        SELECT {", ".join(f"p.{c}" for c in KEY)}, p.k, p.k_policy, max(x.k) AS width, any_value(x.verify_s) AS verify_s
         FROM picked p JOIN runs USING (run_id) JOIN rounds x USING (run_id) WHERE p.batch_size > 1
-        GROUP BY {", ".join(f"p.{c}" for c in KEY)}, p.k, runs.batch_id, x.round),
+        GROUP BY {", ".join(f"p.{c}" for c in KEY)}, p.k, p.k_policy, runs.batch_id, x.round),
     widths AS (
-        SELECT {group}, o.k AS width, sum(o.verify_s) / sum(o.rounds) AS verify_s
-            FROM (SELECT {group}, unnest(widths) AS o FROM picked WHERE batch_size = 1) GROUP BY ALL
+        SELECT {curve_key}, o.k AS width, sum(o.verify_s) / sum(o.rounds) AS verify_s
+            FROM (SELECT {curve_key}, unnest(widths) AS o FROM picked WHERE batch_size = 1) GROUP BY ALL
         UNION ALL BY NAME
-        SELECT {group}, width, avg(verify_s) AS verify_s FROM passes GROUP BY ALL),
-    grid AS (SELECT {group}, g.width, w.verify_s
-        FROM (SELECT {group}, max(width) AS top FROM widths GROUP BY ALL) m
-        CROSS JOIN LATERAL range(0, m.top + 1) g(width) LEFT JOIN widths w USING ({group}, width)),
+        SELECT {curve_key}, width, avg(verify_s) AS verify_s FROM passes GROUP BY ALL),
+    grid AS (SELECT {curve_key}, g.width, w.verify_s
+        FROM (SELECT {curve_key}, max(width) AS top FROM widths GROUP BY ALL) m
+        CROSS JOIN LATERAL range(0, m.top + 1) g(width) LEFT JOIN widths w USING ({curve_key}, width)),
     neighbours AS (SELECT *,
             last_value(verify_s IGNORE NULLS) OVER below AS lo,
             last_value(CASE WHEN verify_s IS NOT NULL THEN width END IGNORE NULLS) OVER below AS lo_w,
             first_value(verify_s IGNORE NULLS) OVER above AS hi,
             first_value(CASE WHEN verify_s IS NOT NULL THEN width END IGNORE NULLS) OVER above AS hi_w
-        FROM grid WINDOW below AS (PARTITION BY {group} ORDER BY width),
-            above AS (PARTITION BY {group} ORDER BY width ROWS BETWEEN CURRENT ROW AND UNBOUNDED FOLLOWING)),
-    curve AS (SELECT {group}, width,
+        FROM grid WINDOW below AS (PARTITION BY {curve_key} ORDER BY width),
+            above AS (PARTITION BY {curve_key} ORDER BY width ROWS BETWEEN CURRENT ROW AND UNBOUNDED FOLLOWING)),
+    curve AS (SELECT {curve_key}, width,
             coalesce(verify_s, lo + (hi - lo) * (width - lo_w) / (hi_w - lo_w)) AS verify_s FROM neighbours),
-    steps AS (SELECT {group}, width AS position,
+    steps AS (SELECT {curve_key}, width AS position,
             verify_s - lag(verify_s) OVER w AS step, max(verify_s) FILTER (width = 0) OVER w AS one_pass_s
-        FROM curve WINDOW w AS (PARTITION BY {group} ORDER BY width)),
+        FROM curve WINDOW w AS (PARTITION BY {curve_key} ORDER BY width)),
     depth AS (SELECT {key}, g.position, sum(n_rounds) AS rounds
         FROM fixed CROSS JOIN LATERAL range(1, k + 1) g(position) GROUP BY ALL),
     positions AS ({positions}),
     shares AS (SELECT {key}, position, coalesce(p.accepted, 0) / d.rounds AS s,
             coalesce(p.proposed, 0) / d.rounds AS w, x.step, x.one_pass_s
-        FROM depth d LEFT JOIN positions p USING ({key}, position) JOIN steps x USING ({group}, position)),
+        FROM depth d LEFT JOIN positions p USING ({key}, position) JOIN steps x USING ({curve_key}, position)),
     -- the share of passes at least `position` wide: some member of the batch drafted that far
     chains AS (SELECT {key}, position AS k, 1 + sum(s) OVER upto AS emitted, sum(w) OVER upto AS drafted,
             one_pass_s + sum((1 - pow(1 - w, batch_size)) * step) OVER upto AS verify_s, one_pass_s
@@ -105,13 +108,15 @@ def advisor_sql(filters: Filters) -> tuple[str, list]:
             -- a run's levels: Σ rounds · depth over its drafting rounds
             sum(drafted) > sum(coalesce(list_sum(list_transform(outcomes, lambda o: o.depth * o.rounds)), 0)) AS wider
         FROM fixed WHERE drafted IS NOT NULL GROUP BY ALL),
-    pass_nodes AS (SELECT {key}, k, avg(width) AS pass_nodes FROM passes GROUP BY ALL),
-    shapes AS (SELECT h.*, bool_or(wider) OVER (PARTITION BY {key}) AS tree, coalesce(n.pass_nodes, h.nodes) AS wide
-        FROM per_k h LEFT JOIN pass_nodes n USING ({key}, k)),
-    tree_verify AS (SELECT h.*, lo.verify_s + (hi.verify_s - lo.verify_s) * (h.wide - floor(h.wide)) AS verify_s
-        FROM shapes h JOIN curve lo ON {" AND ".join(f"lo.{c} = h.{c}" for c in GROUP)} AND lo.width = floor(h.wide)
-        JOIN curve hi ON {" AND ".join(f"hi.{c} = h.{c}" for c in GROUP)} AND hi.width = ceil(h.wide)
-        WHERE h.tree),
+    tree_widths AS (  -- how often a tree's pass was each width: its rounds' at batch 1, its batch's passes' else
+        SELECT {key}, k, o.k AS width, sum(o.rounds) AS n
+            FROM (SELECT {key}, k, unnest(widths) AS o FROM fixed WHERE batch_size = 1) GROUP BY ALL
+        UNION ALL BY NAME
+        SELECT {key}, k, width, count(*) AS n FROM passes WHERE k_policy = 'fixed' GROUP BY ALL),
+    shapes AS (SELECT *, bool_or(wider) OVER (PARTITION BY {key}) AS tree FROM per_k),
+    tree_verify AS (SELECT h.*, sum(n * c.verify_s) / sum(n) AS verify_s
+        FROM shapes h JOIN tree_widths t USING ({key}, k) JOIN curve c USING ({curve_key}, width)
+        WHERE h.tree GROUP BY ALL),
     predicted AS (
         SELECT c.*, batch_size * c.drafted * d.draft_token_s AS draft_s
             FROM chains c JOIN costs d USING ({key}) ANTI JOIN tree_verify USING ({key})
