@@ -105,6 +105,26 @@ def test_each_eagle_tree_node_is_among_the_heads_best_after_its_own_branch(smoll
         assert len({(p, t) for p, t in zip(parents, nodes, strict=True)}) == len(nodes)  # siblings differ
 
 
+@pytest.mark.parametrize("nodes", [1, 2, 3])
+def test_a_tree_of_few_nodes_skips_the_levels_and_rows_it_could_never_keep(smollm2, head, nodes):
+    text = "Name two planets and one fact about each."
+    cut = EagleTreeDrafter(head, GREEDY, torch.Generator(), nodes=nodes)
+    whole = EagleTreeDrafter(head, GREEDY, torch.Generator(), nodes=64)  # every level expanded, 4 rows wide
+    keep_best = whole._best
+
+    def best(rows, scores, parents):  # ... and then only the `nodes` likeliest of all its candidates kept
+        whole.nodes = nodes
+        return keep_best(rows, scores, parents)
+
+    whole._best = best
+    with torch.inference_mode():
+        got = cut.propose(_ready(cut, smollm2, text), 4)
+        expected = whole.propose(_ready(whole, smollm2, text), 4)
+    assert (got.tokens.tolist(), got.parents) == (expected.tokens.tolist(), expected.parents)
+    assert len(got.tokens) == nodes
+    assert whole.calls - cut.calls == 4 - nodes  # 3 head passes grow 4 levels; N nodes need only N - 1 of them
+
+
 @pytest.mark.parametrize("draft", [f"eagle-tree:{HEAD}", f"hybrid:{HEAD}", "recycling", f"eagle-tree:{HEAD}:nodes=5"])
 def test_greedy_tree_drafters_equal_plain_greedy_on_smollm2(smollm2, draft):
     spec = parse_draft(draft)
@@ -187,3 +207,30 @@ def test_hybrid_drops_a_head_that_does_not_pay_and_probes_it_again(smollm2, head
     hybrid._learn()
     assert hybrid.gain == pytest.approx(GAIN_SHARE + RECENT * (1 - GAIN_SHARE)) and hybrid.judged is None
     assert hybrid.own == pytest.approx(2.0 + RECENT * (3 - 2.0))
+
+
+def test_hybrid_prices_the_head_by_how_much_longer_the_rounds_it_drafts_in_take(smollm2, head):
+    hybrid = HybridDrafter(head, GREEDY, torch.Generator(), n=3, nodes=8)
+    began = iter([10.0, 10.130, 10.230, 10.330, 10.530])  # when each proposal begins, in seconds
+    hybrid.clock = lambda: next(began)
+    with torch.inference_mode():
+        tokens = _ready(hybrid, smollm2, "Name one planet.")
+        hybrid.propose(tokens, 3)  # trusted at first: the head drafts
+        assert hybrid.head.calls == 3 and hybrid.price == GAIN_SHARE  # nothing timed yet: the prior
+        hybrid.gain, hybrid.own = 0.0, 2.0  # ... and added nothing
+        hybrid.propose(tokens, 3)  # the head's round took 130 ms; the lookup drafts alone
+        assert hybrid.seconds == pytest.approx({True: 0.130}) and hybrid.price == GAIN_SHARE
+        hybrid.propose(tokens, 3)  # the lookup's took 100 ms: the head's rounds cost 30% more
+        assert hybrid.seconds == pytest.approx({True: 0.130, False: 0.100}) and hybrid.price == pytest.approx(0.3)
+        hybrid.gain, hybrid.own = 0.28, 1.0  # over the prior's 0.25 a token, under the measured 0.3
+        hybrid.propose(tokens, 3)  # another 100 ms
+        assert hybrid.price == pytest.approx(0.3) and hybrid.head.calls == 3 and hybrid.skipped == 3  # left out
+        hybrid.gain = 0.0
+        hybrid.propose(tokens, 3)  # 200 ms: the running average moves a quarter of the way
+        assert hybrid.seconds[False] == pytest.approx(0.100 + RECENT * 0.100)
+    cheap = HybridDrafter(head, GREEDY, torch.Generator(), n=3, nodes=8)
+    with torch.inference_mode():
+        tokens = _ready(cheap, smollm2, "Name one planet.")
+        cheap.seconds, cheap.gain, cheap.own = {True: 0.110, False: 0.100}, 0.2, 1.0  # under the prior, over 10%
+        cheap.propose(tokens, 3)
+        assert cheap.head.calls == 3

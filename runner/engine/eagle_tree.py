@@ -25,7 +25,10 @@ WIDTH = 4  # children per expanded node, and nodes expanded per level (EAGLE-2's
 
 
 class EagleTreeDrafter(EagleDrafter):
-    """Drafts a tree of at most `nodes` nodes, `k` levels deep, with k - 1 head passes of `width` rows each."""
+    """Drafts a tree of at most `nodes` nodes, `k` levels deep, with k - 1 head passes of `width` rows each; with
+    fewer nodes than levels or than `width`, min(k, nodes) - 1 passes of min(width, nodes) rows: N nodes reach at most
+    N levels deep, and the N likeliest candidates hold the N likeliest of each level (a child is never likelier than
+    its parent), so what the cut leaves out could never be chosen."""
 
     def __init__(self, head: EagleHead, decoding: Decoding, generator: torch.Generator,
                  nodes: int, width: int = WIDTH) -> None:
@@ -44,14 +47,14 @@ class EagleTreeDrafter(EagleDrafter):
         self._catch_up(tokens)
         if k == 0:
             return tokens[:0], []
-        width = min(self.width, self.head.config.draft_vocab_size)
+        width = min(self.width, self.nodes, self.head.config.draft_vocab_size)
         score, row = F.log_softmax(self.next_logits.float(), -1).topk(width)  # level 1: the root's children
         drafted, scores, parents = [row], [score], [torch.full_like(row, ROOT)]  # per level: draft rows, scores
         frontier = torch.arange(width, device=row.device)  # candidate ids of the nodes to expand
         hidden = self.hidden.expand(1, width, -1)  # (1, F, h) fed back from the output that chose each node
         ancestry: dict[int, list[int]] = {}  # candidate id -> the cache rows of it and its fed ancestors
         count = width
-        for level in range(1, k):
+        for level in range(1, min(k, self.nodes)):
             ids = host(frontier)
             parent_of = host(torch.cat(parents)[frontier])
             rows = [self.cached + i for i in range(len(ids))]

@@ -9,12 +9,16 @@ head's EAGLE-2 tree in the rest, a head node whose branch the trie holds being t
 
 The head keeps its share only while it pays. After each round it drafted, its gain is how much further the accepted
 path went than the lookup's part of the tree would have taken it, and the lookup's own is that part's depth plus
-the correction. A head round costs the head's passes and the rows of its nodes, about a quarter of a round more on
-two CPU cores, so while the head's gain is under `GAIN_SHARE` of the lookup's own (running averages over recent
-rounds) the lookup drafts alone, and the head tries again every `PROBE`-th round.
+the correction. A head round costs the head's passes and the rows of its nodes: its price is how much longer the
+rounds the head drafted in took than those the lookup drafted alone, as a share of the latter (each round timed from
+one proposal to the next, so the pass and the loop count too; `GAIN_SHARE` until both kinds were timed). While the
+head's gain is under its price times the lookup's own (running averages over recent rounds) the lookup drafts
+alone, and the head tries again every `PROBE`-th round.
 """
 
 from __future__ import annotations
+
+import time
 
 import torch
 from torch import Tensor
@@ -26,7 +30,7 @@ from runner.engine.ngram_tree import NgramTreeDrafter
 from runner.engine.sampling import Decoding, host
 from runner.engine.trees import ROOT, as_parents, trie
 
-GAIN_SHARE = 0.25  # the share of the lookup's own tokens a round that the head must add to keep its nodes
+GAIN_SHARE = 0.25  # the head's price until it is measured (about a quarter of a round on two CPU cores)
 PROBE = 8  # below the floor, the head still drafts every PROBE-th round, so a text that suits it wins it back
 RECENT = 0.25  # the weight of the newest round in the running averages
 
@@ -72,6 +76,9 @@ class HybridDrafter:
         self.gain = 1.0  # tokens a round the head added, on average; it starts trusted
         self.own = 1.0  # tokens a round the lookup's part of the head rounds' trees took, on average
         self.skipped = 0  # rounds since the head last drafted
+        self.clock = time.perf_counter
+        self.seconds: dict[bool, float] = {}  # a round's seconds on average, by whether the head drafted in it
+        self.last: tuple[bool, float] | None = None  # whether the head drafted the last round, and when it began
         # the last round the head drafted in: the lookup's part of its tree, where the text then ended, and the
         # accepted path's length once known
         self.judged: tuple[tuple[list[int], list[int]], int, int | None] | None = None
@@ -84,17 +91,31 @@ class HybridDrafter:
         self.lookup.prefill(tokens, hidden, top)
         self.head.prefill(tokens, hidden, top)
         self.gain, self.own, self.skipped, self.judged = 1.0, 1.0, 0, None
+        self.seconds, self.last = {}, None
+
+    @property
+    def price(self) -> float:
+        """How much longer a round the head drafted in takes than one the lookup drafted alone, as a share of it."""
+        if len(self.seconds) < 2:
+            return GAIN_SHARE
+        return max(self.seconds[True] / self.seconds[False] - 1, 0.0)
 
     def propose(self, tokens: Tensor, k: int) -> Draft:
+        now = self.clock()
+        if self.last is not None:  # the last round ends as this one begins
+            head, began = self.last
+            mean = self.seconds.get(head, now - began)
+            self.seconds[head] = mean + RECENT * (now - began - mean)
         branches = self.lookup.branches(tokens, k)
         self._learn()
         full = self.lookup.matched == self.lookup.n
         drafts, parents = trie(branches[: self.lookup.matches] if full else branches, self.nodes)
-        if full or self.gain < GAIN_SHARE * self.own and self.skipped < PROBE - 1 or k == 0:
+        self.last = None if k == 0 else (False, now)  # a round of no drafts is no lookup round
+        if full or self.gain < self.price * self.own and self.skipped < PROBE - 1 or k == 0:
             self.skipped += 1
             return Draft(tokens=torch.tensor(drafts, dtype=tokens.dtype, device=tokens.device), q=None,
                          parents=as_parents(parents))
-        self.skipped = 0
+        self.skipped, self.last = 0, (True, now)
         looked = drafts[: self.nodes // 2], parents[: self.nodes // 2]  # a parent comes before its children
         self.judged = looked, tokens.numel(), None
         self.head.nodes = self.nodes - len(looked[0])
