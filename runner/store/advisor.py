@@ -38,7 +38,7 @@ import pandas as pd
 from runner.store import comparable, schema_rounds
 from runner.store.metrics import Filters
 
-GROUP = ("target", "device", "kernels", "threads", "batch_size")  # what a verify curve belongs to
+GROUP = ("target", "device", "kernels", "threads", "batch_size")  # a setup: what the measured costs belong to
 KEY = (*GROUP, "mode", "category", "draft")
 CURVE = (*GROUP, "category")  # a verify curve per category: its prompts set the context every pass reads
 WITHIN = 0.03  # a predicted best k "hits" when its measured speed is within 3% of the measured best
