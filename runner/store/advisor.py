@@ -26,6 +26,8 @@ A tree (its rounds drafted more nodes than levels, `position_stats` counting lev
 nodes: at each depth k recorded, its verify term is v over the widths its passes had (its rounds' nodes; in a batch,
 its shared passes' widths), Σ n_w·v(w) / Σ n_w, not v at the mean width, since a pass's cost is not linear in its
 width; its drafting is its measured seconds per round at k; depths never recorded are not predicted.
+`lookahead` is not predicted and its rounds are left out of v: its passes also carry its window, rows that no round
+records, so they would read as narrow passes at a wide one's cost.
 Measured throughput is the decode phase's: (new_tokens − 1) / (wall_s − prefill_s) (the prefill makes the first
 token), so prediction and measurement count the same tokens and the same seconds.
 """
@@ -42,6 +44,9 @@ GROUP = ("target", "device", "kernels", "threads", "batch_size")  # a setup: wha
 KEY = (*GROUP, "mode", "category", "draft")
 CURVE = (*GROUP, "category")  # a verify curve per category: its prompts set the context every pass reads
 WITHIN = 0.03  # a predicted best k "hits" when its measured speed is within 3% of the measured best
+# Drafts whose passes carry rows they never draft (lookahead's window): their rounds record the drafts alone, so
+# their passes would read as narrow ones at their true cost. Neither measured into the curve nor predicted.
+WINDOWED = ("lookahead",)
 # Runs recorded before `threads` existed have none; 0 (never a real thread count) stands for it inside the query,
 # because USING joins never match NULLs.
 _THREADS = "coalesce(threads, 0) AS threads"
@@ -59,7 +64,8 @@ def advisor_sql(filters: Filters) -> tuple[str, list]:
     return f"""
     WITH picked AS (
         SELECT * REPLACE ({_THREADS}) FROM run_facts WHERE run_id IN ({comparable_runs})
-            AND ((draft <> 'none' AND {spec_where}) OR (draft = 'none' AND {base_where}))),
+            AND ((draft <> 'none' AND {spec_where}) OR (draft = 'none' AND {base_where}))
+            AND draft_kind NOT IN ({", ".join(f"'{kind}'" for kind in WINDOWED)})),
     fixed AS (SELECT * FROM picked WHERE k_policy = 'fixed'),
     measured AS (SELECT {key}, k, count(*) AS runs, sum(new_tokens - 1) / sum(wall_s - prefill_s) AS tokens_per_s
         FROM fixed GROUP BY ALL),
