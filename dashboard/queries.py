@@ -15,7 +15,7 @@ from typing import TypeVar
 import duckdb
 import pandas as pd
 
-from runner.store import metrics
+from runner.store import advisor, metrics
 from runner.store import trainings as trainings_store
 from runner.store.connect import READ_BOUND_S, reading
 from runner.store.metrics import CELL, PASS_SETUP, Filters
@@ -110,14 +110,17 @@ def verify_growth(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFr
     """
     spec_where, spec_params = filters.where(alias="s.")
     base_where, base_params = filters.where(alias="s.", skip=("draft", "k", "k_policy"))
-    # Each run's verify passes by width (`run_facts.widths`), a few per run.
-    # Kernels and threads change the pass time itself, so each setting gets its own curve and its own reference.
+    # Each run's verify passes by width (`run_facts.widths`), a few per run; not lookahead's, whose passes also carry
+    # its window (`advisor.WINDOWED`). Kernels and threads change the pass time itself, so each setting gets its own
+    # curve and its own reference.
+    windowed = ", ".join(f"'{kind}'" for kind in advisor.WINDOWED)
     return _frame(con, f"""
         WITH picked AS (
             SELECT target, device, kernels, threads, w.k, w.rounds AS n, w.verify_s AS s, baseline
             FROM (SELECT target, device, kernels, threads, draft = 'none' AS baseline, unnest(widths) AS w
                   FROM run_facts s
-                  WHERE (s.draft <> 'none' AND {spec_where}) OR (s.draft = 'none' AND {base_where}))),
+                  WHERE ((s.draft <> 'none' AND {spec_where}) OR (s.draft = 'none' AND {base_where}))
+                      AND s.draft_kind NOT IN ({windowed}))),
         one_token AS (SELECT target, device, kernels, threads, sum(s) / sum(n) AS one_token_s FROM picked
                       WHERE baseline GROUP BY ALL)
         SELECT p.target, p.device, p.kernels, p.threads, p.k, sum(p.n)::BIGINT AS rounds,

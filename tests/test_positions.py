@@ -21,6 +21,7 @@ import duckdb
 import pandas as pd
 import pytest
 
+from dashboard import queries
 from runner.records import Generation, Round, RunRecord
 from runner.store import advisor
 from runner.store.metrics import Filters
@@ -196,12 +197,16 @@ def test_each_category_reads_its_own_verify_curve(tmp_path):
 
 def test_lookahead_is_neither_predicted_nor_read_into_the_verify_curve(tmp_path):
     # lookahead's passes also carry its window, which its rounds do not record: its 50 ms "one-draft" passes would
-    # pull v(1) from 12 to 31 ms, and layer skip's k = 1 from 1.5 / 15 ms = 100/s down to 1.5 / 34 ms = 44.1/s.
+    # pull v(1) from 12 to 31 ms, and layer skip's k = 1 from 1.5 / 15 ms = 100/s down to 1.5 / 34 ms = 44.1/s; the
+    # Overview's verify chart would say a one-draft pass costs 3.1 one-token passes instead of 1.2.
     path = tmp_path / "runs.duckdb"
     write_run(path, run("base", "none", None, None, [(0, 0, 0.010)] * 4, 0.0))
     write_run(path, run("k1", "layerskip:2", 1, "fixed", [(1, 1, 0.012), (1, 0, 0.012)], 0.002))
     write_run(path, run("la", "lookahead", 1, "fixed", [(1, 1, 0.050), (1, 0, 0.050)], 0.002))
     with duckdb.connect(str(path), read_only=True) as con:
         curve = advisor.k_curve(con, Filters())
+        growth = queries.verify_growth(con, Filters())
     assert curve["draft"].tolist() == ["layerskip:2"]
     assert curve["predicted_tokens_per_s"].tolist() == pytest.approx([1.5 / 0.015])
+    assert growth["k"].tolist() == [0, 1]
+    assert growth["relative"].tolist() == pytest.approx([1.0, 1.2])

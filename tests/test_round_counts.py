@@ -47,7 +47,8 @@ PLAIN_VERIFY_GROWTH = f"""
         SELECT s.target, s.device, s.kernels, s.threads, p.k, p.rounds AS n, p.verify_s AS s,
             s.draft = 'none' AS baseline
         FROM {PLAIN_PER_RUN_K} p JOIN runs s USING (run_id)
-        WHERE s.status = 'ok' AND ((s.draft <> 'none' AND {{spec}}) OR (s.draft = 'none' AND {{base}}))),
+        WHERE s.status = 'ok' AND ((s.draft <> 'none' AND {{spec}}) OR (s.draft = 'none' AND {{base}}))
+            AND s.draft_kind <> 'lookahead'),
     one_token AS (SELECT target, device, kernels, threads, sum(s) / sum(n) AS one_token_s FROM picked
                   WHERE baseline GROUP BY ALL)
     SELECT p.target, p.device, p.kernels, p.threads, p.k, sum(p.n)::BIGINT AS rounds,
