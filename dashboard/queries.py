@@ -113,14 +113,13 @@ def verify_growth(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFr
     # Each run's verify passes by width (`run_facts.widths`), a few per run; not lookahead's, whose passes also carry
     # its window (`advisor.WINDOWED`). Kernels and threads change the pass time itself, so each setting gets its own
     # curve and its own reference.
-    windowed = ", ".join(f"'{kind}'" for kind in advisor.WINDOWED)
     return _frame(con, f"""
         WITH picked AS (
             SELECT target, device, kernels, threads, w.k, w.rounds AS n, w.verify_s AS s, baseline
             FROM (SELECT target, device, kernels, threads, draft = 'none' AS baseline, unnest(widths) AS w
                   FROM run_facts s
                   WHERE ((s.draft <> 'none' AND {spec_where}) OR (s.draft = 'none' AND {base_where}))
-                      AND s.draft_kind NOT IN ({windowed}))),
+                      AND {advisor.UNWINDOWED})),
         one_token AS (SELECT target, device, kernels, threads, sum(s) / sum(n) AS one_token_s FROM picked
                       WHERE baseline GROUP BY ALL)
         SELECT p.target, p.device, p.kernels, p.threads, p.k, sum(p.n)::BIGINT AS rounds,

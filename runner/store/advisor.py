@@ -47,6 +47,7 @@ WITHIN = 0.03  # a predicted best k "hits" when its measured speed is within 3% 
 # Drafts whose passes carry rows they never draft (lookahead's window): their rounds record the drafts alone, so
 # their passes would read as narrow ones at their true cost. Neither measured into the curve nor predicted.
 WINDOWED = ("lookahead",)
+UNWINDOWED = f"draft_kind NOT IN ({', '.join(repr(kind) for kind in WINDOWED)})"  # the runs v may be read from
 # Runs recorded before `threads` existed have none; 0 (never a real thread count) stands for it inside the query,
 # because USING joins never match NULLs.
 _THREADS = "coalesce(threads, 0) AS threads"
@@ -65,7 +66,7 @@ def advisor_sql(filters: Filters) -> tuple[str, list]:
     WITH picked AS (
         SELECT * REPLACE ({_THREADS}) FROM run_facts WHERE run_id IN ({comparable_runs})
             AND ((draft <> 'none' AND {spec_where}) OR (draft = 'none' AND {base_where}))
-            AND draft_kind NOT IN ({", ".join(f"'{kind}'" for kind in WINDOWED)})),
+            AND {UNWINDOWED}),
     fixed AS (SELECT * FROM picked WHERE k_policy = 'fixed'),
     measured AS (SELECT {key}, k, count(*) AS runs, sum(new_tokens - 1) / sum(wall_s - prefill_s) AS tokens_per_s
         FROM fixed GROUP BY ALL),
