@@ -68,7 +68,7 @@ SELECT i, 'r' || lpad(i::TEXT, 7, '0') AS run_id, 'r' || lpad((i - i % {RUNS_PER
 FROM (SELECT range AS i, range // {RUNS_PER_GROUP} AS g, range % {RUNS_PER_GROUP} AS pos FROM range(?))"""
 
 ROUNDS = f"""INSERT INTO rounds (run_id, round, k, accepted, rejected, thrown, bonus, emitted, draft_s, verify_s,
-    draft_tokens, target_tokens, depth)
+    draft_tokens, target_tokens, depth, pass_rows)
 WITH drawn AS (
     SELECT p.run_id, r.range AS round, coalesce(p.k, 0) AS k,
            -- geometric: P(accepted >= j) = α^j, from a uniform draw hashed from (run, round)
@@ -80,7 +80,7 @@ WITH drawn AS (
 SELECT run_id, round, k, accepted, (accepted < k)::INTEGER AS rejected, k - accepted - (accepted < k)::INTEGER,
        accepted = k AS bonus, accepted + 1 AS emitted, k * c * {PASS_S} AS draft_s,
        {PASS_S} * (1 + 0.1 * k) AS verify_s, [(x + round)::INTEGER FOR x IN range(k)] AS draft_tokens,
-       [(x + round)::INTEGER FOR x IN range(k + 1)] AS target_tokens, k AS depth
+       [(x + round)::INTEGER FOR x IN range(k + 1)] AS target_tokens, k AS depth, k + 1 AS pass_rows
 FROM drawn"""
 
 RUNS = """INSERT INTO runs (run_id, sweep_id, started_at, target, draft, draft_kind, category, prompt_id, prompt_text,

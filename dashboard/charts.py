@@ -120,7 +120,7 @@ def verify_growth(frame: pd.DataFrame) -> alt.LayerChart:
     base = alt.Chart(frame.assign(setup=[_setup(row) for row in frame.to_dict("records")]))
     y = alt.Y("relative:Q", title="verify pass time / one-token pass", scale=alt.Scale(zero=True))
     measured = base.mark_line(point=True).encode(
-        _K.title("drafts verified in the pass (k of the round)"), y,
+        _K.title("rows in the pass beyond the newest token (a chain's k)"), y,
         color=colour(base.data, "setup"),
         tooltip=["setup:N", "k:Q", "rounds:Q", alt.Tooltip("relative:Q", format=".2f", title="× one-token pass"),
                  alt.Tooltip("verify_s:Q", format=".4f", title="mean verify s")])

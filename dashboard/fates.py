@@ -178,6 +178,13 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e6:.0f} µs" if seconds < 1e-4 else f"{seconds * 1e3:.1f} ms"
 
 
+def _verify(row: Mapping) -> str:
+    """The pass's time and, where recorded, its rows: the newest token, the drafts and any never judged (lookahead's
+    window), so a wide pass shows why it took longer."""
+    rows = row.get("pass_rows")
+    return _ms(row["verify_s"]) + ("" if rows is None or pd.isna(rows) else f" · {int(rows)} rows")
+
+
 def rounds_html(rounds: pd.DataFrame, decode: Decode) -> str:
     """One row per round, like the explainer's one-round view: the drafts as proposed, then what the
     target added (correction, residual draw, bonus or plain token); sampled rounds also show the test of each
@@ -196,7 +203,7 @@ def rounds_html(rounds: pd.DataFrame, decode: Decode) -> str:
             f'<td class="num">{int(row["k"])}</td><td class="specdash-tokens">{proposed}</td>'
             f'<td class="specdash-tokens">{added}</td>'
             f'<td class="num">{int(row["accepted"])}/{int(row["rejected"])}/{int(row["thrown"])}</td>'
-            f'<td class="num">{_ms(row["draft_s"])}</td><td class="num">{_ms(row["verify_s"])}</td>{test}</tr>')
+            f'<td class="num">{_ms(row["draft_s"])}</td><td class="num">{_verify(row)}</td>{test}</tr>')
     return f'<div class="specdash-rounds"><table>{head}{"".join(rows)}</table></div>'
 
 

@@ -105,7 +105,8 @@ def render() -> None:
     st.subheader("Verify pass time against k")
     st.altair_chart(charts.verify_growth(common.load(queries.verify_growth, filters)))
     st.caption("The explainer assumes one target pass costs the same for 1 and for k+1 tokens. Each point is "
-               "the mean verify time of rounds that verified k drafts, over the baselines' one-token pass.")
+               "the mean verify time of passes k rows wider than the newest token (k drafts for a chain, a tree's "
+               "nodes, lookahead's window too), over the baselines' one-token pass.")
     _runs_table(filters, int(cells["runs"].sum()))
 
 

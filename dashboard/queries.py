@@ -103,23 +103,24 @@ def tree_drafts(con: duckdb.DuckDBPyConnection) -> list[str]:
 
 
 def verify_growth(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
-    """Mean verify-pass time by drafts per pass, relative to the baselines' one-token pass.
+    """Mean verify-pass time by the pass's width `k`, its rows beyond the newest token (a chain's drafts, a tree's
+    nodes, lookahead's window too), relative to the baselines' one-token pass.
 
     The explainer assumes a pass costs the same for 1 and for k+1 tokens; this measures it. Baselines
     have no draft and no k, so only the other filters pick them.
     """
     spec_where, spec_params = filters.where(alias="s.")
     base_where, base_params = filters.where(alias="s.", skip=("draft", "k", "k_policy"))
-    # Each run's verify passes by width (`run_facts.widths`), a few per run; not lookahead's, whose passes also carry
-    # its window (`advisor.WINDOWED`). Kernels and threads change the pass time itself, so each setting gets its own
-    # curve and its own reference.
+    # Each run's verify passes by width (`run_facts.widths`), a few per run: the rows beyond the newest token, a
+    # lookahead window's included, over the runs whose rows are known (`advisor.ROWS_KNOWN`). Kernels and threads
+    # change the pass time itself, so each setting gets its own curve and its own reference.
     return _frame(con, f"""
         WITH picked AS (
-            SELECT target, device, kernels, threads, w.k, w.rounds AS n, w.verify_s AS s, baseline
+            SELECT target, device, kernels, threads, w.rows - 1 AS k, w.rounds AS n, w.verify_s AS s, baseline
             FROM (SELECT target, device, kernels, threads, draft = 'none' AS baseline, unnest(widths) AS w
                   FROM run_facts s
                   WHERE ((s.draft <> 'none' AND {spec_where}) OR (s.draft = 'none' AND {base_where}))
-                      AND {advisor.UNWINDOWED})),
+                      AND {advisor.ROWS_KNOWN})),
         one_token AS (SELECT target, device, kernels, threads, sum(s) / sum(n) AS one_token_s FROM picked
                       WHERE baseline GROUP BY ALL)
         SELECT p.target, p.device, p.kernels, p.threads, p.k, sum(p.n)::BIGINT AS rounds,
@@ -167,7 +168,7 @@ def run_detail(con: duckdb.DuckDBPyConnection, run_id: str) -> pd.DataFrame:
 def run_rounds(con: duckdb.DuckDBPyConnection, run_id: str) -> pd.DataFrame:
     """The run's rounds in order."""
     return _frame(con, """
-        SELECT round, k, accepted, rejected, thrown, bonus, emitted, draft_s, verify_s, draft_tokens,
+        SELECT round, k, accepted, rejected, thrown, bonus, emitted, draft_s, verify_s, pass_rows, draft_tokens,
             target_tokens, draft_parents, accepted_path, draft_p, draft_q, draft_u, from_residual
         FROM rounds WHERE run_id = ? ORDER BY round""", [run_id])
 

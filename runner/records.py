@@ -39,6 +39,13 @@ class Round:
     draft_u: tuple[float, ...] | None = None
     from_residual: bool | None = None  # sampling: the round's own token was drawn from norm(max(0, p − q))
     batch_seqs: int = 1  # the sequences whose drafts the round's target pass verified (runner/engine/batch.py)
+    extra_rows: int = 0  # rows the verify pass carried past the root and the drafts, never judged (lookahead's window)
+
+    @property
+    def pass_rows(self) -> int:
+        """Rows this sequence fed the verify pass: the newest committed token, the k drafts and any extra rows
+        (`rounds.pass_rows`; in a batch the shared pass is as wide as its widest member's)."""
+        return 1 + self.k + self.extra_rows
 
     @property
     def depth(self) -> int:

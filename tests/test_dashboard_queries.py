@@ -7,6 +7,7 @@ round. Speedups: baselines take 0.1 s/token (code-02's 0.2 s/token), so measured
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import duckdb
@@ -272,6 +273,16 @@ def test_token_fates_follow_the_rounds(db):
     assert fates.first_difference([1, 2, 3], [1, 2, 3]) is None
     assert fates.first_difference([1, 9, 3], [1, 2, 3]) == 1
     assert fates.first_difference([1, 2], [1, 2, 3]) == 2
+
+
+def test_the_rounds_table_shows_each_pass_with_its_rows():
+    # a 2-draft round whose pass also carried 4 window rows (7 rows), and one of a file from before pass_rows
+    rounds = pd.DataFrame([{"round": r, "k": 2, "accepted": 1, "rejected": 1, "thrown": 0, "bonus": False,
+                            "emitted": 2, "draft_s": 0.002, "verify_s": 0.05, "pass_rows": rows, "draft_tokens": [1, 2],
+                            "target_tokens": [1, 3, 4]} for r, rows in ((0, 7), (1, None))])
+    html = fates.rounds_html(rounds, str)
+    cells = re.findall(r'<td class="num">([^<]*)</td></tr>', html)
+    assert cells == ["50.0 ms · 7 rows", "50.0 ms"]
 
 
 def test_text_html_escapes_and_marks_every_token():

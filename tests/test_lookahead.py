@@ -137,6 +137,9 @@ def test_extra_rows_are_never_judged_counted_or_kept(tiny):
     extra = generate(tiny, WithRows(), prompt, 3, GREEDY, 24, torch.Generator())  # the cache check runs each round
     assert extra.output_tokens == plain.output_tokens and _rounds(extra) == _rounds(plain)
     assert any(r.accepted for r in extra.rounds)
+    # but the pass carried them: the root, the nodes and the 5 extra rows (`rounds.pass_rows`)
+    assert [r.pass_rows for r in extra.rounds] == [1 + len(r.draft_tokens) + 5 for r in plain.rounds]
+    assert [r.pass_rows for r in plain.rounds] == [1 + len(r.draft_tokens) for r in plain.rounds]
 
 
 def test_greedy_lookahead_equals_plain_greedy_on_smollm2(smollm2):
@@ -166,6 +169,12 @@ def test_a_batch_of_lookahead_sequences_decodes_as_each_alone(tiny):
     together = pair.run_batch(spec, prompts, 3, GREEDY, 20, seed=3)
     assert [g.output_tokens for g in together] == [a.output_tokens for a in alone]
     assert [_rounds(g) for g in together] == [_rounds(a) for a in alone]
+    # each member's rows, its window included, as alone: at most the widest window (3 levels of 3 while filling, the
+    # root one of them) and 3 guesses of 3
+    rows = [[r.pass_rows for r in g.rounds] for g in together]
+    assert rows == [[r.pass_rows for r in a.rounds] for a in alone]
+    assert max(max(r) for r in rows) <= pass_rows(3, 4, 3) == 3 * 3 + 3 * 3
+    assert all(r.pass_rows > 1 + r.k for g in together for r in g.rounds if r.k)  # a drafting pass carries its window
 
 
 def _two_token_counts(target, decoding: Decoding, n: int) -> tuple[torch.Tensor, int]:

@@ -108,7 +108,7 @@ def test_an_older_file_is_upgraded_on_a_copy_and_merged(sources, tmp_path):
                     "batch_slot, batch_id, tree_nodes) "
                     "REPLACE ('old-' || run_id AS run_id) FROM a.runs")
         con.execute("INSERT INTO rounds BY NAME SELECT * EXCLUDE (draft_parents, accepted_path, depth, draft_p, "
-                    "draft_q, draft_u, from_residual, batch_seqs) "
+                    "draft_q, draft_u, from_residual, batch_seqs, pass_rows) "
                     "REPLACE ('old-' || run_id AS run_id) FROM a.rounds")
     before = old.read_bytes()
     into = tmp_path / "all.duckdb"

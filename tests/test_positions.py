@@ -15,6 +15,7 @@ drafted token taking 2 ms and the loop's own time given per run:
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import duckdb
@@ -23,7 +24,7 @@ import pytest
 
 from dashboard import queries
 from runner.records import Generation, Round, RunRecord
-from runner.store import advisor
+from runner.store import advisor, schema_facts
 from runner.store.metrics import Filters
 from runner.store.runs import write_run
 
@@ -195,15 +196,37 @@ def test_each_category_reads_its_own_verify_curve(tmp_path):
     assert curve["predicted_tokens_per_s"].tolist() == pytest.approx([1.5 / 0.015, 1.5 / 0.027])
 
 
-def test_lookahead_is_neither_predicted_nor_read_into_the_verify_curve(tmp_path):
-    # lookahead's passes also carry its window, which its rounds do not record: its 50 ms "one-draft" passes would
-    # pull v(1) from 12 to 31 ms, and layer skip's k = 1 from 1.5 / 15 ms = 100/s down to 1.5 / 34 ms = 44.1/s; the
-    # Overview's verify chart would say a one-draft pass costs 3.1 one-token passes instead of 1.2.
-    path = tmp_path / "runs.duckdb"
+def lookahead_file(path: Path) -> Path:
+    """base and k1 as in the module's file, and lookahead at k = 1 whose passes also carry 3 window rows: two rounds of
+    one draft (accepted, then refused), 5 rows a pass (width 4) in 20 ms, 2 ms drafting and 1 ms loop a round."""
     write_run(path, run("base", "none", None, None, [(0, 0, 0.010)] * 4, 0.0))
     write_run(path, run("k1", "layerskip:2", 1, "fixed", [(1, 1, 0.012), (1, 0, 0.012)], 0.002))
-    write_run(path, run("la", "lookahead", 1, "fixed", [(1, 1, 0.050), (1, 0, 0.050)], 0.002))
-    with duckdb.connect(str(path), read_only=True) as con:
+    window = tuple(replace(r, extra_rows=3) for r in rounds([(1, 1, 0.020), (1, 0, 0.020)]))
+    write_run(path, run("la", "lookahead", 1, "fixed", window, 0.002))
+    return path
+
+
+def test_lookahead_is_verified_at_its_passes_rows(tmp_path):
+    # v(0) = 10, v(1) = 12, v(4) = 20 ms (v(2), v(3) between). lookahead's passes are 4 wide, not its 1 draft: 1.5
+    # tokens in 2 + 20 + 1 ms = 65.2/s, as its own 3 in 46 ms (read as one-draft passes, v(1) = 16 ms would say
+    # 1.5 / 19 ms = 78.9/s, and pull layer skip's k = 1 from 1.5 / 15 ms = 100/s down to 1.5 / 19 ms).
+    with duckdb.connect(str(lookahead_file(tmp_path / "runs.duckdb")), read_only=True) as con:
+        curve = advisor.k_curve(con, Filters())
+        growth = queries.verify_growth(con, Filters())
+    assert curve["draft"].tolist() == ["layerskip:2", "lookahead"]
+    assert curve["predicted_tokens_per_s"].tolist() == pytest.approx([1.5 / 0.015, 1.5 / 0.023])
+    assert curve["measured_tokens_per_s"].tolist() == pytest.approx([3 / 0.030, 3 / 0.046])
+    assert growth["k"].tolist() == [0, 1, 4]
+    assert growth["relative"].tolist() == pytest.approx([1.0, 1.2, 2.0])
+
+
+def test_lookahead_recorded_before_pass_rows_is_neither_predicted_nor_read_into_the_curve(tmp_path):
+    # Its rounds from before kept no rows (`add_pass_rows` leaves them NULL): whatever its passes carried is unknown.
+    path = lookahead_file(tmp_path / "runs.duckdb")
+    with duckdb.connect(str(path)) as con:
+        for table in ("rounds", "round_counts"):
+            con.execute(f"UPDATE {table} SET pass_rows = NULL WHERE run_id = 'la'")
+        schema_facts.refresh_all(con)
         curve = advisor.k_curve(con, Filters())
         growth = queries.verify_growth(con, Filters())
     assert curve["draft"].tolist() == ["layerskip:2"]

@@ -16,7 +16,7 @@ import duckdb
 import pytest
 
 from runner.records import Generation, Round, RunRecord
-from runner.store import connect, schema_facts
+from runner.store import connect
 from runner.store.connect import init_db
 from runner.store.pending import record_from_dict, record_to_dict, spill
 from runner.store.runs import (
@@ -116,7 +116,7 @@ def test_runs_and_rounds_have_the_documented_columns(db):
         ("bonus", "BOOLEAN"), ("emitted", i), ("draft_s", f), ("verify_s", f), ("draft_tokens", ints),
         ("target_tokens", ints), ("draft_parents", ints), ("accepted_path", ints), ("depth", i),
         ("draft_p", "DOUBLE[]"), ("draft_q", "DOUBLE[]"), ("draft_u", "DOUBLE[]"), ("from_residual", "BOOLEAN"),
-        ("batch_seqs", i)]
+        ("batch_seqs", i), ("pass_rows", i)]
     assert [name for name, _ in columns(db, "run_stats")] == [
         "run_id", "sweep_id", "target", "draft", "draft_kind", "category", "prompt_id", "k", "mode",
         "temperature", "top_p", "seed", "device", "dtype", "new_tokens", "n_rounds", "accepted", "rejected",
@@ -132,7 +132,7 @@ def test_runs_and_rounds_have_the_documented_columns(db):
         (9, "create_trainings"), (10, "add_concurrent_workers"), (11, "add_k_policy"), (12, "create_position_stats"),
         (13, "add_bench_k_policy"), (14, "add_tree_columns"), (15, "add_depth"), (16, "add_turns"),
         (17, "add_training_categories"), (18, "add_sampling_test"), (19, "add_batches"), (20, "count_rounds"),
-        (21, "create_run_facts"), (22, "add_tree_nodes")]
+        (21, "create_run_facts"), (22, "add_tree_nodes"), (23, "add_pass_rows")]
 
 
 @pytest.mark.parametrize("table, row", [("runs", run_row), ("rounds", round_columns), ("run_totals", totals_row),
@@ -188,8 +188,6 @@ def test_migrating_from_every_older_version_ends_identical(tmp_path, start):
             con.execute(FILL_RUN_TOTALS)
         if start >= 7:  # from version 7 on, a writer records the kernels it ran on
             con.execute("UPDATE runs SET kernels = 'stock'")
-        if start >= 21:  # from version 21 on, a writer keeps each run's facts
-            schema_facts.refresh_all(con)
     migrate(con)
     migrate(con)  # a second run finds nothing to do
     con.close()
@@ -516,6 +514,19 @@ def test_a_tree_round_keeps_its_shape_and_accepted_path_and_a_chain_leaves_them_
                      "ORDER BY round") == [(0, 5, 2, 0, 3, True, [-1, -1, 0, 1, 1], [1, 4]),
                                            (1, 4, 3, 1, 0, False, None, None)]
     assert query(db, "SELECT accepted, rejected, thrown, drafted, emitted FROM run_totals") == [(5, 1, 3, 9, 7)]
+
+
+def test_each_pass_keeps_its_rows_and_run_facts_counts_passes_by_them(db):
+    # SPEC's rounds, the second carrying 3 rows beyond its drafts (as lookahead's window): 5, 8 and 5 rows
+    rounds = SPEC.generation.rounds
+    windowed = (*rounds[:1], replace(rounds[1], extra_rows=3), *rounds[2:])
+    write_run(db, record("windowed", windowed, 0.3))
+    assert query(db, "SELECT round, k, pass_rows FROM rounds ORDER BY round") == [(0, 4, 5), (1, 4, 8), (2, 4, 5)]
+    assert query(db, "SELECT k, pass_rows, sum(rounds) FROM round_counts GROUP BY ALL ORDER BY ALL") == [
+        (4, 5, 2), (4, 8, 1)]
+    assert query(db, "SELECT widths FROM run_facts") == [(
+        [{"k": 4, "rows": 5, "rounds": 2, "verify_s": 0.12}, {"k": 4, "rows": 8, "rounds": 1, "verify_s": 0.06}],)]
+    assert record_from_dict(record_to_dict(record("windowed", windowed, 0.3))).generation.rounds == windowed
 
 
 def test_records_survive_the_json_round_trip():

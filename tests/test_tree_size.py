@@ -13,7 +13,7 @@ from runner.engine import tree_size
 from runner.engine.models import encode_chat
 from runner.engine.pair import DEFAULT_NODES, Pair, parse_draft
 from runner.engine.tree_size import CANDIDATES, GREEDY, Trial, best, line, score
-from runner.store.schema import SCHEMA_VERSION, migrate
+from runner.store.schema import MIGRATIONS, migrate
 
 PROMPT = "Repeat: red green blue, red green blue, red green blue, red green"
 
@@ -94,7 +94,7 @@ def test_a_sweep_records_the_nodes_each_run_drafted(tmp_path, tiny_dir):
 
 def test_runs_recorded_before_the_column_get_the_nodes_they_drafted(tmp_path):
     con = duckdb.connect(str(tmp_path / "old.duckdb"))
-    migrate(con, to_version=SCHEMA_VERSION - 1)
+    migrate(con, to_version=[step.__name__ for step in MIGRATIONS].index("_add_tree_nodes"))  # before tree_nodes
     drafts = [("none", "baseline"), ("ngram", "ngram"), ("eagle-tree:heads/h", "eagle-tree"),
               ("ngram-tree:2:nodes=8", "ngram-tree"), ("recycling:nodes=32", "recycling"), ("lookahead", "lookahead"),
               ("lookahead:3,4,3", "lookahead")]

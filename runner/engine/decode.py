@@ -192,6 +192,7 @@ def commit(drafter: Drafter, text: Sequence, draft: Draft, verdict: trees.Verdic
         bonus=not verdict.rejected, emitted=len(emitted), draft_s=0.0, verify_s=0.0,
         draft_tokens=tuple(verdict.drafts), target_tokens=tuple(verdict.target_tokens), draft_parents=draft.parents,
         accepted_path=None if draft.parents is None else tuple(verdict.path),
+        extra_rows=0 if draft.extra is None else draft.extra.numel(),
         **({} if verdict.test is None else verdict.test.columns()),
     ), rows[: len(emitted)]
 

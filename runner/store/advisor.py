@@ -22,12 +22,13 @@ term. Every member drafts in turn before the pass, so a round's drafting is B·d
 member's round after B times its own drafting: the advice is then one k per batch size, as a serving engine's
 per-batch-size draft length takes it.
 
-A tree (its rounds drafted more nodes than levels, `position_stats` counting levels) is verified as wide as its
-nodes: at each depth k recorded, its verify term is v over the widths its passes had (its rounds' nodes; in a batch,
+A tree (its passes wider than the levels it drafted, `position_stats` counting levels) is verified as wide as its
+passes: at each depth k recorded, its verify term is v over the widths its passes had (its rounds'; in a batch,
 its shared passes' widths), Σ n_w·v(w) / Σ n_w, not v at the mean width, since a pass's cost is not linear in its
 width; its drafting is its measured seconds per round at k; depths never recorded are not predicted.
-`lookahead` is not predicted and its rounds are left out of v: its passes also carry its window, rows that no round
-records, so they would read as narrow passes at a wide one's cost.
+A pass's width is its rows beyond the newest token (`rounds.pass_rows` − 1): a chain's k, a tree's nodes, and with
+lookahead its window too, rows it never drafts. Runs recorded before rounds kept their pass rows (lookahead's, whose
+width is then unknown) are neither read into v nor predicted.
 Measured throughput is the decode phase's: (new_tokens − 1) / (wall_s − prefill_s) (the prefill makes the first
 token), so prediction and measurement count the same tokens and the same seconds.
 """
@@ -44,10 +45,9 @@ GROUP = ("target", "device", "kernels", "threads", "batch_size")  # a setup: wha
 KEY = (*GROUP, "mode", "category", "draft")
 CURVE = (*GROUP, "category")  # a verify curve per category: its prompts set the context every pass reads
 WITHIN = 0.03  # a predicted best k "hits" when its measured speed is within 3% of the measured best
-# Drafts whose passes carry rows they never draft (lookahead's window): their rounds record the drafts alone, so
-# their passes would read as narrow ones at their true cost. Neither measured into the curve nor predicted.
-WINDOWED = ("lookahead",)
-UNWINDOWED = f"draft_kind NOT IN ({', '.join(repr(kind) for kind in WINDOWED)})"  # the runs v may be read from
+# The runs v may be read from: every pass's rows known (`schema_rounds.add_pass_rows` left lookahead's earlier
+# rounds NULL: their window was not recorded, so their passes would read as narrow ones at a wide one's cost).
+ROWS_KNOWN = "coalesce(len(list_filter(widths, lambda o: o.rows IS NULL)), 0) = 0"
 # Runs recorded before `threads` existed have none; 0 (never a real thread count) stands for it inside the query,
 # because USING joins never match NULLs.
 _THREADS = "coalesce(threads, 0) AS threads"
@@ -66,7 +66,7 @@ def advisor_sql(filters: Filters) -> tuple[str, list]:
     WITH picked AS (
         SELECT * REPLACE ({_THREADS}) FROM run_facts WHERE run_id IN ({comparable_runs})
             AND ((draft <> 'none' AND {spec_where}) OR (draft = 'none' AND {base_where}))
-            AND {UNWINDOWED}),
+            AND {ROWS_KNOWN}),
     fixed AS (SELECT * FROM picked WHERE k_policy = 'fixed'),
     measured AS (SELECT {key}, k, count(*) AS runs, sum(new_tokens - 1) / sum(wall_s - prefill_s) AS tokens_per_s
         FROM fixed GROUP BY ALL),
@@ -78,11 +78,12 @@ def advisor_sql(filters: Filters) -> tuple[str, list]:
     baseline AS (SELECT {group}, mode, category, sum(new_tokens - 1) / sum(wall_s - prefill_s) AS tokens_per_s
         FROM picked WHERE draft = 'none' GROUP BY ALL),
     passes AS (  -- a batch's shared passes, each as wide as its widest member's drafts
-        SELECT {", ".join(f"p.{c}" for c in KEY)}, p.k, p.k_policy, max(x.k) AS width, any_value(x.verify_s) AS verify_s
+        SELECT {", ".join(f"p.{c}" for c in KEY)}, p.k, p.k_policy, max(x.pass_rows) - 1 AS width,
+            any_value(x.verify_s) AS verify_s
         FROM picked p JOIN runs USING (run_id) JOIN rounds x USING (run_id) WHERE p.batch_size > 1
         GROUP BY {", ".join(f"p.{c}" for c in KEY)}, p.k, p.k_policy, runs.batch_id, x.round),
     widths AS (
-        SELECT {curve_key}, o.k AS width, sum(o.verify_s) / sum(o.rounds) AS verify_s
+        SELECT {curve_key}, o.rows - 1 AS width, sum(o.verify_s) / sum(o.rounds) AS verify_s
             FROM (SELECT {curve_key}, unnest(widths) AS o FROM picked WHERE batch_size = 1) GROUP BY ALL
         UNION ALL BY NAME
         SELECT {curve_key}, width, avg(verify_s) AS verify_s FROM passes GROUP BY ALL),
@@ -112,11 +113,12 @@ def advisor_sql(filters: Filters) -> tuple[str, list]:
             one_pass_s + sum((1 - pow(1 - w, batch_size)) * step) OVER upto AS verify_s, one_pass_s
         FROM shares WINDOW upto AS (PARTITION BY {key} ORDER BY position)),
     per_k AS (SELECT {key}, k, sum(drafted) / sum(n_rounds) AS nodes, sum(draft_s) / sum(n_rounds) AS round_draft_s,
-            -- a run's levels: Σ rounds · depth over its drafting rounds
-            sum(drafted) > sum(coalesce(list_sum(list_transform(outcomes, lambda o: o.depth * o.rounds)), 0)) AS wider
+            -- passes wider than the levels drafted (a tree, lookahead's window): Σ rounds · width > Σ rounds · depth
+            sum(coalesce(list_sum(list_transform(widths, lambda o: (o.rows - 1) * o.rounds)), 0))
+                > sum(coalesce(list_sum(list_transform(outcomes, lambda o: o.depth * o.rounds)), 0)) AS wider
         FROM fixed WHERE drafted IS NOT NULL GROUP BY ALL),
     tree_widths AS (  -- how often a tree's pass was each width: its rounds' at batch 1, its batch's passes' else
-        SELECT {key}, k, o.k AS width, sum(o.rounds) AS n
+        SELECT {key}, k, o.rows - 1 AS width, sum(o.rounds) AS n
             FROM (SELECT {key}, k, unnest(widths) AS o FROM fixed WHERE batch_size = 1) GROUP BY ALL
         UNION ALL BY NAME
         SELECT {key}, k, width, count(*) AS n FROM passes WHERE k_policy = 'fixed' GROUP BY ALL),

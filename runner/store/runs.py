@@ -26,9 +26,9 @@ _ROUND_TYPES = {"run_id": "TEXT", "round": "INTEGER", "k": "INTEGER", "accepted"
                 "verify_s": "DOUBLE", "draft_tokens": "INTEGER[]", "target_tokens": "INTEGER[]",
                 "draft_parents": "INTEGER[]", "accepted_path": "INTEGER[]", "depth": "INTEGER",
                 "draft_p": "DOUBLE[]", "draft_q": "DOUBLE[]", "draft_u": "DOUBLE[]", "from_residual": "BOOLEAN",
-                "batch_seqs": "INTEGER"}
+                "batch_seqs": "INTEGER", "pass_rows": "INTEGER"}
 _COUNT_TYPES = {"run_id": "TEXT", "k": "INTEGER", "depth": "INTEGER", "accepted": "INTEGER", "rejected": "INTEGER",
-                "tree": "BOOLEAN", "rounds": "INTEGER", "verify_s": "DOUBLE"}
+                "tree": "BOOLEAN", "pass_rows": "INTEGER", "rounds": "INTEGER", "verify_s": "DOUBLE"}
 _PROVENANCE = ("torch_version", "transformers_version", "python_version", "host", "git_commit", "device_name")
 
 
@@ -69,7 +69,8 @@ def round_columns(record: RunRecord) -> dict[str, list]:
             "draft_parents": [_listed(r.draft_parents) for r in rounds],
             "accepted_path": [_listed(r.accepted_path) for r in rounds], "depth": [r.depth for r in rounds],
             **{name: [_listed(getattr(r, name)) for r in rounds] for name in ("draft_p", "draft_q", "draft_u")},
-            "from_residual": [r.from_residual for r in rounds], "batch_seqs": [r.batch_seqs for r in rounds]}
+            "from_residual": [r.from_residual for r in rounds], "batch_seqs": [r.batch_seqs for r in rounds],
+            "pass_rows": [r.pass_rows for r in rounds]}
 
 
 def _listed(values: tuple | None) -> list | None:
@@ -89,7 +90,8 @@ def count_columns(record: RunRecord) -> dict[str, list]:
     order, as `FILL_ROUND_COUNTS` sums them), as one list per column."""
     counted: dict[tuple, list] = {}
     for r in record.generation.rounds:
-        seen = counted.setdefault((r.k, r.depth, r.accepted, r.rejected, r.draft_parents is not None), [0, 0.0])
+        outcome = (r.k, r.depth, r.accepted, r.rejected, r.draft_parents is not None, r.pass_rows)
+        seen = counted.setdefault(outcome, [0, 0.0])
         seen[0] += 1
         seen[1] += r.verify_s
     outcomes = list(zip(*counted, strict=True))

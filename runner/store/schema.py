@@ -19,8 +19,8 @@ import duckdb
 
 from runner.records import tree_depth
 from runner.store.schema_batches import BATCH_STATS, batch_columns
-from runner.store.schema_facts import RUN_STATS, create_run_facts
-from runner.store.schema_rounds import OUTCOMES_OF_ROUNDS, POSITION_STATS, count_rounds
+from runner.store.schema_facts import RUN_STATS
+from runner.store.schema_rounds import OUTCOMES_OF_ROUNDS, POSITION_STATS, add_pass_rows, count_rounds
 from runner.store.schema_trainings import add_training_categories, create_trainings
 from runner.store.spec_bench import CONTEXT_STATS
 
@@ -192,6 +192,10 @@ def _add_batches(con: duckdb.DuckDBPyConnection) -> None:
     con.execute(BATCH_STATS)
 
 
+def _create_run_facts(con: duckdb.DuckDBPyConnection) -> None:
+    """Superseded: `add_pass_rows` makes run_facts as today's SQL reads it (with each pass's rows), in every file."""
+
+
 def _add_tree_nodes(con: duckdb.DuckDBPyConnection) -> None:
     # A tree's nodes per round at most: given as :nodes=N, or measured by its pair (runner/engine/tree_size.py). Runs
     # recorded before drafted their :nodes=N, else 15, the fixed default then; lookahead G guesses of N - 1 (7,5,7).
@@ -224,8 +228,9 @@ MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     _add_sampling_test,
     _add_batches,
     count_rounds,
-    create_run_facts,
+    _create_run_facts,
     _add_tree_nodes,
+    add_pass_rows,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -1,14 +1,14 @@
 """`run_facts`: every 'ok' run's row of `run_stats` worked out once, as the run is written, instead of on every query
-(migration `create_run_facts` in `schema.py`; kept here to keep that file short).
+(migration `add_pass_rows` in `schema_rounds.py` makes the table; kept here to keep `schema.py` short).
 
 run_stats joined runs to run_totals and to the baseline's row of runs on every query: at a million runs, 0.3-1 s
 for each of the Overview's and Compare's queries. Its rows are now a table, written with the run (`refresh`), and
 run_stats is a view of that table, so its columns and numbers are what they were. The table adds the run's own
 times (wall, prefill, drafting, verifying: what the k advisor splits a round into) and what the dashboard pooled
 from round_counts per run: the rounds that drafted (`drafting_rounds`) and whether any drafted a tree (`tree`,
-for nodes per round), the verify passes by width (`widths`: per k, rounds and summed verify seconds), and the
-drafting rounds by outcome (`outcomes`: per depth, accepted and rejected, the rounds), which acceptance by position
-spreads.
+for nodes per round), the verify passes by width (`widths`: per k and pass rows, rounds and summed verify seconds),
+and the drafting rounds by outcome (`outcomes`: per depth, accepted and rejected, the rounds), which acceptance by
+position spreads.
 
 A run's row depends on its baseline's, so writing a run also works out again the rows of the runs that name it as
 their baseline (a baseline spilled while the file was locked can be written after its runs). A file changed by hand
@@ -49,13 +49,14 @@ RUN_STATS = "CREATE OR REPLACE VIEW run_stats AS" + RUN_STATS_SELECT
 _COLUMNS = ", k_policy, batch_size"
 TIMES = ("wall_s", "prefill_s", "draft_s", "verify_s")
 ADDED = (*TIMES, "drafting_rounds", "tree", "widths", "outcomes")
-# Per run from round_counts: the rounds that drafted, whether any drafted a tree, per width (k) the rounds verified
+# Per run from round_counts: the rounds that drafted, whether any drafted a tree, per (k, pass rows) the rounds verified
 # and their summed verify seconds, and the drafting rounds counted by (depth, accepted, rejected).
 _PER_RUN = """SELECT * FROM (
         SELECT run_id, (sum(rounds) FILTER (k > 0))::BIGINT AS drafting_rounds, bool_or(tree) FILTER (k > 0) AS tree,
-            list({{'k': k, 'rounds': rounds, 'verify_s': verify_s}} ORDER BY k) AS widths
-        FROM (SELECT run_id, k, sum(rounds)::BIGINT AS rounds, sum(verify_s) AS verify_s, bool_or(tree) AS tree
-              FROM round_counts WHERE {where} GROUP BY run_id, k)
+            list({{'k': k, 'rows': pass_rows, 'rounds': rounds, 'verify_s': verify_s}} ORDER BY k, pass_rows) AS widths
+        FROM (SELECT run_id, k, pass_rows, sum(rounds)::BIGINT AS rounds, sum(verify_s) AS verify_s,
+                     bool_or(tree) AS tree
+              FROM round_counts WHERE {where} GROUP BY run_id, k, pass_rows)
         GROUP BY run_id)
     LEFT JOIN (
         SELECT run_id, list({{'depth': depth, 'accepted': accepted, 'rejected': rejected, 'rounds': rounds}}

@@ -10,14 +10,20 @@ from __future__ import annotations
 
 import duckdb
 
+from runner.store import schema_facts
+
 # Per run: its rounds counted by outcome. A chain at k has at most k + 1 outcomes (accepted 0..k), a baseline one.
 ROUND_COUNTS = """CREATE TABLE round_counts (
         run_id TEXT NOT NULL, k INTEGER, depth INTEGER, accepted INTEGER, rejected INTEGER, tree BOOLEAN NOT NULL,
         rounds INTEGER NOT NULL, verify_s DOUBLE)"""
 # The outcome of a round: what `position_stats`, nodes per round and verify time by width tell apart.
-OUTCOME = ("k", "depth", "accepted", "rejected", "tree")
-# Every run's rounds counted: the backfill of migration `count_rounds` (and of bench/scale.py's synthetic file).
-FILL_ROUND_COUNTS = """INSERT INTO round_counts SELECT run_id, k, depth, accepted, rejected,
+OUTCOME = ("k", "depth", "accepted", "rejected", "tree", "pass_rows")
+# Every run's rounds counted, as the runner writes them (bench/scale.py's synthetic file, the tests' re-timed ones).
+FILL_ROUND_COUNTS = """INSERT INTO round_counts (run_id, k, depth, accepted, rejected, tree, pass_rows, rounds,
+    verify_s) SELECT run_id, k, depth, accepted, rejected, draft_parents IS NOT NULL AS tree, pass_rows, count(*),
+    sum(verify_s) FROM rounds GROUP BY ALL"""
+# The backfill of migration `count_rounds`, before rounds had pass_rows.
+_FILL_BEFORE_PASS_ROWS = """INSERT INTO round_counts SELECT run_id, k, depth, accepted, rejected,
     draft_parents IS NOT NULL AS tree, count(*), sum(verify_s) FROM rounds GROUP BY ALL"""
 
 # Per run and draft position i = 1..depth (a tree's level): how many rounds drafted a token there (`proposed`), how
@@ -62,5 +68,18 @@ OUTCOMES_COUNTED = """SELECT run_id, depth, accepted AS a, rejected AS r, sum(ro
 
 def count_rounds(con: duckdb.DuckDBPyConnection) -> None:
     con.execute(ROUND_COUNTS)
-    con.execute(FILL_ROUND_COUNTS)
+    con.execute(_FILL_BEFORE_PASS_ROWS)
     con.execute(POSITION_STATS.format(outcomes=OUTCOMES_COUNTED))
+
+
+def add_pass_rows(con: duckdb.DuckDBPyConnection) -> None:
+    """Each round's verify pass by its rows (`rounds.pass_rows`), which the verify curve reads: every drafter fed
+    the root and its k drafts, k + 1 rows, but lookahead, whose window rows were not recorded (NULL: its rounds are
+    read into no curve). `run_facts.widths` gains the rows, so its table is worked out again."""
+    lookahead = "run_id IN (SELECT run_id FROM runs WHERE draft_kind = 'lookahead')"
+    for table in ("rounds", "round_counts"):
+        con.execute(f"ALTER TABLE {table} ADD COLUMN pass_rows INTEGER")
+        con.execute(f"UPDATE {table} SET pass_rows = k + 1 WHERE NOT {lookahead}")
+    con.execute("DROP VIEW run_stats")
+    con.execute("DROP TABLE IF EXISTS run_facts")  # files made before kept it since migration 21
+    schema_facts.create_run_facts(con)
