@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The shipped runs.duckdb, recorded again with today's engine (about 50 minutes on an idle 2-core CPU, one thread):
+# The shipped runs.duckdb, recorded again with today's engine (about 45 minutes on an idle 2-core CPU, one thread):
 #   bench/reship.sh [OLD] [NEW]     (default: runs.duckdb and runs.new.duckdb; move NEW over OLD when it is done)
 # NEW gets the sweeps below, all from this machine, then OLD's draft-head trainings and benchmarks (none of its runs).
 set -euo pipefail
