@@ -104,8 +104,7 @@ def smollm2_head(smollm2: models.Loaded, tmp: Path) -> Path:
     """A random head for SmolLM2 written by specdash's own saver: drafts that are mostly wrong, so rounds roll back."""
     from runner.train.fit import default_layers, initial_head
 
-    torch.manual_seed(0)
-    head = initial_head(smollm2, default_layers(30), torch.arange(0, 49152, 16), torch.tensor([3.0, 6.5, 22.6]))
+    head = initial_head(smollm2, default_layers(30), torch.arange(0, 49152, 16), torch.tensor([3.0, 6.5, 22.6]), 0)
     with torch.no_grad():  # trained heads have non-zero branches: give the layer a say
         for weight in (head.midlayer.self_attn.o_proj.weight, head.midlayer.mlp.down_proj.weight):
             weight.normal_(0, 0.05)

@@ -137,6 +137,16 @@ def test_a_tiny_head_learns_beyond_the_untrained_one_and_every_epoch_is_recorded
     assert run.output_tokens == expected and sum(r.accepted for r in run.rounds) > 0
 
 
+def test_a_heads_start_is_its_seeds(tiny):
+    # every random weight (the fused input's and the layer's own), so one recipe trains one head
+    layers = fit.default_layers(tiny.model.config.num_hidden_layers)
+    ids, rms = torch.arange(0, 64), torch.ones(len(layers))
+    one, again, other = (fit.initial_head(tiny, layers, ids, rms, seed).weights() for seed in (0, 0, 1))
+    assert all(torch.equal(one[name], again[name]) for name in one)
+    differ = {name for name in one if not torch.equal(one[name], other[name])}
+    assert {"fc.weight", "midlayer.self_attn.q_proj.weight"} <= differ
+
+
 def test_an_interrupted_training_leaves_the_head_directory_as_it_was(tmp_path, tiny_dir, monkeypatch):
     config = tiny_config(tmp_path, tiny_dir, epochs=1)
     train_draft(config, Console(quiet=True))

@@ -131,12 +131,14 @@ def feature_rms(samples: list[Sample], layers: int) -> torch.Tensor:
 
 
 def initial_head(loaded: models.Loaded, layers: tuple[int, ...], draft_ids: torch.Tensor,
-                 rms: torch.Tensor) -> EagleHead:
+                 rms: torch.Tensor, seed: int) -> EagleHead:
     """A head of the target's width, started so that it learns in few steps. Its LM head starts as the target's
     own rows for the draft vocabulary, and its final norm as the target's scaled so that a random direction gets
     logits of spread 1 (the target's own would give ~6, and a loss of ~20 to unlearn first). `fc` is scaled so that
     each layer's features (`rms` apart: ~3 to ~23 for SmolLM2) add up to a residual stream of unit size, and the
-    attention's and the MLP's output projections start at zero, so the layer's branches are not drowned."""
+    attention's and the MLP's output projections start at zero, so the layer's branches are not drowned. Its random
+    weights are `seed`'s, so one recipe trains one head."""
+    torch.manual_seed(seed)
     tc = loaded.model.config
     heads = tc.num_attention_heads
     config = HeadConfig(

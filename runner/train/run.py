@@ -154,7 +154,7 @@ def _train(config: TrainConfig, loaded: models.Loaded, layers: tuple[int, ...], 
         result.epochs, best = medusa_fit.fit_medusa(heads, train, heldout, config, on_epoch, on_step)
     else:
         draft_ids, result.coverage = vocabulary(train, config.draft_vocab, loaded.model.config.vocab_size)
-        head = initial_head(loaded, layers, draft_ids, feature_rms(train, len(layers)))
+        head = initial_head(loaded, layers, draft_ids, feature_rms(train, len(layers)), config.seed)
         identity = {"train_id": result.train_id, "started_at": log.started_at.isoformat()}  # plain types only
         result.epochs, best = fit(head, train, heldout, config, on_epoch, on_step, resumed,
                                   lambda state: resume.save_state(identity | state, state_path))
