@@ -172,3 +172,28 @@ def test_a_batch_pass_is_as_wide_as_its_widest_member(tmp_path):
     assert two["emitted"] == pytest.approx(2.4)
     assert two["predicted_tokens_per_s"] == pytest.approx(2.4 / (0.007 + 0.0591 + 0.124))
     assert two["measured_tokens_per_s"] == pytest.approx(22 / 1.9)
+
+
+def test_a_shared_pass_counts_once_for_each_member_it_carried(tmp_path):
+    """As in the test above, but the last pass, code-02 alone with its 2 drafts, takes 0.03 s: a member pays the
+    passes it is in, so v(2) weighs each pass by its members: passes 0–3 carry both (8 member-rounds at 0.06 s) and
+    pass 5 one (0.03 s): v(2) = 0.51 / 9 = 0.05667 (by pass, (4 · 0.06 + 0.03) / 5 = 0.054 would give the late, lone
+    member's cheap pass a whole pass's say). v(0) = 0.05, v(1) = 0.05333 between; verify = 0.05 + 0.91 · 0.00667 =
+    0.056067 s; drafting 0.007 s; l = ((0.9 − 0.1 − 0.04 − 0.24) + (1.2 − 0.1 − 0.03 − 0.32)) / 10 = 0.127 s."""
+    db = build(tmp_path / "runs.duckdb")
+    plans = (("code-01", [2, 2, 2, 2], 0.9, [0.06] * 4), ("code-02", [None, 2, None, 2, None, 2], 1.2,
+                                                         [0.06] * 4 + [0.05, 0.03]))
+    for slot, (prompt, schedule, wall_s, passes) in enumerate(plans):
+        base = f"m-none-{slot}"
+        write_run(db, _member(baseline_record(prompt), base, 1.5, 2, slot, "m-none", None))
+        spec = speculative_record("x", prompt, "ngram", 2, schedule, 1.0)
+        rounds = tuple(replace(r, verify_s=v) for r, v in zip(spec.generation.rounds, passes, strict=True))
+        spec = replace(spec, generation=replace(spec.generation, rounds=rounds))
+        write_run(db, _member(spec, f"m-ng-{slot}", wall_s, 2, slot, "m-ng", base))
+    with duckdb.connect(str(db), read_only=True) as con:
+        curve = advisor.k_curve(con, Filters(category=("code",), draft=("ngram",), batch_size=(2,)))
+    two = curve[curve["k"] == 2].iloc[0]
+    v2 = (8 * 0.06 + 0.03) / 9
+    verify = 0.05 + 0.91 * (v2 - 0.05)
+    assert two["predicted_tokens_per_s"] == pytest.approx(2.4 / (0.007 + verify + 0.127))
+    assert two["measured_tokens_per_s"] == pytest.approx(22 / 1.9)

@@ -16,19 +16,20 @@ A round at k then emits 1 + Σ_{i≤k} s_i tokens in d·Σ_{i≤k} w_i + v(0) + 
 
 At batch size B (part of the setup, like the kernels: `runner/engine/batch.py`) the baseline is plain decoding at B
 and v(w) is the shared pass by its width: every member's rows padded to the widest member's drafts, so v comes from
-the batch's passes (one per batch and round, as wide as its widest member) and a pass is at least i wide when any
-member drafted that far: 1 − (1 − w_i)^B of them, members drafting independently, in place of w_i in the verify
-term. Every member drafts in turn before the pass, so a round's drafting is B·d·Σ w_i, and l is what is left of a
-member's round after B times its own drafting: the advice is then one k per batch size, as a serving engine's
-per-batch-size draft length takes it.
+the batch's passes (one per batch and round, as wide as its widest member), each counted once per member it carried
+(a member pays the passes it is in, and the last ones, after others finished, carry fewer and cost less), and a pass
+is at least i wide when any member drafted that far: 1 − (1 − w_i)^B of them, members drafting independently, in
+place of w_i in the verify term. Every member drafts in turn before the pass, so a round's drafting is B·d·Σ w_i,
+and l is what is left of a member's round after B times its own drafting: the advice is then one k per batch size,
+as a serving engine's per-batch-size draft length takes it.
 
 A tree (its passes wider than the levels it drafted, `position_stats` counting levels) is verified as wide as its
-passes: at each depth k recorded, its verify term is v over the widths its passes had (its rounds'; in a batch,
-its shared passes' widths), Σ n_w·v(w) / Σ n_w, not v at the mean width, since a pass's cost is not linear in its
-width; its drafting is its measured seconds per round at k; depths never recorded are not predicted.
-A pass's width is its rows beyond the newest token (`rounds.pass_rows` − 1): a chain's k, a tree's nodes, and with
-lookahead its window too, rows it never drafts. Runs recorded before rounds kept their pass rows (lookahead's, whose
-width is then unknown) are neither read into v nor predicted.
+passes: at each depth k recorded, its verify term is v over the widths its passes had (its rounds'; in a batch, its
+shared passes' widths, each pass once per member), Σ n_w·v(w) / Σ n_w, not v at the mean width, since a pass's cost
+is not linear in its width; its drafting is its measured seconds per round at k; depths never recorded are not
+predicted. A pass's width is its rows beyond the newest token (`rounds.pass_rows` − 1): a chain's k, a tree's nodes,
+and with lookahead its window too, rows it never drafts. Runs recorded before rounds kept their pass rows
+(lookahead's, whose width is then unknown) are neither read into v nor predicted.
 Measured throughput is the decode phase's: (new_tokens − 1) / (wall_s − prefill_s) (the prefill makes the first
 token), so prediction and measurement count the same tokens and the same seconds.
 """
@@ -79,14 +80,14 @@ def advisor_sql(filters: Filters) -> tuple[str, list]:
         FROM picked WHERE draft = 'none' GROUP BY ALL),
     passes AS (  -- a batch's shared passes, each as wide as its widest member's rows
         SELECT {", ".join(f"p.{c}" for c in KEY)}, p.k, p.k_policy, max(x.pass_rows) - 1 AS width,
-            any_value(x.verify_s) AS verify_s
+            any_value(x.verify_s) AS verify_s, count(*) AS members
         FROM picked p JOIN runs USING (run_id) JOIN rounds x USING (run_id) WHERE p.batch_size > 1
         GROUP BY {", ".join(f"p.{c}" for c in KEY)}, p.k, p.k_policy, runs.batch_id, x.round),
     widths AS (
         SELECT {curve_key}, o.rows - 1 AS width, sum(o.verify_s) / sum(o.rounds) AS verify_s
             FROM (SELECT {curve_key}, unnest(widths) AS o FROM picked WHERE batch_size = 1) GROUP BY ALL
         UNION ALL BY NAME
-        SELECT {curve_key}, width, avg(verify_s) AS verify_s FROM passes GROUP BY ALL),
+        SELECT {curve_key}, width, sum(members * verify_s) / sum(members) AS verify_s FROM passes GROUP BY ALL),
     grid AS (SELECT {curve_key}, g.width, w.verify_s
         FROM (SELECT {curve_key}, max(width) AS top FROM widths GROUP BY ALL) m
         CROSS JOIN LATERAL range(0, m.top + 1) g(width) LEFT JOIN widths w USING ({curve_key}, width)),
@@ -121,7 +122,7 @@ def advisor_sql(filters: Filters) -> tuple[str, list]:
         SELECT {key}, k, o.rows - 1 AS width, sum(o.rounds) AS n
             FROM (SELECT {key}, k, unnest(widths) AS o FROM fixed WHERE batch_size = 1) GROUP BY ALL
         UNION ALL BY NAME
-        SELECT {key}, k, width, count(*) AS n FROM passes WHERE k_policy = 'fixed' GROUP BY ALL),
+        SELECT {key}, k, width, sum(members) AS n FROM passes WHERE k_policy = 'fixed' GROUP BY ALL),
     shapes AS (SELECT *, bool_or(wider) OVER (PARTITION BY {key}) AS tree FROM per_k),
     tree_verify AS (SELECT h.*, sum(n * c.verify_s) / sum(n) AS verify_s
         FROM shapes h JOIN tree_widths t USING ({key}, k) JOIN curve c USING ({curve_key}, width)
