@@ -78,7 +78,7 @@ def advisor_sql(filters: Filters) -> tuple[str, list]:
         FROM fixed WHERE drafted IS NOT NULL GROUP BY ALL),
     baseline AS (SELECT {group}, mode, category, sum(new_tokens - 1) / sum(wall_s - prefill_s) AS tokens_per_s
         FROM picked WHERE draft = 'none' GROUP BY ALL),
-    passes AS (  -- a batch's shared passes, each as wide as its widest member's rows
+    passes AS (  -- a batch's shared passes, each as wide as its widest member's rows, and the members it carried
         SELECT {", ".join(f"p.{c}" for c in KEY)}, p.k, p.k_policy, max(x.pass_rows) - 1 AS width,
             any_value(x.verify_s) AS verify_s, count(*) AS members
         FROM picked p JOIN runs USING (run_id) JOIN rounds x USING (run_id) WHERE p.batch_size > 1
