@@ -147,18 +147,12 @@ def test_the_compare_page_keeps_each_batch_size_its_own_setup(monkeypatch, db):
     assert list(ngram.sort_values("setup")["measured_choice"]) == ["k=4 · fixed", "k=2 · fixed", "k=2 · fixed"]
 
 
-def test_a_batch_pass_is_as_wide_as_its_widest_member(tmp_path):
-    """ngram k=2 at batch 2 (code): code-01 drafts 2 in each of its 4 rounds; code-02 finds nothing in every other
-    round ([None, 2, None, 2, None, 2]). Passes 0–3 carry code-01's drafts, so they cost v(2) = 0.06 s even where
-    code-02 drafted none; pass 4 holds code-02 alone with none (0.05 s), pass 5 its last drafts (0.06 s).
-    Pooled per position, w = s = 7/10 (7 of 10 rounds drafted and accepted both). The passes by width: v(0) = 0.05
-    (the plain batch's 12 and pass 4), v(2) = 0.06, v(1) = 0.055 between them; a pass is at least i wide when either
-    member drafted that far: 1 − (1 − 0.7)² = 0.91, so verify = 0.05 + 0.91 · 0.01 = 0.0591 s (a member's own share,
-    0.7, would give 0.057). Drafting 2 · 1.4 · 0.0025 = 0.007 s; l = ((0.9 − 0.1 − 0.04 − 0.24) + (1.2 − 0.1 −
-    0.03 − 0.35)) / 10 = 0.124 s. Predicted: (1 + 0.7 + 0.7) / (0.007 + 0.0591 + 0.124); measured 22 / 1.9."""
-    db = build(tmp_path / "runs.duckdb")
+def batch_of_two_curve(db: Path, last_pass_s: float):
+    """ngram k=2 at batch 2 (code), the advisor's curve: code-01 drafts 2 in each of its 4 rounds, passes 0–3 at 0.06
+    s; code-02 finds nothing in every other round ([None, 2, None, 2, None, 2]): pass 4 holds it alone with none
+    (0.05 s), pass 5 alone with its last drafts (`last_pass_s`)."""
     plans = (("code-01", [2, 2, 2, 2], 0.9, [0.06] * 4), ("code-02", [None, 2, None, 2, None, 2], 1.2,
-                                                         [0.06] * 4 + [0.05, 0.06]))
+                                                         [0.06] * 4 + [0.05, last_pass_s]))
     for slot, (prompt, schedule, wall_s, passes) in enumerate(plans):
         base = f"w-none-{slot}"
         write_run(db, _member(baseline_record(prompt), base, 1.5, 2, slot, "w-none", None))
@@ -168,32 +162,30 @@ def test_a_batch_pass_is_as_wide_as_its_widest_member(tmp_path):
         write_run(db, _member(spec, f"w-ng-{slot}", wall_s, 2, slot, "w-ng", base))
     with duckdb.connect(str(db), read_only=True) as con:
         curve = advisor.k_curve(con, Filters(category=("code",), draft=("ngram",), batch_size=(2,)))
-    two = curve[curve["k"] == 2].iloc[0]
+    return curve[curve["k"] == 2].iloc[0]
+
+
+def test_a_batch_pass_is_as_wide_as_its_widest_member(tmp_path):
+    """Passes 0–3 carry code-01's drafts, so they cost v(2) = 0.06 s even where code-02 drafted none; pass 4 holds
+    code-02 alone with none (0.05 s), pass 5 its last drafts (0.06 s).
+    Pooled per position, w = s = 7/10 (7 of 10 rounds drafted and accepted both). The passes by width: v(0) = 0.05
+    (the plain batch's 12 and pass 4), v(2) = 0.06, v(1) = 0.055 between them; a pass is at least i wide when either
+    member drafted that far: 1 − (1 − 0.7)² = 0.91, so verify = 0.05 + 0.91 · 0.01 = 0.0591 s (a member's own share,
+    0.7, would give 0.057). Drafting 2 · 1.4 · 0.0025 = 0.007 s; l = ((0.9 − 0.1 − 0.04 − 0.24) + (1.2 − 0.1 −
+    0.03 − 0.35)) / 10 = 0.124 s. Predicted: (1 + 0.7 + 0.7) / (0.007 + 0.0591 + 0.124); measured 22 / 1.9."""
+    two = batch_of_two_curve(build(tmp_path / "runs.duckdb"), 0.06)
     assert two["emitted"] == pytest.approx(2.4)
     assert two["predicted_tokens_per_s"] == pytest.approx(2.4 / (0.007 + 0.0591 + 0.124))
     assert two["measured_tokens_per_s"] == pytest.approx(22 / 1.9)
 
 
 def test_a_shared_pass_counts_once_for_each_member_it_carried(tmp_path):
-    """As in the test above, but the last pass, code-02 alone with its 2 drafts, takes 0.03 s: a member pays the
-    passes it is in, so v(2) weighs each pass by its members: passes 0–3 carry both (8 member-rounds at 0.06 s) and
-    pass 5 one (0.03 s): v(2) = 0.51 / 9 = 0.05667 (by pass, (4 · 0.06 + 0.03) / 5 = 0.054 would give the late, lone
-    member's cheap pass a whole pass's say). v(0) = 0.05, v(1) = 0.05333 between; verify = 0.05 + 0.91 · 0.00667 =
-    0.056067 s; drafting 0.007 s; l = ((0.9 − 0.1 − 0.04 − 0.24) + (1.2 − 0.1 − 0.03 − 0.32)) / 10 = 0.127 s."""
-    db = build(tmp_path / "runs.duckdb")
-    plans = (("code-01", [2, 2, 2, 2], 0.9, [0.06] * 4), ("code-02", [None, 2, None, 2, None, 2], 1.2,
-                                                         [0.06] * 4 + [0.05, 0.03]))
-    for slot, (prompt, schedule, wall_s, passes) in enumerate(plans):
-        base = f"m-none-{slot}"
-        write_run(db, _member(baseline_record(prompt), base, 1.5, 2, slot, "m-none", None))
-        spec = speculative_record("x", prompt, "ngram", 2, schedule, 1.0)
-        rounds = tuple(replace(r, verify_s=v) for r, v in zip(spec.generation.rounds, passes, strict=True))
-        spec = replace(spec, generation=replace(spec.generation, rounds=rounds))
-        write_run(db, _member(spec, f"m-ng-{slot}", wall_s, 2, slot, "m-ng", base))
-    with duckdb.connect(str(db), read_only=True) as con:
-        curve = advisor.k_curve(con, Filters(category=("code",), draft=("ngram",), batch_size=(2,)))
-    two = curve[curve["k"] == 2].iloc[0]
-    v2 = (8 * 0.06 + 0.03) / 9
-    verify = 0.05 + 0.91 * (v2 - 0.05)
+    """As above, but the last pass, code-02 alone with its 2 drafts, takes 0.03 s: a member pays the passes it is
+    in, so v(2) weighs each pass by its members: passes 0–3 carry both (8 member-rounds at 0.06 s) and pass 5 one
+    (0.03 s): v(2) = 0.51 / 9 = 0.05667 (by pass, (4 · 0.06 + 0.03) / 5 = 0.054 would give the late, lone member's
+    cheap pass a whole pass's say). v(0) = 0.05, v(1) = 0.05333 between; verify = 0.05 + 0.91 · 0.00667 = 0.056067 s;
+    drafting 0.007 s; l = ((0.9 − 0.1 − 0.04 − 0.24) + (1.2 − 0.1 − 0.03 − 0.32)) / 10 = 0.127 s."""
+    two = batch_of_two_curve(build(tmp_path / "runs.duckdb"), 0.03)
+    verify = 0.05 + 0.91 * ((8 * 0.06 + 0.03) / 9 - 0.05)
     assert two["predicted_tokens_per_s"] == pytest.approx(2.4 / (0.007 + verify + 0.127))
     assert two["measured_tokens_per_s"] == pytest.approx(22 / 1.9)
