@@ -166,26 +166,27 @@ def batch_of_two_curve(db: Path, last_pass_s: float):
 
 
 def test_a_batch_pass_is_as_wide_as_its_widest_member(tmp_path):
-    """Passes 0–3 carry code-01's drafts, so they cost v(2) = 0.06 s even where code-02 drafted none; pass 4 holds
-    code-02 alone with none (0.05 s), pass 5 its last drafts (0.06 s).
-    Pooled per position, w = s = 7/10 (7 of 10 rounds drafted and accepted both). The passes by width: v(0) = 0.05
-    (the plain batch's 12 and pass 4), v(2) = 0.06, v(1) = 0.055 between them; a pass is at least i wide when either
-    member drafted that far: 1 − (1 − 0.7)² = 0.91, so verify = 0.05 + 0.91 · 0.01 = 0.0591 s (a member's own share,
-    0.7, would give 0.057). Drafting 2 · 1.4 · 0.0025 = 0.007 s; l = ((0.9 − 0.1 − 0.04 − 0.24) + (1.2 − 0.1 −
-    0.03 − 0.35)) / 10 = 0.124 s. Predicted: (1 + 0.7 + 0.7) / (0.007 + 0.0591 + 0.124); measured 22 / 1.9."""
+    """Passes 0–3 carry both members padded to code-01's drafts: 2 · 3 = 6 rows at 0.06 s, even where code-02
+    drafted none; pass 4 holds code-02 alone with none (1 row, 0.05 s), pass 5 its last drafts (3 rows, 0.06 s); the
+    plain batch's 12 passes are 2 rows at 0.05 s. So v(r) by rows: v(1) = v(2) = 0.05, v(3) = 0.06, v(6) = 0.06
+    (v(4), v(5) between v(3) and v(6)).
+    Pooled per position, w = s = 7/10 (7 of 10 rounds drafted and accepted both). Of the member's 10 passes, 8 were
+    shared by 2 and 2 were its own: with 2 live, a pass is at least i wide when either drafted that far, 1 − (1 − 0.7)²
+    = 0.91, so 0.05 + 0.91 · (v(6) − v(2)) = 0.0591 s; alone, 0.05 + 0.7 · (v(3) − v(1)) = 0.057 s; verify =
+    0.8 · 0.0591 + 0.2 · 0.057 = 0.05868 s. Drafting 2 · 1.4 · 0.0025 = 0.007 s; l = ((0.9 − 0.1 − 0.04 − 0.24) + (1.2
+    − 0.1 − 0.03 − 0.35)) / 10 = 0.124 s. Predicted: (1 + 0.7 + 0.7) / (0.007 + 0.05868 + 0.124); measured 22 / 1.9."""
     two = batch_of_two_curve(build(tmp_path / "runs.duckdb"), 0.06)
     assert two["emitted"] == pytest.approx(2.4)
-    assert two["predicted_tokens_per_s"] == pytest.approx(2.4 / (0.007 + 0.0591 + 0.124))
+    assert two["predicted_tokens_per_s"] == pytest.approx(2.4 / (0.007 + 0.05868 + 0.124))
     assert two["measured_tokens_per_s"] == pytest.approx(22 / 1.9)
 
 
 def test_a_shared_pass_counts_once_for_each_member_it_carried(tmp_path):
-    """As above, but the last pass, code-02 alone with its 2 drafts, takes 0.03 s: a member pays the passes it is
-    in, so v(2) weighs each pass by its members: passes 0–3 carry both (8 member-rounds at 0.06 s) and pass 5 one
-    (0.03 s): v(2) = 0.51 / 9 = 0.05667 (by pass, (4 · 0.06 + 0.03) / 5 = 0.054 would give the late, lone member's
-    cheap pass a whole pass's say). v(0) = 0.05, v(1) = 0.05333 between; verify = 0.05 + 0.91 · 0.00667 = 0.056067 s;
-    drafting 0.007 s; l = ((0.9 − 0.1 − 0.04 − 0.24) + (1.2 − 0.1 − 0.03 − 0.32)) / 10 = 0.127 s."""
+    """As above, but the last pass, code-02 alone with its 2 drafts, takes 0.03 s: v(3) = 0.03, so alone verify =
+    0.05 + 0.7 · (0.03 − 0.05) = 0.036 s. A member pays the passes it is in, so the live counts weigh each pass by its
+    members: 8 member-passes of 10 at 2 live, 2 alone: verify = 0.8 · 0.0591 + 0.2 · 0.036 = 0.05448 s (by pass, 4 of
+    6 shared, (4 · 0.0591 + 2 · 0.036) / 6 = 0.0514 would give the late, lone member's cheap passes a whole pass's
+    say). Drafting 0.007 s; l = ((0.9 − 0.1 − 0.04 − 0.24) + (1.2 − 0.1 − 0.03 − 0.32)) / 10 = 0.127 s."""
     two = batch_of_two_curve(build(tmp_path / "runs.duckdb"), 0.03)
-    verify = 0.05 + 0.91 * ((8 * 0.06 + 0.03) / 9 - 0.05)
-    assert two["predicted_tokens_per_s"] == pytest.approx(2.4 / (0.007 + verify + 0.127))
+    assert two["predicted_tokens_per_s"] == pytest.approx(2.4 / (0.007 + 0.05448 + 0.127))
     assert two["measured_tokens_per_s"] == pytest.approx(22 / 1.9)

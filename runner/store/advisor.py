@@ -7,29 +7,31 @@ recorded, on the prompts that every compared cell of the setup × category ran (
 - s_i: the share of rounds (of runs whose k reaches position i) that accepted at least i drafts, and w_i: the share
   that drafted at least i (prompt lookup can find fewer; the budget cuts the last rounds), both as `position_stats`
   counts them (pooled per key first: `schema_rounds.positions_pooled`), over the same fixed-k runs as the rounds;
-- v(w): the mean verify pass over w drafts, per category (its prompts set the context every pass reads: a summary's
-  passage makes each pass dearer), from every round of the selected runs as `run_facts.widths` sums them (the
-  baselines' rounds give w = 0); a width no round verified is interpolated between its measured neighbours;
+- v(r): the mean verify pass over r rows (the newest token and w drafts: r = w + 1), per category (its prompts set
+  the context every pass reads: a summary's passage makes each pass dearer), from every round of the selected runs as
+  `run_facts.widths` sums them (the baselines' rounds give r = 1); a row count no pass had is interpolated between
+  its measured neighbours, below the fewest measured it is taken as theirs, and past the most it is not predicted;
 - d: drafting seconds per drafted token, and l: the loop's own seconds per round (wall − prefill − draft − verify).
 
-A round at k then emits 1 + Σ_{i≤k} s_i tokens in d·Σ_{i≤k} w_i + v(0) + Σ_{i≤k} w_i·(v(i) − v(i−1)) + l seconds.
+A round at k then emits 1 + Σ_{i≤k} s_i tokens in d·Σ_{i≤k} w_i + v(1) + Σ_{i≤k} w_i·(v(i + 1) − v(i)) + l seconds.
 
 At batch size B (part of the setup, like the kernels: `runner/engine/batch.py`) the baseline is plain decoding at B
-and v(w) is the shared pass by its width: every member's rows padded to the widest member's drafts, so v comes from
-the batch's passes (one per batch and round, as wide as its widest member), each counted once per member it carried
-(a member pays the passes it is in, and the last ones, after others finished, carry fewer and cost less), and a pass
-is at least i wide when any member drafted that far: 1 − (1 − w_i)^B of them, members drafting independently, in
-place of w_i in the verify term. Every member drafts in turn before the pass, so a round's drafting is B·d·Σ w_i,
-and l is what is left of a member's round after B times its own drafting: the advice is then one k per batch size,
-as a serving engine's per-batch-size draft length takes it.
+and v(r) comes from the batch's shared passes (one per batch and round). A pass with L sequences live carries
+L · (W + 1) rows, every member's padded to the widest member's W drafts, so it is at least i wide when any of them
+drafted that far: 1 − (1 − w_i)^L of the passes, members drafting independently, in place of w_i, with v read at
+L · (i + 1) rows. L is not B: members that finish leave, and the last passes carry fewer and cost less. So the verify
+term is averaged over the live counts the draft's members were in, each pass counted once per member it carried
+(a member pays the passes it is in). Every member drafts in turn before the pass, so a round's drafting is
+B·d·Σ w_i, and l is what is left of a member's round after B times its own drafting: the advice is then one k per
+batch size, as a serving engine's per-batch-size draft length takes it.
 
 A tree (its passes wider than the levels it drafted, `position_stats` counting levels) is verified as wide as its
-passes: at each depth k recorded, its verify term is v over the widths its passes had (its rounds'; in a batch, its
-shared passes' widths, each pass once per member), Σ n_w·v(w) / Σ n_w, not v at the mean width, since a pass's cost
-is not linear in its width; its drafting is its measured seconds per round at k; depths never recorded are not
-predicted. A pass's width is its rows beyond the newest token (`rounds.pass_rows` − 1): a chain's k, a tree's nodes,
-and with lookahead its window too, rows it never drafts. Runs recorded before rounds kept their pass rows
-(lookahead's, whose width is then unknown) are neither read into v nor predicted.
+passes: at each depth k recorded, its verify term is v over the row counts its passes had (its rounds'; in a batch,
+its shared passes', each pass once per member), Σ n_r·v(r) / Σ n_r, not v at the mean, since a pass's cost is not
+linear in its rows; its drafting is its measured seconds per round at k; depths never recorded are not predicted. A
+pass's rows (`rounds.pass_rows`) are the newest token and a chain's k drafts or a tree's nodes, and with lookahead
+its window too, rows it never drafts. Runs recorded before rounds kept their pass rows (lookahead's, whose rows are
+then unknown) are neither read into v nor predicted.
 Measured throughput is the decode phase's: (new_tokens − 1) / (wall_s − prefill_s) (the prefill makes the first
 token), so prediction and measurement count the same tokens and the same seconds.
 """
@@ -78,54 +80,70 @@ def advisor_sql(filters: Filters) -> tuple[str, list]:
         FROM fixed WHERE drafted IS NOT NULL GROUP BY ALL),
     baseline AS (SELECT {group}, mode, category, sum(new_tokens - 1) / sum(wall_s - prefill_s) AS tokens_per_s
         FROM picked WHERE draft = 'none' GROUP BY ALL),
-    passes AS (  -- a batch's shared passes, each as wide as its widest member's rows, and the members it carried
-        SELECT {", ".join(f"p.{c}" for c in KEY)}, p.k, p.k_policy, max(x.pass_rows) - 1 AS width,
-            any_value(x.verify_s) AS verify_s, count(*) AS members
+    passes AS (  -- a batch's shared passes: the members it carried, each padded to the widest member's rows
+        SELECT {", ".join(f"p.{c}" for c in KEY)}, p.k, p.k_policy, count(*) AS members,
+            count(*) * max(x.pass_rows) AS rows, any_value(x.verify_s) AS verify_s
         FROM picked p JOIN runs USING (run_id) JOIN rounds x USING (run_id) WHERE p.batch_size > 1
         GROUP BY {", ".join(f"p.{c}" for c in KEY)}, p.k, p.k_policy, runs.batch_id, x.round),
-    widths AS (
-        SELECT {curve_key}, o.rows - 1 AS width, sum(o.verify_s) / sum(o.rounds) AS verify_s
+    surface AS (  -- v(r): the mean verify pass over r rows, every member's together
+        SELECT {curve_key}, o.rows, sum(o.verify_s) / sum(o.rounds) AS verify_s
             FROM (SELECT {curve_key}, unnest(widths) AS o FROM picked WHERE batch_size = 1) GROUP BY ALL
         UNION ALL BY NAME
-        SELECT {curve_key}, width, sum(members * verify_s) / sum(members) AS verify_s FROM passes GROUP BY ALL),
-    grid AS (SELECT {curve_key}, g.width, w.verify_s
-        FROM (SELECT {curve_key}, max(width) AS top FROM widths GROUP BY ALL) m
-        CROSS JOIN LATERAL range(0, m.top + 1) g(width) LEFT JOIN widths w USING ({curve_key}, width)),
+        SELECT {curve_key}, rows, avg(verify_s) AS verify_s FROM passes GROUP BY ALL),
+    grid AS (SELECT {curve_key}, g.rows, v.verify_s
+        FROM (SELECT {curve_key}, max(rows) AS top FROM surface GROUP BY ALL) m
+        CROSS JOIN LATERAL range(1, m.top + 1) g(rows) LEFT JOIN surface v USING ({curve_key}, rows)),
     neighbours AS (SELECT *,
             last_value(verify_s IGNORE NULLS) OVER below AS lo,
-            last_value(CASE WHEN verify_s IS NOT NULL THEN width END IGNORE NULLS) OVER below AS lo_w,
+            last_value(CASE WHEN verify_s IS NOT NULL THEN rows END IGNORE NULLS) OVER below AS lo_r,
             first_value(verify_s IGNORE NULLS) OVER above AS hi,
-            first_value(CASE WHEN verify_s IS NOT NULL THEN width END IGNORE NULLS) OVER above AS hi_w
-        FROM grid WINDOW below AS (PARTITION BY {curve_key} ORDER BY width),
-            above AS (PARTITION BY {curve_key} ORDER BY width ROWS BETWEEN CURRENT ROW AND UNBOUNDED FOLLOWING)),
-    curve AS (SELECT {curve_key}, width,
-            coalesce(verify_s, lo + (hi - lo) * (width - lo_w) / (hi_w - lo_w)) AS verify_s FROM neighbours),
-    steps AS (SELECT {curve_key}, width AS position,
-            verify_s - lag(verify_s) OVER w AS step, max(verify_s) FILTER (width = 0) OVER w AS one_pass_s
-        FROM curve WINDOW w AS (PARTITION BY {curve_key} ORDER BY width)),
+            first_value(CASE WHEN verify_s IS NOT NULL THEN rows END IGNORE NULLS) OVER above AS hi_r
+        FROM grid WINDOW below AS (PARTITION BY {curve_key} ORDER BY rows),
+            above AS (PARTITION BY {curve_key} ORDER BY rows ROWS BETWEEN CURRENT ROW AND UNBOUNDED FOLLOWING)),
+    curve AS (SELECT {curve_key}, rows,
+            coalesce(verify_s, lo + (hi - lo) * (rows - lo_r) / (hi_r - lo_r), hi) AS verify_s FROM neighbours),
+    live AS (  -- how many sequences a member's passes carried (its own included), as a share of its passes
+        SELECT {key}, live, n / sum(n) OVER (PARTITION BY {key}) AS share
+            FROM (SELECT {key}, members AS live, sum(members) AS n FROM passes WHERE k_policy = 'fixed' GROUP BY ALL)
+        UNION ALL BY NAME
+        SELECT DISTINCT {key}, 1 AS live, 1.0 AS share FROM fixed WHERE batch_size = 1),
     depth AS (SELECT {key}, g.position, sum(n_rounds) AS rounds
         FROM fixed CROSS JOIN LATERAL range(1, k + 1) g(position) GROUP BY ALL),
     positions AS ({positions}),
     shares AS (SELECT {key}, position, coalesce(p.accepted, 0) / d.rounds AS s,
-            coalesce(p.proposed, 0) / d.rounds AS w, x.step, x.one_pass_s
-        FROM depth d LEFT JOIN positions p USING ({key}, position) JOIN steps x USING ({curve_key}, position)),
-    -- the share of passes at least `position` wide: some member of the batch drafted that far
-    chains AS (SELECT {key}, position AS k, 1 + sum(s) OVER upto AS emitted, sum(w) OVER upto AS drafted,
-            one_pass_s + sum((1 - pow(1 - w, batch_size)) * step) OVER upto AS verify_s, one_pass_s
-        FROM shares WINDOW upto AS (PARTITION BY {key} ORDER BY position)),
+            coalesce(p.proposed, 0) / d.rounds AS w
+        FROM depth d LEFT JOIN positions p USING ({key}, position)),
+    -- with L sequences live a pass is L · (W + 1) rows, W the widest member's drafts: at least i when any of them
+    -- drafted that far, 1 − (1 − w_i)^L of the passes; past the most rows measured, no prediction (NULL)
+    by_live AS (SELECT {key}, l.live, l.share, x.position AS k, 1 + sum(x.s) OVER upto AS emitted,
+            sum(x.w) OVER upto AS drafted, one.verify_s AS one_pass_s,
+            one.verify_s + sum((1 - pow(1 - x.w, l.live)) * (wider.verify_s - narrower.verify_s)) OVER upto
+                AS verify_s, bool_and(x.w = 0 OR wider.verify_s IS NOT NULL) OVER upto AS known
+        FROM shares x JOIN live l USING ({key})
+            LEFT JOIN curve one ON {" AND ".join(f"one.{c} IS NOT DISTINCT FROM x.{c}" for c in CURVE)}
+                AND one.rows = l.live
+            LEFT JOIN curve narrower ON {" AND ".join(f"narrower.{c} IS NOT DISTINCT FROM x.{c}" for c in CURVE)}
+                AND narrower.rows = l.live * x.position
+            LEFT JOIN curve wider ON {" AND ".join(f"wider.{c} IS NOT DISTINCT FROM x.{c}" for c in CURVE)}
+                AND wider.rows = l.live * (x.position + 1)
+        WINDOW upto AS (PARTITION BY {key}, l.live ORDER BY x.position)),
+    chains AS (SELECT {key}, k, any_value(emitted) AS emitted, any_value(drafted) AS drafted,
+            CASE WHEN bool_and(known) THEN sum(share * verify_s) END AS verify_s,
+            sum(share * one_pass_s) AS one_pass_s
+        FROM by_live GROUP BY ALL),
     per_k AS (SELECT {key}, k, sum(drafted) / sum(n_rounds) AS nodes, sum(draft_s) / sum(n_rounds) AS round_draft_s,
             -- passes wider than the levels drafted (a tree, lookahead's window): Σ rounds · width > Σ rounds · depth
             sum(coalesce(list_sum(list_transform(widths, lambda o: (o.rows - 1) * o.rounds)), 0))
                 > sum(coalesce(list_sum(list_transform(outcomes, lambda o: o.depth * o.rounds)), 0)) AS wider
         FROM fixed WHERE drafted IS NOT NULL GROUP BY ALL),
-    tree_widths AS (  -- how often a tree's pass was each width: its rounds' at batch 1, its batch's passes' else
-        SELECT {key}, k, o.rows - 1 AS width, sum(o.rounds) AS n
+    tree_rows AS (  -- how often a tree's member was in a pass of each size: its rounds' at batch 1, its batch's else
+        SELECT {key}, k, o.rows, sum(o.rounds) AS n
             FROM (SELECT {key}, k, unnest(widths) AS o FROM fixed WHERE batch_size = 1) GROUP BY ALL
         UNION ALL BY NAME
-        SELECT {key}, k, width, sum(members) AS n FROM passes WHERE k_policy = 'fixed' GROUP BY ALL),
+        SELECT {key}, k, rows, sum(members) AS n FROM passes WHERE k_policy = 'fixed' GROUP BY ALL),
     shapes AS (SELECT *, bool_or(wider) OVER (PARTITION BY {key}) AS tree FROM per_k),
     tree_verify AS (SELECT h.*, sum(n * c.verify_s) / sum(n) AS verify_s
-        FROM shapes h JOIN tree_widths t USING ({key}, k) JOIN curve c USING ({curve_key}, width)
+        FROM shapes h JOIN tree_rows t USING ({key}, k) JOIN curve c USING ({curve_key}, rows)
         WHERE h.tree GROUP BY ALL),
     predicted AS (
         SELECT c.*, batch_size * c.drafted * d.draft_token_s AS draft_s
