@@ -100,8 +100,10 @@ def test_the_advisor_counts_positions_over_the_runs_it_compares(tmp_path):
     with duckdb.connect(str(without), read_only=True) as con:
         assert len(con.execute("SELECT * FROM runs").fetchall()) == left - 1
         pd.testing.assert_frame_equal(advisor.k_curve(con, Filters()), kept, check_exact=True)
-    # ngram on code, pooled over k: c1-ng-k2 accepted 2, 1, 2, 2 in its 5 rounds, c1-ng-k4 4, 2, 3 in its 3, so at
-    # k = 2, s_1 = 7/8 and s_2 = 6/8. Pooling c2-ng-k2's 2, 2, 2, 2 into the counts but not into the rounds would
-    # have made them 11/8 and 10/8: 3.625 tokens a round, more than k + 1.
+    # ngram on code, pooled over k: c1-ng-k2 accepted 2, 1, 2, 2 in its 4 drafting rounds (its fifth, at the budget's
+    # end, drafted nothing), c1-ng-k4 4, 2, 3 in its 3, so s_1 = 7/7 and s_2 = 6/7 of the drafting rounds, and the idle
+    # round is f = 1/24 of the 24 tokens. At k = 2 a drafting round emits E = 20/7 and p = r / (f + r) = 161/181 of
+    # the rounds draft, r = (23/24) / E: 1 + p · 13/7 = 480/181 tokens a round. Pooling c2-ng-k2's 2, 2, 2, 2 into
+    # the counts but not into the rounds would have made s_1 = 11/7 and s_2 = 10/7: more than k + 1 tokens a round.
     code = kept[(kept["draft"] == "ngram") & (kept["category"] == "code") & (kept["k"] == 2)]
-    assert code["emitted"].tolist() == [pytest.approx(1 + 7 / 8 + 6 / 8)]
+    assert code["emitted"].tolist() == [pytest.approx(480 / 181)]

@@ -233,3 +233,37 @@ def test_lookahead_recorded_before_pass_rows_is_neither_predicted_nor_read_into_
     assert curve["predicted_tokens_per_s"].tolist() == pytest.approx([1.5 / 0.015])
     assert growth["k"].tolist() == [0, 1]
     assert growth["relative"].tolist() == pytest.approx([1.0, 1.2])
+
+
+def two_drafts_file(path: Path) -> Path:
+    """Plain decoding at 10 ms a pass; prompt lookup at k = 1 and k = 2, each run with one round that found no match
+    (one token, a one-row pass at 10 ms); layer skip at k = 1, whose 2-row passes take 20 ms where prompt lookup's
+    take 12 (2 ms drafting a token; loops: 1 ms, 4 ms and none)."""
+    write_run(path, run("base", "none", None, None, [(0, 0, 0.010)] * 4, 0.0))
+    write_run(path, run("n1", "ngram", 1, "fixed", [(1, 1, 0.012), (0, 0, 0.010), (1, 0, 0.012)], 0.001))
+    write_run(path, run("n2", "ngram", 2, "fixed", [(2, 2, 0.014), (0, 0, 0.010)], 0.004))
+    write_run(path, run("ls", "layerskip:2", 1, "fixed", [(1, 1, 0.020), (1, 1, 0.020)], 0.0))
+    return path
+
+
+def test_rounds_that_draft_nothing_are_a_share_of_the_tokens_at_every_k(tmp_path):
+    # Prompt lookup's unmatched text takes a round a token whatever k is, so such rounds are a share of the tokens,
+    # f = 2 idle rounds / 8 tokens (n1: 3 rounds + 1 accepted, n2: 2 + 2) = 1/4, and the shares by position are the
+    # drafting rounds': position 1 drafted by 3 (n1's 2, n2's 1), accepted by 2: s1 = 2/3, w1 = 1; position 2 by n2's
+    # one round, accepted: s2 = w2 = 1. At k a drafting round emits E = 1 + Σ s_i tokens, so (1 − f) / E drafting
+    # rounds a token against f idle ones: the share that drafts, p = r / (f + r), r = (1 − f) / E.
+    # k = 1: E = 5/3, r = 0.45, p = 9/14; emitted 1 + p·2/3 = 10/7; verify v(1) + p·w1·(v(2) − v(1)) over prompt
+    # lookup's own passes and plain decoding's (v(1) = 10, v(2) = 12, v(3) = 14 ms; layer skip's 20 ms passes are its
+    # own); drafting 2 ms · p; loop 5 ms / 5 rounds = 1 ms.
+    # k = 2: E = 8/3, r = 0.28125, p = 9/17; emitted 1 + p·5/3 = 32/17; verify 10 + p·(2 + 2) ms, drafting 2 ms · 2p.
+    # (Per round, as shares pooled over all rounds, it was 1 + 2/5 and 1 + 2/5 + 1/2: k = 2's rounds draft less often.)
+    with duckdb.connect(str(two_drafts_file(tmp_path / "runs.duckdb")), read_only=True) as con:
+        curve = advisor.k_curve(con, Filters(draft=("ngram",)))
+    p1, p2 = 9 / 14, 9 / 17
+    assert curve["emitted"].tolist() == pytest.approx([10 / 7, 32 / 17])
+    assert curve["drafted"].tolist() == pytest.approx([p1, 2 * p2])
+    assert curve["predicted_tokens_per_s"].tolist() == pytest.approx([
+        (10 / 7) / (0.002 * p1 + 0.010 + p1 * 0.002 + 0.001),
+        (32 / 17) / (0.002 * 2 * p2 + 0.010 + p2 * 0.004 + 0.001)])
+    assert curve["measured_tokens_per_s"].tolist() == pytest.approx([4 / 0.039, 4 / 0.032])
+

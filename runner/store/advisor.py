@@ -4,25 +4,31 @@ rather than from the flat-cost formula.
 Per target × device × kernels × threads × batch size × mode × category × draft, over the fixed-k runs at every k
 recorded, on the prompts that every compared cell of the setup × category ran (`comparable`), baselines included:
 
-- s_i: the share of rounds (of runs whose k reaches position i) that accepted at least i drafts, and w_i: the share
-  that drafted at least i (prompt lookup can find fewer; the budget cuts the last rounds), both as `position_stats`
-  counts them (pooled per key first: `schema_rounds.positions_pooled`), over the same fixed-k runs as the rounds;
+- s_i: the share of the rounds that drafted (of runs whose k reaches position i) that accepted at least i drafts,
+  and w_i: the share that drafted at least i (prompt lookup can find fewer; the budget cuts the last rounds), both as
+  `position_stats` counts them (pooled per key first: `schema_rounds.positions_pooled`), over the same fixed-k runs;
+- f: the rounds that drafted nothing (prompt lookup's unmatched text), one token each, as a share of all the tokens
+  the rounds emitted. That share, not a share of the rounds, is the same at every k: a longer k crosses the matched
+  text in fewer rounds but the unmatched text in as many, so its rounds draft less often. At k a drafting round emits
+  E = 1 + Σ_{i≤k} s_i tokens, a token takes (1 − f) / E drafting rounds and f idle ones, and p = r / (f + r),
+  r = (1 − f) / E, of the rounds draft;
 - v(r): the mean verify pass over r rows (the newest token and w drafts: r = w + 1), per category (its prompts set
   the context every pass reads: a summary's passage makes each pass dearer), from every round of the selected runs as
   `run_facts.widths` sums them (the baselines' rounds give r = 1); a row count no pass had is interpolated between
   its measured neighbours, below the fewest measured it is taken as theirs, and past the most it is not predicted;
 - d: drafting seconds per drafted token, and l: the loop's own seconds per round (wall − prefill − draft − verify).
 
-A round at k then emits 1 + Σ_{i≤k} s_i tokens in d·Σ_{i≤k} w_i + v(1) + Σ_{i≤k} w_i·(v(i + 1) − v(i)) + l seconds.
+A round at k then emits 1 + p·Σ_{i≤k} s_i tokens in d·p·Σ_{i≤k} w_i + v(1) + Σ_{i≤k} p·w_i·(v(i + 1) − v(i)) + l
+seconds.
 
 At batch size B (part of the setup, like the kernels: `runner/engine/batch.py`) the baseline is plain decoding at B
 and v(r) comes from the batch's shared passes (one per batch and round). A pass with L sequences live carries
 L · (W + 1) rows, every member's padded to the widest member's W drafts, so it is at least i wide when any of them
-drafted that far: 1 − (1 − w_i)^L of the passes, members drafting independently, in place of w_i, with v read at
+drafted that far: 1 − (1 − p·w_i)^L of the passes, members drafting independently, in place of p·w_i, with v read at
 L · (i + 1) rows. L is not B: members that finish leave, and the last passes carry fewer and cost less. So the verify
 term is averaged over the live counts the draft's members were in, each pass counted once per member it carried
 (a member pays the passes it is in). Every member drafts in turn before the pass, so a round's drafting is
-B·d·Σ w_i, and l is what is left of a member's round after B times its own drafting: the advice is then one k per
+B·d·p·Σ w_i, and l is what is left of a member's round after B times its own drafting: the advice is then one k per
 batch size, as a serving engine's per-batch-size draft length takes it.
 
 A tree (its passes wider than the levels it drafted, `position_stats` counting levels) is verified as wide as its
@@ -107,26 +113,33 @@ def advisor_sql(filters: Filters) -> tuple[str, list]:
             FROM (SELECT {key}, members AS live, sum(members) AS n FROM passes WHERE k_policy = 'fixed' GROUP BY ALL)
         UNION ALL BY NAME
         SELECT DISTINCT {key}, 1 AS live, 1.0 AS share FROM fixed WHERE batch_size = 1),
-    depth AS (SELECT {key}, g.position, sum(n_rounds) AS rounds
+    depth AS (SELECT {key}, g.position, sum(drafting_rounds) AS rounds
         FROM fixed CROSS JOIN LATERAL range(1, k + 1) g(position) GROUP BY ALL),
     positions AS ({positions}),
-    shares AS (SELECT {key}, position, coalesce(p.accepted, 0) / d.rounds AS s,
-            coalesce(p.proposed, 0) / d.rounds AS w
+    shares AS (  -- of the rounds that drafted: the share that accepted, and that drafted, at least `position`
+        SELECT {key}, position, coalesce(p.accepted, 0) / d.rounds AS s, coalesce(p.proposed, 0) / d.rounds AS w
         FROM depth d LEFT JOIN positions p USING ({key}, position)),
+    idle AS (  -- the rounds that drafted nothing, one token each, as a share of all the tokens the rounds emitted
+        SELECT {key}, sum(n_rounds - drafting_rounds) / nullif(sum(n_rounds + accepted), 0) AS f
+        FROM fixed GROUP BY ALL),
+    mix AS (  -- at k, the share of rounds that draft: r / (f + r), r = (1 − f) / (1 + Σ_{{i≤k}} s_i) a token
+        SELECT {key}, k, r / (f + r) AS p FROM (
+            SELECT {key}, x.position AS k, i.f, (1 - i.f) / (1 + sum(x.s) OVER upto) AS r
+            FROM shares x JOIN idle i USING ({key}) WINDOW upto AS (PARTITION BY {key} ORDER BY x.position))),
     -- with L sequences live a pass is L · (W + 1) rows, W the widest member's drafts: at least i when any of them
-    -- drafted that far, 1 − (1 − w_i)^L of the passes; past the most rows measured, no prediction (NULL)
-    by_live AS (SELECT {key}, l.live, l.share, x.position AS k, 1 + sum(x.s) OVER upto AS emitted,
-            sum(x.w) OVER upto AS drafted, one.verify_s AS one_pass_s,
-            one.verify_s + sum((1 - pow(1 - x.w, l.live)) * (wider.verify_s - narrower.verify_s)) OVER upto
-                AS verify_s, bool_and(x.w = 0 OR wider.verify_s IS NOT NULL) OVER upto AS known
-        FROM shares x JOIN live l USING ({key})
+    -- drafted that far, 1 − (1 − p·w_i)^L of the passes; past the most rows measured, no prediction (NULL)
+    by_live AS (SELECT {key}, l.live, l.share, m.k, 1 + m.p * sum(x.s) AS emitted, m.p * sum(x.w) AS drafted,
+            one.verify_s AS one_pass_s,
+            one.verify_s + sum((1 - pow(1 - m.p * x.w, l.live)) * (wider.verify_s - narrower.verify_s)) AS verify_s,
+            bool_and(x.w = 0 OR wider.verify_s IS NOT NULL) AS known
+        FROM mix m JOIN shares x USING ({key}) JOIN live l USING ({key})
             LEFT JOIN curve one ON {" AND ".join(f"one.{c} IS NOT DISTINCT FROM x.{c}" for c in CURVE)}
                 AND one.rows = l.live
             LEFT JOIN curve narrower ON {" AND ".join(f"narrower.{c} IS NOT DISTINCT FROM x.{c}" for c in CURVE)}
                 AND narrower.rows = l.live * x.position
             LEFT JOIN curve wider ON {" AND ".join(f"wider.{c} IS NOT DISTINCT FROM x.{c}" for c in CURVE)}
                 AND wider.rows = l.live * (x.position + 1)
-        WINDOW upto AS (PARTITION BY {key}, l.live ORDER BY x.position)),
+        WHERE x.position <= m.k GROUP BY {key}, l.live, l.share, m.k, m.p, one.verify_s),
     chains AS (SELECT {key}, k, any_value(emitted) AS emitted, any_value(drafted) AS drafted,
             CASE WHEN bool_and(known) THEN sum(share * verify_s) END AS verify_s,
             sum(share * one_pass_s) AS one_pass_s
