@@ -207,9 +207,9 @@ def lookahead_file(path: Path) -> Path:
 
 
 def test_lookahead_is_verified_at_its_passes_rows(tmp_path):
-    # v(0) = 10, v(1) = 12, v(4) = 20 ms (v(2), v(3) between). lookahead's passes are 4 wide, not its 1 draft: 1.5
-    # tokens in 2 + 20 + 1 ms = 65.2/s, as its own 3 in 46 ms (read as one-draft passes, v(1) = 16 ms would say
-    # 1.5 / 19 ms = 78.9/s, and pull layer skip's k = 1 from 1.5 / 15 ms = 100/s down to 1.5 / 19 ms).
+    # Layer skip reads its passes and plain decoding's: v(0) = 10, v(1) = 12 ms: 1.5 / 15 ms = 100/s. lookahead's
+    # passes are 4 wide, not its 1 draft (5 rows at 20 ms): 1.5 tokens in 2 + 20 + 1 ms = 65.2/s, as its own 3 in
+    # 46 ms. The Overview's verify chart draws the passes by their widths: 0, 1 and 4 (10, 12, 20 ms).
     with duckdb.connect(str(lookahead_file(tmp_path / "runs.duckdb")), read_only=True) as con:
         curve = advisor.k_curve(con, Filters())
         growth = queries.verify_growth(con, Filters())
@@ -267,3 +267,15 @@ def test_rounds_that_draft_nothing_are_a_share_of_the_tokens_at_every_k(tmp_path
         (32 / 17) / (0.002 * 2 * p2 + 0.010 + p2 * 0.004 + 0.001)])
     assert curve["measured_tokens_per_s"].tolist() == pytest.approx([4 / 0.039, 4 / 0.032])
 
+
+def test_each_draft_reads_its_own_passes_and_plain_decodings(tmp_path):
+    # Layer skip's 2-row passes took 20 ms where prompt lookup's took 12 (a draft's passes can carry more: a head's
+    # also hand it the target's features). Layer skip: v(1) = 10 ms (plain decoding), v(2) = 20: 2 tokens in 2 + 20
+    # ms = 90.9/s, its own 4 in 44 ms. Pooled with prompt lookup's, v(2) would be 16 ms for both.
+    with duckdb.connect(str(two_drafts_file(tmp_path / "runs.duckdb")), read_only=True) as con:
+        curve = advisor.k_curve(con, Filters())
+    ls = curve[curve["draft"] == "layerskip:2"]
+    assert ls["predicted_tokens_per_s"].tolist() == pytest.approx([2 / 0.022])
+    assert ls["measured_tokens_per_s"].tolist() == pytest.approx([4 / 0.044])
+    ngram = curve[curve["draft"] == "ngram"]
+    assert ngram["predicted_tokens_per_s"].iloc[0] == pytest.approx((10 / 7) / (0.002 * 9 / 14 * 2 + 0.010 + 0.001))

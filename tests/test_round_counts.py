@@ -57,9 +57,9 @@ PLAIN_VERIFY_GROWTH = f"""
     FROM picked p LEFT JOIN one_token o ON o.target = p.target AND o.device = p.device
         AND o.kernels IS NOT DISTINCT FROM p.kernels AND o.threads IS NOT DISTINCT FROM p.threads
     GROUP BY ALL ORDER BY p.target, p.device, p.kernels, p.threads, p.k"""
-PLAIN_WIDTHS = ("SELECT {group}, o.pass_rows AS rows, avg(o.verify_s) AS verify_s FROM rounds o"
+PLAIN_WIDTHS = ("SELECT {group}, o.pass_rows AS rows, count(*) AS n, sum(o.verify_s) AS seconds FROM rounds o"
                 " JOIN picked USING (run_id) WHERE batch_size = 1")
-FAST_WIDTHS = ("SELECT {group}, o.rows, sum(o.verify_s) / sum(o.rounds) AS verify_s\n"
+FAST_WIDTHS = ("SELECT {group}, o.rows, sum(o.rounds) AS n, sum(o.verify_s) AS seconds\n"
                "            FROM (SELECT {group}, unnest(widths) AS o FROM picked WHERE batch_size = 1)")
 PLAIN_TREE_WIDTHS = ("SELECT {key}, f.k, o.pass_rows AS rows, count(*) AS n FROM rounds o"
                      " JOIN fixed f USING (run_id) WHERE batch_size = 1 GROUP BY ALL")

@@ -12,10 +12,12 @@ recorded, on the prompts that every compared cell of the setup × category ran (
   text in fewer rounds but the unmatched text in as many, so its rounds draft less often. At k a drafting round emits
   E = 1 + Σ_{i≤k} s_i tokens, a token takes (1 − f) / E drafting rounds and f idle ones, and p = r / (f + r),
   r = (1 − f) / E, of the rounds draft;
-- v(r): the mean verify pass over r rows (the newest token and w drafts: r = w + 1), per category (its prompts set
-  the context every pass reads: a summary's passage makes each pass dearer), from every round of the selected runs as
-  `run_facts.widths` sums them (the baselines' rounds give r = 1); a row count no pass had is interpolated between
-  its measured neighbours, below the fewest measured it is taken as theirs, and past the most it is not predicted;
+- v(r): the mean verify pass over r rows (the newest token and w drafts: r = w + 1), per draft and category, from
+  the draft's own passes and plain decoding's (a draft's passes can cost more than their rows: a head's also hand it
+  the target's features; a category's prompts set the context every pass reads: a summary's passage makes each pass
+  dearer), every round of those runs as `run_facts.widths` sums them (the baselines' rounds give r = 1); a row count
+  no pass had is interpolated between its measured neighbours, below the fewest measured it is taken as theirs, and
+  past the most it is not predicted;
 - d: drafting seconds per drafted token, and l: the loop's own seconds per round (wall − prefill − draft − verify).
 
 A round at k then emits 1 + p·Σ_{i≤k} s_i tokens in d·p·Σ_{i≤k} w_i + v(1) + Σ_{i≤k} p·w_i·(v(i + 1) − v(i)) + l
@@ -52,7 +54,7 @@ from runner.store.metrics import Filters
 
 GROUP = ("target", "device", "kernels", "threads", "batch_size")  # a setup: what the measured costs belong to
 KEY = (*GROUP, "mode", "category", "draft")
-CURVE = (*GROUP, "category")  # a verify curve per category: its prompts set the context every pass reads
+CURVE = (*GROUP, "category", "draft")  # a verify curve per category and draft (see v(r) above)
 WITHIN = 0.03  # a predicted best k "hits" when its measured speed is within 3% of the measured best
 # The runs v may be read from: every pass's rows known (`schema_rounds.add_pass_rows` left lookahead's earlier
 # rounds NULL: their window was not recorded, so their passes would read as narrow ones at a wide one's cost).
@@ -91,11 +93,17 @@ def advisor_sql(filters: Filters) -> tuple[str, list]:
             count(*) * max(x.pass_rows) AS rows, any_value(x.verify_s) AS verify_s
         FROM picked p JOIN runs USING (run_id) JOIN rounds x USING (run_id) WHERE p.batch_size > 1
         GROUP BY {", ".join(f"p.{c}" for c in KEY)}, p.k, p.k_policy, runs.batch_id, x.round),
-    surface AS (  -- v(r): the mean verify pass over r rows, every member's together
-        SELECT {curve_key}, o.rows, sum(o.verify_s) / sum(o.rounds) AS verify_s
+    timed AS (  -- every draft's passes by their rows: how many, and their seconds
+        SELECT {curve_key}, o.rows, sum(o.rounds) AS n, sum(o.verify_s) AS seconds
             FROM (SELECT {curve_key}, unnest(widths) AS o FROM picked WHERE batch_size = 1) GROUP BY ALL
         UNION ALL BY NAME
-        SELECT {curve_key}, rows, avg(verify_s) AS verify_s FROM passes GROUP BY ALL),
+        SELECT {curve_key}, rows, count(*) AS n, sum(verify_s) AS seconds FROM passes GROUP BY ALL),
+    surface AS (  -- v(r): a draft's mean verify pass over r rows, from its own passes and plain decoding's
+        SELECT {", ".join(f"d.{c}" for c in CURVE)}, t.rows, sum(t.seconds) / sum(t.n) AS verify_s
+        FROM (SELECT DISTINCT {curve_key} FROM picked WHERE draft <> 'none') d
+            JOIN timed t ON {" AND ".join(f"t.{c} IS NOT DISTINCT FROM d.{c}" for c in CURVE if c != "draft")}
+                AND t.draft IN (d.draft, 'none')
+        GROUP BY ALL),
     grid AS (SELECT {curve_key}, g.rows, v.verify_s
         FROM (SELECT {curve_key}, max(rows) AS top FROM surface GROUP BY ALL) m
         CROSS JOIN LATERAL range(1, m.top + 1) g(rows) LEFT JOIN surface v USING ({curve_key}, rows)),
