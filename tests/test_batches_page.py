@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import duckdb
+import pandas as pd
 import pytest
 from dashboard_fixtures import baseline_record, build, speculative_record
 from streamlit.testing.v1 import AppTest
@@ -114,6 +115,27 @@ def test_the_batches_page_draws_both_curves_and_names_the_crossover(monkeypatch,
     assert pays[("ngram", 2, "code")] == "up to batch 2; below 1× at 4"
     best = tables[1].set_index(["draft", "category"])
     assert best.loc[("ngram", "code"), "batch 2"] == "k=2 · fixed (1.37×)"
+    # The advisor's k: at batch 2, k = 1 would emit 2 tokens in 2 · 0.0025 + 0.055 (v at 4 rows, between the plain
+    # batch's 2 rows at 0.05 s and ngram's 6 at 0.06 s) + 0.18 s = 8.3/s against k = 2's 12/s; at batch 4, 2 / (0.01 +
+    # 0.055 + 0.52) = 3.4/s against 3 / (0.02 + 0.06 + 0.52) = 5/s. Alone, k = 4, measured 27.5/s against k = 2's 22.
+    advised = tables[2].set_index(["draft", "category"])
+    assert advised.loc[("ngram", "code")].tolist() == ["k=4 · fixed · measured best"] + [
+        "k=2 · fixed · measured best"] * 2
+
+
+def test_the_advisors_table_says_how_each_advised_k_measured():
+    def advice(size, k, policy, best_k, at_advised, best, hit):
+        return {"draft": "ngram", "category": "code", "batch_size": size, "recommended_k": k,
+                "recommended_policy": policy, "measured_best_k": best_k, "measured_at_predicted": at_advised,
+                "measured_best": best, "hit": hit}
+
+    table = batches.advised_k_by_batch(pd.DataFrame([
+        advice(1, 3, "fixed", 3, 30.0, 30.0, True), advice(2, 4, "fixed", 3, 20.0, 20.4, True),
+        advice(4, 4, "fixed", 2, 10.0, 11.0, False), advice(8, 1, "fixed", 2, None, 8.0, None),
+        advice(16, 2, "auto", 2, 4.0, 4.0, True)]))
+    assert table.drop(columns=["draft", "category"]).iloc[0].tolist() == [
+        "k=3 · fixed · measured best", "k=4 · fixed · k=3 +2.0%", "k=4 · fixed · k=2 +10.0%, over 3%",
+        "k=1 · fixed · not measured", "k=2 · auto · beat every fixed k"]
 
 
 def test_the_advisor_predicts_each_batch_size_from_its_own_shared_passes(db):

@@ -1,5 +1,6 @@
 """How the gain changes as sequences share the target: speedup and throughput against batch size, per setup × draft
-× k × policy × category; where speculation stops paying (the crossover); the best k at each batch size.
+× k × policy × category; where speculation stops paying (the crossover); the best k at each batch size, measured and
+as the k advisor recommends it.
 
 Each run's speedup is against plain decoding of the same prompts at the same batch size (`run_stats`); they pool by
 geometric mean, as every speedup does. A batch's throughput is its new tokens over its slowest member's wall time.
@@ -10,6 +11,7 @@ from __future__ import annotations
 import duckdb
 import pandas as pd
 
+from runner.store.advisor import WITHIN
 from runner.store.comparable import choice
 from runner.store.metrics import Filters
 
@@ -69,3 +71,27 @@ def best_k_by_batch(frame: pd.DataFrame) -> pd.DataFrame:
                              aggfunc="first")
     table.columns = [f"batch {int(b)}" for b in table.columns]
     return table.reset_index()
+
+
+def advised_k_by_batch(advice: pd.DataFrame) -> pd.DataFrame:
+    """Per draft × category of `advisor.k_advice` (one setup's rows), a column per batch size: what the advisor
+    recommends there and how that measured, e.g. 'k=2 · fixed · measured best', 'k=4 · fixed · k=3 +4.0%, over 3%'
+    (k=3 measured 4.0% faster)."""
+    if advice.empty:
+        return pd.DataFrame()
+    cells = advice.assign(advised=[_verdict(row) for row in advice.itertuples(index=False)])
+    table = cells.pivot_table(index=["draft", "category"], columns="batch_size", values="advised", aggfunc="first")
+    table.columns = [f"batch {int(b)}" for b in table.columns]
+    return table.reset_index()
+
+
+def _verdict(row) -> str:
+    advised = choice(row.recommended_k, row.recommended_policy)
+    if row.recommended_policy != "fixed":
+        return f"{advised} · beat every fixed k"
+    if pd.isna(row.hit):
+        return f"{advised} · not measured"
+    if row.recommended_k == row.measured_best_k:
+        return f"{advised} · measured best"
+    faster = f"k={int(row.measured_best_k)} {row.measured_best / row.measured_at_predicted - 1:+.1%}"
+    return f"{advised} · {faster}{'' if row.hit else f', over {WITHIN:.0%}'}"
