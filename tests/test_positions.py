@@ -279,3 +279,16 @@ def test_each_draft_reads_its_own_passes_and_plain_decodings(tmp_path):
     assert ls["measured_tokens_per_s"].tolist() == pytest.approx([4 / 0.044])
     ngram = curve[curve["draft"] == "ngram"]
     assert ngram["predicted_tokens_per_s"].iloc[0] == pytest.approx((10 / 7) / (0.002 * 9 / 14 * 2 + 0.010 + 0.001))
+
+
+def test_a_run_that_never_drafted_counts_its_rounds_as_idle(tmp_path):
+    # n1 drafts once and is accepted, then finds nothing; n0 finds nothing twice (no drafting round at all). f = 3 idle
+    # rounds / 5 tokens, s1 = 1/1: E = 2, r = (2/5) / 2 = 1/5, p = (1/5) / (3/5 + 1/5) = 1/4: 1.25 tokens a round, the
+    # runs' own 5 tokens in 4 rounds (leaving n0 out of f would say f = 1/5 and 1 + 2/3).
+    path = tmp_path / "runs.duckdb"
+    write_run(path, run("base", "none", None, None, [(0, 0, 0.010)] * 4, 0.0))
+    write_run(path, run("n1", "ngram", 1, "fixed", [(1, 1, 0.012), (0, 0, 0.010)], 0.0))
+    write_run(path, run("n0", "ngram", 1, "fixed", [(0, 0, 0.010), (0, 0, 0.010)], 0.0))
+    with duckdb.connect(str(path), read_only=True) as con:
+        curve = advisor.k_curve(con, Filters(draft=("ngram",)))
+    assert curve["emitted"].tolist() == pytest.approx([1.25])

@@ -128,7 +128,7 @@ def advisor_sql(filters: Filters) -> tuple[str, list]:
         SELECT {key}, position, coalesce(p.accepted, 0) / d.rounds AS s, coalesce(p.proposed, 0) / d.rounds AS w
         FROM depth d LEFT JOIN positions p USING ({key}, position)),
     idle AS (  -- the rounds that drafted nothing, one token each, as a share of all the tokens the rounds emitted
-        SELECT {key}, sum(n_rounds - drafting_rounds) / nullif(sum(n_rounds + accepted), 0) AS f
+        SELECT {key}, sum(n_rounds - coalesce(drafting_rounds, 0)) / nullif(sum(n_rounds + accepted), 0) AS f
         FROM fixed GROUP BY ALL),
     mix AS (  -- at k, the share of rounds that draft: r / (f + r), r = (1 − f) / (1 + Σ_{{i≤k}} s_i) a token
         SELECT {key}, k, r / (f + r) AS p FROM (
