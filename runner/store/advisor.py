@@ -64,6 +64,11 @@ ROWS_KNOWN = "coalesce(len(list_filter(widths, lambda o: o.rows IS NULL)), 0) = 
 _THREADS = "coalesce(threads, 0) AS threads"
 
 
+def _same(a: str, b: str, columns: tuple[str, ...]) -> str:
+    """A join condition: `a` and `b` agree on every column, NULLs included."""
+    return " AND ".join(f"{a}.{c} IS NOT DISTINCT FROM {b}.{c}" for c in columns)
+
+
 def advisor_sql(filters: Filters) -> tuple[str, list]:
     """Per key × k from 1 to the largest fixed k recorded: the prediction and, where a fixed-k run was recorded,
     the measurement."""
@@ -101,7 +106,7 @@ def advisor_sql(filters: Filters) -> tuple[str, list]:
     surface AS (  -- v(r): a draft's mean verify pass over r rows, from its own passes and plain decoding's
         SELECT {", ".join(f"d.{c}" for c in CURVE)}, t.rows, sum(t.seconds) / sum(t.n) AS verify_s
         FROM (SELECT DISTINCT {curve_key} FROM picked WHERE draft <> 'none') d
-            JOIN timed t ON {" AND ".join(f"t.{c} IS NOT DISTINCT FROM d.{c}" for c in CURVE if c != "draft")}
+            JOIN timed t ON {_same("t", "d", (*GROUP, "category"))}
                 AND t.draft IN (d.draft, 'none')
         GROUP BY ALL),
     grid AS (SELECT {curve_key}, g.rows, v.verify_s
@@ -141,11 +146,11 @@ def advisor_sql(filters: Filters) -> tuple[str, list]:
             one.verify_s + sum((1 - pow(1 - m.p * x.w, l.live)) * (wider.verify_s - narrower.verify_s)) AS verify_s,
             bool_and(x.w = 0 OR wider.verify_s IS NOT NULL) AS known
         FROM mix m JOIN shares x USING ({key}) JOIN live l USING ({key})
-            LEFT JOIN curve one ON {" AND ".join(f"one.{c} IS NOT DISTINCT FROM x.{c}" for c in CURVE)}
+            LEFT JOIN curve one ON {_same("one", "x", CURVE)}
                 AND one.rows = l.live
-            LEFT JOIN curve narrower ON {" AND ".join(f"narrower.{c} IS NOT DISTINCT FROM x.{c}" for c in CURVE)}
+            LEFT JOIN curve narrower ON {_same("narrower", "x", CURVE)}
                 AND narrower.rows = l.live * x.position
-            LEFT JOIN curve wider ON {" AND ".join(f"wider.{c} IS NOT DISTINCT FROM x.{c}" for c in CURVE)}
+            LEFT JOIN curve wider ON {_same("wider", "x", CURVE)}
                 AND wider.rows = l.live * (x.position + 1)
         WHERE x.position <= m.k GROUP BY {key}, l.live, l.share, m.k, m.p, one.verify_s),
     chains AS (SELECT {key}, k, any_value(emitted) AS emitted, any_value(drafted) AS drafted,

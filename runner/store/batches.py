@@ -67,10 +67,7 @@ def best_k_by_batch(frame: pd.DataFrame) -> pd.DataFrame:
     best = drafts.sort_values("speedup", ascending=False).drop_duplicates([*SETUP, "draft", "category", "batch_size"])
     best = best.assign(best=[f"{choice(k, policy)} ({s:.2f}×)" for k, policy, s in
                              best[["k", "k_policy", "speedup"]].itertuples(index=False)])
-    table = best.pivot_table(index=[*SETUP, "draft", "category"], columns="batch_size", values="best",
-                             aggfunc="first")
-    table.columns = [f"batch {int(b)}" for b in table.columns]
-    return table.reset_index()
+    return _by_batch_size(best, [*SETUP, "draft", "category"], "best")
 
 
 def advised_k_by_batch(advice: pd.DataFrame) -> pd.DataFrame:
@@ -80,7 +77,12 @@ def advised_k_by_batch(advice: pd.DataFrame) -> pd.DataFrame:
     if advice.empty:
         return pd.DataFrame()
     cells = advice.assign(advised=[_verdict(row) for row in advice.itertuples(index=False)])
-    table = cells.pivot_table(index=["draft", "category"], columns="batch_size", values="advised", aggfunc="first")
+    return _by_batch_size(cells, ["draft", "category"], "advised")
+
+
+def _by_batch_size(cells: pd.DataFrame, index: list[str], values: str) -> pd.DataFrame:
+    """`values` of each `index` row in a column per batch size, 'batch 1', 'batch 4', ..."""
+    table = cells.pivot_table(index=index, columns="batch_size", values=values, aggfunc="first")
     table.columns = [f"batch {int(b)}" for b in table.columns]
     return table.reset_index()
 
