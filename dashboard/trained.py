@@ -33,13 +33,18 @@ def _resumed(t: pd.Series) -> str:
     return "" if epoch is None or pd.isna(epoch) else f" (resumed after epoch {int(epoch)})"
 
 
+def _context(t: pd.Series) -> str:
+    learned = t.get("learn_context")
+    return " · learned the prompts' text too" if pd.notna(learned) and bool(learned) else ""
+
+
 def _header(t: pd.Series) -> None:
     st.caption(
         f"training {t.name} · {t['started_at']:%Y-%m-%d %H:%M} UTC · {t['status']} · target {t['target']} · "
         f"{t['train_prompts']} prompts, {t['train_tokens']:,} answer tokens ({t['heldout_prompts']} held out, "
         f"{t['heldout_tokens']:,} tokens) · draft vocabulary {t['draft_vocab']:,} covering "
         f"{t['vocab_coverage']:.1%} of the answer tokens · layers {', '.join(str(int(x)) for x in t['layers'])} · "
-        f"unroll {t['unroll']} · epoch {t['saved_epoch']} of {t['epochs']} saved{_resumed(t)} · "
+        f"unroll {t['unroll']}{_context(t)} · epoch {t['saved_epoch']} of {t['epochs']} saved{_resumed(t)} · "
         f"data {t['data_s']:.0f} s"
         f"{' (cached)' if t['data_cached'] else ''}, training {t['train_s']:.0f} s, {t['wall_s'] / 60:.1f} min in "
         f"all on {t['device']} ({t['threads']} threads, load average {t['load_before']:.1f}"

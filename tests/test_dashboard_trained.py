@@ -78,13 +78,16 @@ def test_the_page_opens_on_the_head_in_use_and_follows_the_url(monkeypatch, tmp_
     later = TrainingLog(db, "t2")  # a newer one-epoch test head that no run used
     later.start({"target": TARGET, "draft": "eagle:heads/scratch", "out_dir": "heads/scratch", "train_prompts": 2,
                  "heldout_prompts": 1, "epochs": 1, "draft_vocab": 256, "layers": [2], "unroll": 1, "device": "cpu",
-                 "threads": 2, "load_before": 1.0, "command": "python -m runner train-draft --epochs 1"})
+                 "threads": 2, "load_before": 1.0, "command": "python -m runner train-draft --epochs 1 --learn-context",
+                 "learn_context": True})
     later.epoch(0, None, 5.0, 1.0, None, {"code": [(10, 1)]})
     later.finish("ok", {"saved_epoch": 0, "train_tokens": 10, "heldout_tokens": 5, "vocab_coverage": 0.5,
                         "data_cached": False, "data_s": 1.0, "train_s": 1.0, "wall_s": 2.0, "load_after": 1.0})
     at = app(monkeypatch, db, "trained.py")
     assert not at.exception and at.selectbox(key="train").value == "t1"  # the head with recorded runs
-    assert "layers 2, 2, 1 · unroll 2" in at.caption[0].value  # plain numbers, not np.int32(2)
-    assert app(monkeypatch, db, "trained.py", train="t2").selectbox(key="train").value == "t2"
+    assert "layers 2, 2, 1 · unroll 2 · epoch" in at.caption[0].value  # plain numbers, not np.int32(2)
+    at = app(monkeypatch, db, "trained.py", train="t2")
+    assert at.selectbox(key="train").value == "t2"
+    assert "layers 2 · unroll 1 · learned the prompts' text too · epoch 0 of 1" in at.caption[0].value
     at = app(monkeypatch, db, "trained.py", train="nope")
     assert [w.value for w in at.warning] == ["No training “nope” in this database: pick one below."]

@@ -3,6 +3,7 @@ bad input refused before any model work."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from runner.train import fit
 from runner.train.data import Context, Sample, answer_batch
 from runner.train.fit import TrainConfig, split, vocabulary
 from runner.train.run import default_prompts, train_draft
-from runner.train.unroll import StepResult, acceptance_counts
+from runner.train.unroll import StepResult, acceptance_counts, batches
 
 GREEDY = Decoding("greedy", 0.0, 1.0)
 
@@ -45,6 +46,22 @@ def test_a_position_is_judged_only_after_every_earlier_draft_was_right():
              StepResult(torch.tensor(0.0), torch.tensor([[False, True, True, True, False]]), judged)]
     # position 1: 4 judged, 3 right; position 2: the 3 whose first was right, 2 right; position 3: those 2, 1 right
     assert acceptance_counts(steps) == [(4, 3), (3, 2), (2, 1)]
+
+
+def test_with_the_context_learned_every_token_after_the_fixed_start_is_judged():
+    # both samples start with 1 2 3 (a chat template's fixed start); the answers begin at tokens 5 and 4
+    one = Sample("a", "c", torch.tensor([1, 2, 3, 9, 8, 7, 6, 5]), torch.zeros(7, 3), 5)
+    two = Sample("b", "c", torch.tensor([1, 2, 3, 4, 6, 6, 2, 1]), torch.zeros(7, 3), 4)
+    assert fit.fixed_start([one, two]) == 3
+    assert fit.fixed_start([one, Sample("c", "c", torch.tensor([1, 2]), torch.zeros(1, 3), 1)]) == 2  # a prefix
+    cpu = torch.device("cpu")
+    (answers,) = batches([one], 100, None, cpu)
+    (context,) = batches([one], 100, None, cpu, learn_from=3)
+    # index i predicts token i + 2 at step 0 and token i + 3 at step 1; the sample ends at token 7
+    assert answers.judged(0)[0].nonzero().flatten().tolist() == [3, 4, 5]  # tokens 5, 6, 7: the answer
+    assert context.judged(0)[0].nonzero().flatten().tolist() == [1, 2, 3, 4, 5]  # tokens 3..7
+    assert context.judged(1)[0].nonzero().flatten().tolist() == [1, 2, 3, 4]  # tokens 4..7
+    assert context.wanted(0)[0, 1].item() == 9 and context.fed(0)[0, 1].item() == 3
 
 
 def test_the_shipped_training_prompts_are_not_the_built_in_suite_and_every_category_is_held_out():
@@ -137,6 +154,21 @@ def test_a_tiny_head_learns_beyond_the_untrained_one_and_every_epoch_is_recorded
     assert run.output_tokens == expected and sum(r.accepted for r in run.rounds) > 0
 
 
+def test_a_head_that_learns_the_context_trains_on_more_positions_and_is_scored_as_before(tmp_path, tiny_dir):
+    answers = train_draft(tiny_config(tmp_path, tiny_dir, epochs=1), Console(quiet=True))
+    config = tiny_config(tmp_path, tiny_dir, epochs=1, out=tmp_path / "context", learn_context=True)
+    context = train_draft(config, Console(quiet=True))
+    # the same untrained head on the same held-out answers (evaluation never reads the prompts' own tokens) ...
+    assert context.epochs[0] == dataclasses.replace(answers.epochs[0], seconds=context.epochs[0].seconds)
+    assert context.epochs[1].positions[0][0] == answers.epochs[1].positions[0][0]
+    # ... trained on other positions (the same batches and order, more of each judged)
+    assert context.epochs[1].train_loss != answers.epochs[1].train_loss
+    con = duckdb.connect(str(config.db), read_only=True)
+    assert con.execute("SELECT out_dir, learn_context FROM trainings ORDER BY started_at").fetchall() == [
+        (str(tmp_path / "head"), False), (str(config.out), True)]
+    con.close()
+
+
 def test_a_heads_start_is_its_seeds(tiny):
     # every random weight (the fused input's and the layer's own), so one recipe trains one head
     layers = fit.default_layers(tiny.model.config.num_hidden_layers)
@@ -181,6 +213,7 @@ def test_an_interrupted_training_leaves_the_head_directory_as_it_was(tmp_path, t
     (["--out", "FILE"], "exists and is not a draft head directory"),
     (["--db", "NOTDB"], "not-a-db"),
     (["--target", "/no/such/model"], "no such model directory: /no/such/model"),
+    (["--kind", "medusa", "--learn-context"], "--learn-context trains an EAGLE head only (--kind eagle)"),
 ])
 def test_train_draft_refuses_bad_input_before_any_model_loads(tmp_path, tiny_dir, monkeypatch, args, expected):
     def no_loading(*a: object, **k: object) -> None:

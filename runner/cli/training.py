@@ -72,12 +72,15 @@ def train_draft_command(
     threads: Annotated[int | None, typer.Option(help="torch threads (default: one per core); 1 is faster on a "
                                                      "machine other jobs keep busy")] = None,
     kind: Annotated[str, typer.Option(help="eagle (an EAGLE-3 head) or medusa (Medusa-1 heads)")] = "eagle",
+    learn_context: Annotated[bool, typer.Option(help="the head also learns to predict the prompts' own text, not "
+                                                     "only the target's answers")] = False,
 ) -> None:
     """Train an EAGLE-style draft head (or Medusa heads) for a target on its own answers; record every epoch."""
     config = TrainConfig(
         target=target, out=out, data=tuple(data or [default_prompts()]), max_tokens=max_tokens, epochs=epochs,
         draft_vocab=draft_vocab, seed=seed, db=db, unroll=unroll, lr=lr, max_new_tokens=max_new_tokens,
         device=device, threads=threads, command=" ".join(["python -m runner", *sys.argv[1:]]), kind=kind,
+        learn_context=learn_context,
     )
     try:
         trained = train_draft(config, stderr)

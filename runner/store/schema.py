@@ -21,7 +21,7 @@ from runner.records import tree_depth
 from runner.store.schema_batches import BATCH_STATS, batch_columns
 from runner.store.schema_facts import RUN_STATS
 from runner.store.schema_rounds import OUTCOMES_OF_ROUNDS, POSITION_STATS, add_pass_rows, count_rounds
-from runner.store.schema_trainings import add_training_categories, create_trainings
+from runner.store.schema_trainings import add_learn_context, add_training_categories, create_trainings
 from runner.store.spec_bench import CONTEXT_STATS
 
 
@@ -231,6 +231,7 @@ MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     _create_run_facts,
     _add_tree_nodes,
     add_pass_rows,
+    add_learn_context,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

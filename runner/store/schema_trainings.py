@@ -38,3 +38,10 @@ def add_training_categories(con: duckdb.DuckDBPyConnection) -> None:
     # A training interrupted after an epoch continues from it when its command is run again; the row says after
     # which epoch it last did. Every training before this ran straight through (NULL).
     con.execute("ALTER TABLE trainings ADD COLUMN resumed_epoch INTEGER")
+
+
+def add_learn_context(con: duckdb.DuckDBPyConnection) -> None:
+    # `train-draft --learn-context`: the head also learned to predict the prompts' own tokens, not only the target's
+    # answers. Every training before it learned the answers alone.
+    con.execute("ALTER TABLE trainings ADD COLUMN learn_context BOOLEAN")
+    con.execute("UPDATE trainings SET learn_context = false")

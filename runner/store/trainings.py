@@ -18,6 +18,7 @@ TRAINING_COLUMNS = (
     "vocab_coverage", "layers", "unroll", "lr", "seed", "saved_epoch", "head_bytes", "data_cached", "data_s",
     "train_s", "wall_s", "cpu_s", "threads", "load_before", "load_after", "device", "dtype", "command", "torch_version",
     "transformers_version", "python_version", "host", "git_commit", "resumed_epoch",
+    "learn_context",
 )
 POOLED = "all"  # `training_positions.category` of the scores pooled over every held-out category
 CLOSE_BOUND_S = 120.0  # the last write waits this long for a lock before giving up

@@ -53,6 +53,7 @@ class TrainConfig:
     device: str | None = None  # None: cuda when present
     command: str = ""  # the command line, recorded with the training
     kind: str = "eagle"  # what is trained: an EAGLE head, or Medusa heads ('medusa', `medusa_fit.py`)
+    learn_context: bool = False  # an EAGLE head also learns each prompt's own next tokens (`fixed_start`)
 
 
 @dataclass(frozen=True)
@@ -164,6 +165,20 @@ def initial_head(loaded: models.Loaded, layers: tuple[int, ...], draft_ids: torc
     return head
 
 
+def fixed_start(samples: list[Sample]) -> int:
+    """How many tokens every sample starts with alike (the chat template's system turn and the user's header): with
+    `learn_context`, the head learns to predict every token after them, the prompts' own text included, its label the
+    text's next token. That is data the target did not write greedily, at no cost of answering: the features of
+    every prompt position were kept anyway."""
+    first = samples[0].tokens
+    common = first.numel()
+    for sample in samples[1:]:
+        n = min(common, sample.tokens.numel())
+        differ = (first[:n] != sample.tokens[:n]).nonzero()
+        common = int(differ[0]) if differ.numel() else n
+    return common
+
+
 def trainable(head: EagleHead) -> list[torch.nn.Parameter]:
     """Everything but the target's embedding, which the head only reads."""
     return [p for name, p in head.named_parameters() if not name.startswith("embed_tokens.")]
@@ -218,7 +233,8 @@ def fit(head: EagleHead, train: list[Sample], heldout: list[Sample], config: Tra
     torch.manual_seed(config.seed)
     params = trainable(head)
     optimizer = torch.optim.AdamW(params, lr=config.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    per_epoch = batches(train, config.batch_tokens, None, device)
+    learn_from = fixed_start(train) if config.learn_context else None
+    per_epoch = batches(train, config.batch_tokens, None, device, learn_from)
     epoch_tokens = sum(int(b.lengths.sum()) for b in per_epoch)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule(config, len(per_epoch) * config.epochs))
     rows = row_of(head)
@@ -237,7 +253,7 @@ def fit(head: EagleHead, train: list[Sample], heldout: list[Sample], config: Tra
         on_epoch(epoch)
     for number in range(len(epochs), config.epochs + 1):
         start, losses = time.perf_counter(), []
-        for batch in batches(train, config.batch_tokens, rng, device):
+        for batch in batches(train, config.batch_tokens, rng, device, learn_from):
             loss = weighted_loss(unrolled(head, batch, config.unroll, rows))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()

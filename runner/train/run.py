@@ -58,6 +58,8 @@ def check(config: TrainConfig) -> None:
         raise ValueError(f"--lr must be > 0, got {config.lr}")
     if config.kind not in KINDS:
         raise ValueError(f'unknown --kind "{config.kind}"; use {" or ".join(KINDS)}')
+    if config.learn_context and config.kind != "eagle":
+        raise ValueError("--learn-context trains an EAGLE head only (--kind eagle)")
     out = config.out
     if out.exists() and not (out.is_dir() and (not any(out.iterdir()) or (out / head_files.CONFIG).is_file())):
         raise ValueError(f"--out {out} exists and is not a draft head directory; pick another")
@@ -107,7 +109,7 @@ def train_draft(config: TrainConfig, console: Console) -> Trained:
         "prompts_file": ", ".join(map(str, config.data)), "train_prompts": len(train_prompts),
         "heldout_prompts": len(heldout_prompts), "max_new_tokens": config.max_new_tokens, "epochs": config.epochs,
         "draft_vocab": loaded.vocab_size if medusa else config.draft_vocab, "layers": list(layers),
-        "unroll": config.unroll, "lr": config.lr,
+        "unroll": config.unroll, "lr": config.lr, "learn_context": config.learn_context,
         "seed": config.seed, "threads": torch.get_num_threads(), "load_before": load_before,
         "device": str(loaded.device), "dtype": TRAIN_DTYPE, "command": config.command,
         **{k: v for k, v in provenance(loaded.device).items() if k != "device_name"},

@@ -5,7 +5,8 @@ same index i, the head's own output of step j-1 with token i+1+j and predicts to
 for its (j+1)-th draft. Its attention sees the step-0 keys up to i (the target's features, as the draft cache
 holds them) and its own keys of steps 1..j at index i (the drafts made since), exactly the cache it has when
 drafting. Tokens fed are the target's own (the data is its answers): a later draft only counts when the earlier
-ones were right, and then they were these tokens.
+ones were right, and then they were these tokens. A head that learns the context as well (`--learn-context`) is
+fed and judged on the prompts' own tokens there, which the target did not write: more data, less exactly its own.
 """
 
 from __future__ import annotations
@@ -32,23 +33,27 @@ class Batch:
     features: Tensor  # (B, T-1, L·H) the target's features, zero after each sample's end
     lengths: Tensor  # (B, 1) tokens per sample
     answer_start: Tensor  # (B, 1)
+    learn_from: Tensor  # (B, 1) the first token a prediction is judged at: the answer's, or earlier (`batches`)
 
     def fed(self, step: int) -> Tensor:
         """(B, T-1): the token step `step` reads at index i, token i+1+step (0 past the end)."""
         return F.pad(self.tokens[:, 1 + step :], (0, step))
 
     def judged(self, step: int) -> Tensor:
-        """(B, T-1) bool: index i predicts an answer token at step 0 and the text goes on to token i+2+step."""
+        """(B, T-1) bool: index i predicts token `learn_from` or a later one at step 0, and the text goes on to
+        token i+2+step."""
         i = torch.arange(self.tokens.shape[1] - 1, device=self.tokens.device)[None]
-        return (i + 2 >= self.answer_start) & (i + 2 + step < self.lengths)
+        return (i + 2 >= self.learn_from) & (i + 2 + step < self.lengths)
 
     def wanted(self, step: int) -> Tensor:
         """(B, T-1): the target's token i+2+step, the one step `step` should predict."""
         return F.pad(self.tokens[:, 2 + step :], (0, step + 1))
 
 
-def batches(samples: list[Sample], max_tokens: int, rng: random.Random | None, device: torch.device) -> list[Batch]:
-    """Samples of similar length together, at most `max_tokens` padded tokens a batch; shuffled when `rng` is given."""
+def batches(samples: list[Sample], max_tokens: int, rng: random.Random | None, device: torch.device,
+            learn_from: int | None = None) -> list[Batch]:
+    """Samples of similar length together, at most `max_tokens` padded tokens a batch; shuffled when `rng` is given.
+    Predictions are judged from each sample's answer on, or from token `learn_from` on when it is given."""
     ordered = sorted(samples, key=lambda s: s.tokens.numel())
     groups: list[list[Sample]] = [[]]
     for sample in ordered:
@@ -57,16 +62,17 @@ def batches(samples: list[Sample], max_tokens: int, rng: random.Random | None, d
         groups[-1].append(sample)
     if rng is not None:
         rng.shuffle(groups)
-    return [_pad(group, device) for group in groups if group]
+    return [_pad(group, device, learn_from) for group in groups if group]
 
 
-def _pad(group: list[Sample], device: torch.device) -> Batch:
+def _pad(group: list[Sample], device: torch.device, learn_from: int | None) -> Batch:
     width = max(s.tokens.numel() for s in group)
     tokens = torch.stack([F.pad(s.tokens, (0, width - s.tokens.numel())) for s in group])
     features = torch.stack([F.pad(s.features.float(), (0, 0, 0, width - 1 - s.features.shape[0])) for s in group])
     lengths = torch.tensor([[s.tokens.numel()] for s in group])
     starts = torch.tensor([[s.answer_start] for s in group])
-    return Batch(tokens.to(device), features.to(device), lengths.to(device), starts.to(device))
+    learn = starts if learn_from is None else torch.full_like(starts, learn_from)
+    return Batch(tokens.to(device), features.to(device), lengths.to(device), starts.to(device), learn.to(device))
 
 
 def _unrolled_attend() -> Attend:
