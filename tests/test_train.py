@@ -24,7 +24,7 @@ from runner.train import fit
 from runner.train.data import Context, Sample, answer_batch
 from runner.train.fit import TrainConfig, split, vocabulary
 from runner.train.run import default_prompts, train_draft
-from runner.train.unroll import StepResult, acceptance_counts, batches
+from runner.train.unroll import StepResult, acceptance_counts, batches, fixed_start
 
 GREEDY = Decoding("greedy", 0.0, 1.0)
 
@@ -52,11 +52,11 @@ def test_with_the_context_learned_every_token_after_the_fixed_start_is_judged():
     # both samples start with 1 2 3 (a chat template's fixed start); the answers begin at tokens 5 and 4
     one = Sample("a", "c", torch.tensor([1, 2, 3, 9, 8, 7, 6, 5]), torch.zeros(7, 3), 5)
     two = Sample("b", "c", torch.tensor([1, 2, 3, 4, 6, 6, 2, 1]), torch.zeros(7, 3), 4)
-    assert fit.fixed_start([one, two]) == 3
-    assert fit.fixed_start([one, Sample("c", "c", torch.tensor([1, 2]), torch.zeros(1, 3), 1)]) == 2  # a prefix
+    assert fixed_start([one, two]) == 3
+    assert fixed_start([one, Sample("c", "c", torch.tensor([1, 2]), torch.zeros(1, 3), 1)]) == 2  # a prefix
     cpu = torch.device("cpu")
-    (answers,) = batches([one], 100, None, cpu)
-    (context,) = batches([one], 100, None, cpu, learn_from=3)
+    (answers,) = batches([one, two], 100, None, cpu)
+    (context,) = batches([one, two], 100, None, cpu, learn_context=True)  # row 0 is `one`
     # index i predicts token i + 2 at step 0 and token i + 3 at step 1; the sample ends at token 7
     assert answers.judged(0)[0].nonzero().flatten().tolist() == [3, 4, 5]  # tokens 5, 6, 7: the answer
     assert context.judged(0)[0].nonzero().flatten().tolist() == [1, 2, 3, 4, 5]  # tokens 3..7

@@ -8,7 +8,6 @@ verification round accepts. The epoch with the most expected accepted drafts is 
 from __future__ import annotations
 
 import math
-import os
 import random
 import time
 import uuid
@@ -53,7 +52,7 @@ class TrainConfig:
     device: str | None = None  # None: cuda when present
     command: str = ""  # the command line, recorded with the training
     kind: str = "eagle"  # what is trained: an EAGLE head, or Medusa heads ('medusa', `medusa_fit.py`)
-    learn_context: bool = False  # an EAGLE head also learns each prompt's own next tokens (`fixed_start`)
+    learn_context: bool = False  # an EAGLE head also learns each prompt's own next tokens (`unroll.fixed_start`)
 
 
 @dataclass(frozen=True)
@@ -165,20 +164,6 @@ def initial_head(loaded: models.Loaded, layers: tuple[int, ...], draft_ids: torc
     return head
 
 
-def fixed_start(samples: list[Sample]) -> int:
-    """How many tokens every sample starts with alike (the chat template's system turn and the user's header): with
-    `learn_context`, the head learns to predict every token after them, the prompts' own text included, its label the
-    text's next token. That is data the target did not write greedily, at no cost of answering: the features of
-    every prompt position were kept anyway."""
-    first = samples[0].tokens
-    common = first.numel()
-    for sample in samples[1:]:
-        n = min(common, sample.tokens.numel())
-        differ = (first[:n] != sample.tokens[:n]).nonzero()
-        common = int(differ[0]) if differ.numel() else n
-    return common
-
-
 def trainable(head: EagleHead) -> list[torch.nn.Parameter]:
     """Everything but the target's embedding, which the head only reads."""
     return [p for name, p in head.named_parameters() if not name.startswith("embed_tokens.")]
@@ -233,8 +218,7 @@ def fit(head: EagleHead, train: list[Sample], heldout: list[Sample], config: Tra
     torch.manual_seed(config.seed)
     params = trainable(head)
     optimizer = torch.optim.AdamW(params, lr=config.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    learn_from = fixed_start(train) if config.learn_context else None
-    per_epoch = batches(train, config.batch_tokens, None, device, learn_from)
+    per_epoch = batches(train, config.batch_tokens, None, device, config.learn_context)
     epoch_tokens = sum(int(b.lengths.sum()) for b in per_epoch)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule(config, len(per_epoch) * config.epochs))
     rows = row_of(head)
@@ -253,7 +237,7 @@ def fit(head: EagleHead, train: list[Sample], heldout: list[Sample], config: Tra
         on_epoch(epoch)
     for number in range(len(epochs), config.epochs + 1):
         start, losses = time.perf_counter(), []
-        for batch in batches(train, config.batch_tokens, rng, device, learn_from):
+        for batch in batches(train, config.batch_tokens, rng, device, config.learn_context):
             loss = weighted_loss(unrolled(head, batch, config.unroll, rows))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -286,10 +270,6 @@ def layer_ids(layers: tuple[int, ...], target_layers: int) -> tuple[int, ...] | 
     if layers == default_layers(target_layers):
         return None
     raise ValueError(f"target layers {list(layers)} cannot be written as EAGLE-3 layer ids")
-
-
-def load_info() -> float:
-    return os.getloadavg()[0]
 
 
 def new_train_id() -> str:

@@ -8,6 +8,7 @@ meanwhile.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from datetime import datetime
@@ -35,7 +36,6 @@ from runner.train.fit import (
     fit,
     head_bytes,
     initial_head,
-    load_info,
     load_split,
     new_train_id,
     save,
@@ -91,7 +91,7 @@ def train_draft(config: TrainConfig, console: Console) -> Trained:
     check(config)
     if config.threads:
         torch.set_num_threads(config.threads)
-    started, cpu_start, load_before = time.perf_counter(), time.process_time(), load_info()
+    started, cpu_start, load_before = time.perf_counter(), time.process_time(), os.getloadavg()[0]
     train_prompts, heldout_prompts, read = load_split(config.data)
     console.print(read.summary(data_name(config.data)), highlight=False)
     loaded = models.load(config.target, config.device, TRAIN_DTYPE)
@@ -192,7 +192,7 @@ def _fields(result: Trained, started: float, cpu_start: float) -> dict:
         "train_tokens": result.train_tokens, "heldout_tokens": result.heldout_tokens,
         "vocab_coverage": result.coverage, "saved_epoch": result.saved_epoch, "data_cached": result.data_cached,
         "data_s": result.data_s, "train_s": result.train_s, "wall_s": time.perf_counter() - started,
-        "cpu_s": time.process_time() - cpu_start, "load_after": load_info(),
+        "cpu_s": time.process_time() - cpu_start, "load_after": os.getloadavg()[0],
     }
 
 

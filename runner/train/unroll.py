@@ -51,9 +51,10 @@ class Batch:
 
 
 def batches(samples: list[Sample], max_tokens: int, rng: random.Random | None, device: torch.device,
-            learn_from: int | None = None) -> list[Batch]:
+            learn_context: bool = False) -> list[Batch]:
     """Samples of similar length together, at most `max_tokens` padded tokens a batch; shuffled when `rng` is given.
-    Predictions are judged from each sample's answer on, or from token `learn_from` on when it is given."""
+    Predictions are judged from each sample's answer on, or with `learn_context` after the samples' `fixed_start`."""
+    learn_from = fixed_start(samples) if learn_context else None
     ordered = sorted(samples, key=lambda s: s.tokens.numel())
     groups: list[list[Sample]] = [[]]
     for sample in ordered:
@@ -63,6 +64,20 @@ def batches(samples: list[Sample], max_tokens: int, rng: random.Random | None, d
     if rng is not None:
         rng.shuffle(groups)
     return [_pad(group, device, learn_from) for group in groups if group]
+
+
+def fixed_start(samples: list[Sample]) -> int:
+    """How many tokens every sample starts with alike (the chat template's system turn and the user's header): with
+    `learn_context`, the head learns to predict every token after them, the prompts' own text included, its label the
+    text's next token. That is data the target did not write greedily, at no cost of answering: the features of
+    every prompt position were kept anyway."""
+    first = samples[0].tokens
+    common = first.numel()
+    for sample in samples[1:]:
+        n = min(common, sample.tokens.numel())
+        differ = (first[:n] != sample.tokens[:n]).nonzero()
+        common = int(differ[0]) if differ.numel() else n
+    return common
 
 
 def _pad(group: list[Sample], device: torch.device, learn_from: int | None) -> Batch:
