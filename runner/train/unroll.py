@@ -32,7 +32,6 @@ class Batch:
     tokens: Tensor  # (B, T) ids, 0 after each sample's end
     features: Tensor  # (B, T-1, L·H) the target's features, zero after each sample's end
     lengths: Tensor  # (B, 1) tokens per sample
-    answer_start: Tensor  # (B, 1)
     learn_from: Tensor  # (B, 1) the first token a prediction is judged at: the answer's, or earlier (`batches`)
 
     def fed(self, step: int) -> Tensor:
@@ -85,9 +84,8 @@ def _pad(group: list[Sample], device: torch.device, learn_from: int | None) -> B
     tokens = torch.stack([F.pad(s.tokens, (0, width - s.tokens.numel())) for s in group])
     features = torch.stack([F.pad(s.features.float(), (0, 0, 0, width - 1 - s.features.shape[0])) for s in group])
     lengths = torch.tensor([[s.tokens.numel()] for s in group])
-    starts = torch.tensor([[s.answer_start] for s in group])
-    learn = starts if learn_from is None else torch.full_like(starts, learn_from)
-    return Batch(tokens.to(device), features.to(device), lengths.to(device), starts.to(device), learn.to(device))
+    starts = torch.tensor([[s.answer_start if learn_from is None else learn_from] for s in group])
+    return Batch(tokens.to(device), features.to(device), lengths.to(device), starts.to(device))
 
 
 def _unrolled_attend() -> Attend:
