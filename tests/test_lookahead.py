@@ -15,7 +15,7 @@ from runner.engine.lookahead import LookaheadDrafter, pass_rows, window_rows
 from runner.engine.models import encode_chat
 from runner.engine.ngram_tree import NgramTreeDrafter
 from runner.engine.pair import Pair, parse_draft
-from runner.engine.sampling import Decoding
+from runner.engine.sampling import Decoding, Ranked
 from tests.laws import pooled_chisquare, two_token_law
 from tests.test_trees_sampling import PROMPT, VOCAB, _no_residual, _target
 
@@ -66,6 +66,11 @@ def _ids(values: list[int]) -> torch.Tensor:
     return torch.tensor(values)
 
 
+def _top(values: list[list[int]]) -> Ranked:
+    """The target's argmax at each verify row (probabilities are not read)."""
+    return Ranked(torch.tensor(values), torch.ones(len(values), 1))
+
+
 def test_the_pool_takes_the_prompts_ngrams_and_keeps_the_latest_g_per_first_token():
     drafter = LookaheadDrafter(window=3, ngram=4, guesses=2)
     drafter.prefill(_ids([1, 2, 3, 4, 5, 1, 2, 3, 6, 7]), None, None)  # the prompt, then the first new token 7
@@ -88,16 +93,16 @@ def test_the_window_fills_then_steps_and_its_columns_become_ngrams():
     draft = drafter.propose(text, 3)  # root 7: no n-gram starts with it, so the window alone
     assert draft.tokens.tolist() == [] and draft.extra.tolist() == [40, 41, 42, 43]
     assert trees.pass_parents(draft) is None  # a window of one level is a chain under the root
-    drafter.accepted(0, None, _ids([[0], [50], [51], [52], [53]]))  # top-1 at the root and the 4 rows
+    drafter.accepted(0, None, _top([[0], [50], [51], [52], [53]]))  # top-1 at the root and the 4 rows
     assert drafter.levels == [[41, 42, 43], [50, 51, 52, 53]]
     draft = drafter.propose(text, 3)
     assert draft.extra.tolist() == [41, 42, 43, 50, 51, 52, 53] and draft.extra_parents == (-1, 0, 1, -1, 0, 1, 2)
-    drafter.accepted(0, None, _ids([[0]] * 4 + [[60], [61], [62], [63]]))  # only the top level's rows are read
+    drafter.accepted(0, None, _top([[0]] * 4 + [[60], [61], [62], [63]]))  # only the top level's rows are read
     assert drafter.levels == [[42, 43], [51, 52, 53], [61, 62, 63]]  # full: N - 1 levels, W - 1 then W columns
     text = _ids([*text.tolist(), 8])  # the round committed 8: the next root
     draft = drafter.propose(text, 3)
     assert trees.depths(trees.pass_parents(draft))[-3:] == [2, 3, 4]
-    drafter.accepted(0, None, _ids([[0]] * 6 + [[70], [71], [72]]))
+    drafter.accepted(0, None, _top([[0]] * 6 + [[70], [71], [72]]))
     assert drafter.pool[8] == [(51, 61, 70)] and drafter.pool[42][-1] == (52, 62, 71)
     assert drafter.pool[43][-1] == (53, 63, 72)
     assert drafter.levels == [[52, 53], [61, 62, 63], [70, 71, 72]]  # one level down, whatever was accepted

@@ -18,36 +18,54 @@ from runner.engine.hybrid import GAIN_SHARE, PROBE, RECENT, HybridDrafter, depth
 from runner.engine.models import encode_chat
 from runner.engine.ngram_tree import NgramTreeDrafter
 from runner.engine.pair import Pair, parse_draft
-from runner.engine.recycling import RecyclingDrafter, rank_tree
-from runner.engine.sampling import Decoding
+from runner.engine.recycling import RecyclingDrafter, followed_by
+from runner.engine.sampling import Decoding, Ranked, ranked
 from runner.engine.trees import as_parents, depths, trie
 
 GREEDY = Decoding("greedy", 0.0, 1.0)
 HEAD = Path(__file__).resolve().parent.parent / "heads" / "smollm2-135m"
 
 
-def test_the_rank_tree_keeps_the_likeliest_rank_paths_under_the_prior():
-    # -log2 of the prior: (0,) 1; (0, 0) and (1,) 2; (0, 0, 0), (0, 1), (1, 0), (2,) 3: six fit, (2,) is the 7th
-    assert rank_tree(6, 3, 8) == ((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0))
-    assert rank_tree(3, 1, 8) == ((0,), (1,), (2,))  # one level deep: the three best first candidates
-    assert rank_tree(5, 2, 2) == ((0,), (1,), (0, 0), (0, 1), (1, 0))  # two candidates a token: (2,) never exists
+def _ranked(tokens: list[list[int]], probs: list[list[float]]) -> Ranked:
+    return Ranked(torch.tensor(tokens), torch.tensor(probs))
 
 
-def test_recycling_expands_the_table_and_refills_it_from_every_verify_row():
+def test_the_ranked_candidates_carry_the_targets_probabilities():
+    logits = torch.tensor([[2.0, 0.0, 1.0, -1.0], [0.5, 0.0, 3.0, 0.0]])
+    top = ranked(logits, 2)
+    assert top.tokens.tolist() == [[0, 2], [2, 0]]
+    expected = torch.softmax(logits, dim=-1).gather(1, top.tokens)
+    assert torch.allclose(top.probs, expected) and abs(top.probs[0, 0].item() - 0.6439) < 1e-4  # e²/(e²+1+e+e⁻¹)
+
+
+def test_a_prompt_tokens_row_puts_first_what_followed_it_in_the_prompt():
+    assert followed_by(([3, 8, 6], [0.5, 0.25, 0.125]), 8) == ([8, 3, 6], [0.5, 0.5, 0.125])  # raised to the first's
+    assert followed_by(([3, 8, 6], [0.5, 0.25, 0.125]), 3) == ([3, 8, 6], [0.5, 0.25, 0.125])  # already first
+    assert followed_by(([3, 8, 6], [0.5, 0.25, 0.125]), 2) == ([2, 3, 8], [0.5, 0.5, 0.25])  # the last makes room
     drafter = RecyclingDrafter(nodes=6, width=2)
-    # the prompt [1] and the prefill's token 5: the prefill ranked the tokens after 1, none after 5 yet
-    drafter.prefill(torch.tensor([1, 5]), None, torch.tensor([[5, 9]]))
-    assert drafter.table == {1: [5, 9]}
-    assert drafter.propose(torch.tensor([1, 5]), 3).tokens.tolist() == []
-    drafter.table |= {5: [7, 8], 7: [9, 5], 9: [4, 4]}
+    # the prompt [1, 4, 1] and the prefill's token 5; the prefill's top-2 at each prompt position
+    drafter.prefill(torch.tensor([1, 4, 1, 5]), None,
+                    _ranked([[5, 9], [1, 7], [5, 2]], [[0.5, 0.25], [0.5, 0.375], [0.75, 0.125]]))
+    # 1 -> 4 first ([4, 5]) is replaced by the later occurrence, which 5 followed; 4 -> 1 was the target's first too
+    assert drafter.table == {1: ([5, 2], [0.75, 0.125]), 4: ([1, 7], [0.5, 0.375])}
+    assert drafter.propose(torch.tensor([1, 4, 1, 5]), 3).tokens.tolist() == []  # 5 has no row yet
+
+
+def test_recycling_grows_the_likeliest_paths_and_refills_the_table_from_every_verify_row():
+    drafter = RecyclingDrafter(nodes=4, width=2)
+    drafter.table = {5: ([7, 8], [0.5, 0.25]), 7: ([9, 3], [0.75, 0.125]), 8: ([4, 6], [0.5, 0.5]),
+                     9: ([2, 1], [0.5, 0.25])}
+    # cumulative: 7 .5, then 9 (.5 × .75 = .375), 8 .25, 2 (.375 × .5 = .1875); 4 and 6 (.125) and 1, 3 are left
     draft = drafter.propose(torch.tensor([1, 5]), 3)
-    # rank_tree(6, 3, 2): (0,) 7, (1,) 8, (0, 0) 9, (0, 1) 5, (1, 0) left out (8 has no row), (0, 0, 0) 4
-    assert draft.tokens.tolist() == [7, 8, 9, 5, 4]
-    assert draft.parents == (-1, -1, 0, 0, 2)
+    assert draft.tokens.tolist() == [7, 9, 8, 2]
+    assert draft.parents == (-1, 0, -1, 1)
+    # two deep, 2 cannot follow 9: 8's children tie at .125 and the first candidate goes first
+    assert drafter.expand(5, 2) == ([7, 9, 8, 4], [-1, 0, -1, 2])
     # the target's top-2 at each verify row (root 5, then each node): every fed token's row is replaced
-    top = torch.tensor([[7, 3], [9, 1], [2, 6], [4, 0], [7, 8], [1, 2]])
-    drafter.accepted(1, None, top)
-    assert drafter.table == {1: [5, 9], 5: [7, 8], 7: [9, 1], 8: [2, 6], 9: [4, 0], 4: [1, 2]}
+    drafter.accepted(1, None, _ranked([[7, 3], [9, 1], [2, 6], [4, 0], [1, 2]],
+                                      [[0.5, 0.25], [0.75, 0.125], [0.5, 0.5], [0.25, 0.25], [0.5, 0.125]]))
+    assert drafter.table == {5: ([7, 3], [0.5, 0.25]), 7: ([9, 1], [0.75, 0.125]), 9: ([2, 6], [0.5, 0.5]),
+                             8: ([4, 0], [0.25, 0.25]), 2: ([1, 2], [0.5, 0.125])}
 
 
 def test_merging_two_trees_shares_the_nodes_of_common_branches():

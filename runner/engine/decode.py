@@ -18,7 +18,7 @@ from runner.engine.clock import Clock, Timed
 from runner.engine.drafters import Draft, Drafter, crop_to, new_cache
 from runner.engine.models import Loaded
 from runner.engine.policies import FIXED, PolicySpec, VerifyCosts
-from runner.engine.sampling import Decoding, accept_greedy, accept_sampled, draw, host, probabilities
+from runner.engine.sampling import Decoding, Ranked, accept_greedy, accept_sampled, draw, host, probabilities, ranked
 from runner.records import Generation, Round
 
 
@@ -43,16 +43,16 @@ class Target:
         self.cache = new_cache(loaded.model)
 
     def prefill(self, tokens: Tensor, layers: tuple[int, ...] = (),
-                top: int = 0) -> tuple[Tensor, Tensor | None, Tensor | None]:
+                top: int = 0) -> tuple[Tensor, Tensor | None, Ranked | None]:
         """One pass over the whole prompt: the logits (V,) of the first new token, the `layers` hidden states of its
         positions (P, n·H) (`hidden_states.reading`), and with `top` the target's `top` likeliest tokens at every
-        prompt position (P, top), else None."""
+        prompt position (`Ranked`, P rows), else None."""
         with hidden_states.reading(self.model, layers) as features_of:
             out = self.model(input_ids=tokens[None], cache=self.cache, use_cache=True,
                              logits_to_keep=tokens.numel() if top else 1, output_hidden_states=bool(layers))
         crop_to(self.cache, tokens.numel())  # trims sliding-window layers back to their window
         logits = out.logits[0, :, : self.vocab]
-        return logits[-1], _row(features_of(out)), logits.topk(top, dim=-1).indices if top else None
+        return logits[-1], _row(features_of(out)), ranked(logits, top) if top else None
 
     def verify(self, fed: Tensor, layers: tuple[int, ...] = (),
                parents: tuple[int, ...] | None = None) -> tuple[Tensor, Tensor | None]:
@@ -185,7 +185,7 @@ def commit(drafter: Drafter, text: Sequence, draft: Draft, verdict: trees.Verdic
     emitted = cut([verdict.drafts[j] for j in verdict.path] + [verdict.token], budget, eos)
     text.append(emitted, verdict.kept)
     rows = [0, *(j + 1 for j in verdict.path)]
-    top = logits.topk(drafter.wants_top, dim=-1).indices if drafter.wants_top else None
+    top = ranked(logits, drafter.wants_top) if drafter.wants_top else None
     drafter.accepted(accepted, hidden[rows] if hidden is not None else None, top)
     return Round(
         k=k, accepted=accepted, rejected=verdict.rejected, thrown=k - accepted - verdict.rejected,

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 from transformers import DynamicCache, PreTrainedModel
 
-from runner.engine.sampling import Decoding, draw, host, probabilities
+from runner.engine.sampling import Decoding, Ranked, draw, host, probabilities
 
 NGRAM_MATCHES = ("earliest", "latest", "longest")  # which earlier occurrence prompt lookup copies from
 DEFAULT_MATCH = "latest"  # README, "Drafters": measured against the others per category
@@ -55,22 +55,22 @@ class Drafter(Protocol):
     # (0: embeddings, i: input of layer i, L: the last layer's output before the final norm; hidden_states.py);
     # () asks for nothing and costs nothing.
     wants_hidden: tuple[int, ...]
-    # How many of the target's likeliest tokens at every verify row the drafter reads (token recycling); 0 asks for
-    # none and costs nothing.
+    # How many of the target's likeliest tokens (and their probabilities) at every verify row the drafter reads
+    # (token recycling, lookahead's argmax); 0 asks for none and costs nothing.
     wants_top: int
 
-    def prefill(self, tokens: Tensor, hidden: Tensor | None, top: Tensor | None) -> None:
+    def prefill(self, tokens: Tensor, hidden: Tensor | None, top: Ranked | None) -> None:
         """Start a new sequence: the prompt and the prefill's first new token (1-D ids); when asked for, `hidden`
-        is (P, L·H) for the P prompt positions, L = len(wants_hidden), and `top` (P, wants_top) the target's
-        likeliest tokens there."""
+        is (P, L·H) for the P prompt positions, L = len(wants_hidden), and `top` the target's `wants_top` likeliest
+        tokens there (P rows)."""
 
     def propose(self, tokens: Tensor, k: int) -> Draft:
         """Up to k tokens to follow `tokens`, all committed text so far (1-D ids)."""
 
-    def accepted(self, n: int, hidden: Tensor | None, top: Tensor | None) -> None:
+    def accepted(self, n: int, hidden: Tensor | None, top: Ranked | None) -> None:
         """The target kept the first n drafts (then added its own token); `hidden` is (n+1, L·H) when asked for.
         After a tree, n is the accepted path's length and `hidden` the rows of the root and that path. `top`, when
-        asked for, is (T, wants_top): the target's likeliest tokens at every verify row (the root, each draft in
+        asked for, is the target's `wants_top` likeliest tokens at every verify row (T rows: the root, each draft in
         order, then any `Draft.extra` rows), whether kept or not."""
 
 
@@ -98,13 +98,13 @@ class NoDraft:
     wants_hidden = ()
     wants_top = 0
 
-    def prefill(self, tokens: Tensor, hidden: Tensor | None, top: Tensor | None) -> None:
+    def prefill(self, tokens: Tensor, hidden: Tensor | None, top: Ranked | None) -> None:
         pass
 
     def propose(self, tokens: Tensor, k: int) -> Draft:
         return Draft(tokens=tokens[:0], q=None)
 
-    def accepted(self, n: int, hidden: Tensor | None, top: Tensor | None) -> None:
+    def accepted(self, n: int, hidden: Tensor | None, top: Ranked | None) -> None:
         pass
 
 
@@ -140,7 +140,7 @@ class ModelDrafter:
         q = probabilities(logits, self.decoding)
         return torch.nn.functional.pad(q, (0, self.vocab - q.numel()))  # (V,) in the target's vocabulary
 
-    def prefill(self, tokens: Tensor, hidden: Tensor | None, top: Tensor | None) -> None:
+    def prefill(self, tokens: Tensor, hidden: Tensor | None, top: Ranked | None) -> None:
         self.cache = new_cache(self.model)
         # All but the newest token: the first proposal feeds it, like every later correction or bonus.
         if tokens.numel() > 1:
@@ -166,7 +166,7 @@ class ModelDrafter:
                 break
         return Draft(tokens=torch.cat(drafted), q=torch.stack(qs) if qs else None)
 
-    def accepted(self, n: int, hidden: Tensor | None, top: Tensor | None) -> None:
+    def accepted(self, n: int, hidden: Tensor | None, top: Ranked | None) -> None:
         # The cache holds the committed text + d1..d(k-1); keep only what the target kept.
         crop_to(self.cache, min(self.cache.get_seq_length(), self.committed + n))
 
@@ -229,7 +229,7 @@ class NgramDrafter:
             return found
         return max(reversed(found), key=lambda start: self._agreement(start, m))  # max keeps the first: the latest
 
-    def prefill(self, tokens: Tensor, hidden: Tensor | None, top: Tensor | None) -> None:
+    def prefill(self, tokens: Tensor, hidden: Tensor | None, top: Ranked | None) -> None:
         self.seen, self.follows = [], [{} for _ in range(self.n)]
         self._extend(host(tokens))
 
@@ -243,7 +243,7 @@ class NgramDrafter:
                 return Draft(tokens=tokens[start : start + k], q=None)
         return Draft(tokens=tokens[:0], q=None)
 
-    def accepted(self, n: int, hidden: Tensor | None, top: Tensor | None) -> None:
+    def accepted(self, n: int, hidden: Tensor | None, top: Ranked | None) -> None:
         pass  # the committed text arrives with the next proposal
 
 

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from runner.engine.drafters import Draft, unsure
 from runner.engine.heads import EagleHead
-from runner.engine.sampling import Decoding, draw, probabilities
+from runner.engine.sampling import Decoding, Ranked, draw, probabilities
 
 START_CAPACITY = 256  # cache positions allocated at first; doubled when a longer text needs more
 
@@ -63,11 +63,11 @@ class EagleDrafter:
         self.hidden: Tensor | None = None  # (1, 1, h) what the head feeds itself after its newest position
         self.next_logits: Tensor | None = None  # (Vd,) its scores for the token that follows
 
-    def prefill(self, tokens: Tensor, hidden: Tensor | None, top: Tensor | None) -> None:
+    def prefill(self, tokens: Tensor, hidden: Tensor | None, top: Ranked | None) -> None:
         self.settled, self.features = 0, hidden
         self.caches = [KVBuffer() for _ in self.caches]
 
-    def accepted(self, n: int, hidden: Tensor | None, top: Tensor | None) -> None:
+    def accepted(self, n: int, hidden: Tensor | None, top: Ranked | None) -> None:
         # Read on the next proposal, so that its cost counts as drafting time; a round that drafted without the head
         # (`hybrid`) leaves the features of earlier rounds unread, and these follow them.
         self.features = hidden if self.features is None else torch.cat([self.features, hidden])

@@ -27,7 +27,7 @@ from runner.engine.drafters import Draft
 from runner.engine.eagle_tree import EagleTreeDrafter
 from runner.engine.heads import EagleHead
 from runner.engine.ngram_tree import NgramTreeDrafter
-from runner.engine.sampling import Decoding, host
+from runner.engine.sampling import Decoding, Ranked, host
 from runner.engine.trees import ROOT, as_parents, trie
 
 GAIN_SHARE = 0.25  # the head's price until it is measured (about a quarter of a round on two CPU cores)
@@ -87,7 +87,7 @@ class HybridDrafter:
     def calls(self) -> int:
         return self.lookup.calls + self.head.calls
 
-    def prefill(self, tokens: Tensor, hidden: Tensor | None, top: Tensor | None) -> None:
+    def prefill(self, tokens: Tensor, hidden: Tensor | None, top: Ranked | None) -> None:
         self.lookup.prefill(tokens, hidden, top)
         self.head.prefill(tokens, hidden, top)
         self.gain, self.own, self.skipped, self.judged = 1.0, 1.0, 0, None
@@ -134,7 +134,7 @@ class HybridDrafter:
         self.gain += RECENT * (accepted - own - self.gain)
         self.own += RECENT * (own + 1 - self.own)
 
-    def accepted(self, n: int, hidden: Tensor | None, top: Tensor | None) -> None:
+    def accepted(self, n: int, hidden: Tensor | None, top: Ranked | None) -> None:
         self.head.accepted(n, hidden, top)
         if self.judged is not None:
             self.judged = self.judged[0], self.judged[1], n

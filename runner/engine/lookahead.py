@@ -44,7 +44,7 @@ from torch import Tensor
 
 from runner.engine.drafters import Draft
 from runner.engine.kernels import MAX_ROWS
-from runner.engine.sampling import host
+from runner.engine.sampling import Ranked, host
 from runner.engine.trees import ROOT, as_parents, trie
 
 DEFAULT = (7, 5, 7)  # W, N, G: LADE's README setting for a 7B model (LEVEL=5, WINDOW_SIZE=7, GUESS_SET_SIZE=7)
@@ -113,7 +113,7 @@ class LookaheadDrafter:
         self.root = 0  # the last pass's root
         self.fed_window = False  # whether the last pass carried the window
 
-    def prefill(self, tokens: Tensor, hidden: Tensor | None, top: Tensor | None) -> None:
+    def prefill(self, tokens: Tensor, hidden: Tensor | None, top: Ranked | None) -> None:
         self.pool, self.seen = {}, []
         prompt = host(tokens[:-1])
         draw = random.Random(SEED)
@@ -153,9 +153,9 @@ class LookaheadDrafter:
         return Draft(tokens=_like(drafts, tokens), q=None, parents=as_parents(parents), extra=_like(rows, tokens),
                      extra_parents=tuple(row_parents))
 
-    def accepted(self, n: int, hidden: Tensor | None, top: Tensor | None) -> None:
+    def accepted(self, n: int, hidden: Tensor | None, top: Ranked | None) -> None:
         if self.fed_window:
-            self.step(host(top[-len(self.levels[-1]) :, 0]))  # the top level's rows are the pass's last
+            self.step(host(top.tokens[-len(self.levels[-1]) :, 0]))  # the top level's rows are the pass's last
 
     def step(self, outputs: list[int]) -> None:
         """Steps 3-4: the target's argmax at the top level's rows, in column order, become n-grams (once the window

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from runner.engine.drafters import Draft
-from runner.engine.sampling import host
+from runner.engine.sampling import Ranked, host
 from runner.engine.trees import ROOT, as_parents
 
 FINAL_NORMED = -1  # `wants_hidden`: transformers' last hidden state, after the final norm
@@ -93,10 +93,10 @@ class MedusaDrafter:
         self.calls = 0
         self.last: Tensor | None = None  # (H,) the hidden state that made the newest committed token
 
-    def prefill(self, tokens: Tensor, hidden: Tensor | None, top: Tensor | None) -> None:
+    def prefill(self, tokens: Tensor, hidden: Tensor | None, top: Ranked | None) -> None:
         self.last = hidden[-1]  # the prompt's last position made the prefill's token
 
-    def accepted(self, n: int, hidden: Tensor | None, top: Tensor | None) -> None:
+    def accepted(self, n: int, hidden: Tensor | None, top: Ranked | None) -> None:
         self.last = hidden[-1]  # the last kept row (the root, or the last accepted draft) made the round's token
 
     def logits(self, k: int) -> Tensor:

@@ -2,45 +2,49 @@
 next tokens, kept from its earlier verify passes, are expanded into a tree.
 
 After every verify pass, each fed token's row of an adjacency table becomes the target's `width` likeliest tokens
-at that row, whether the token was kept or thrown (the candidates a plain round would discard are recycled). A round
-expands the table from the newest committed token along a fixed tree of ranks: node (r1, …, rd) is the r_d-th
-candidate after node (r1, …, r(d-1)). The fixed tree holds the `nodes` rank paths likeliest under a prior in which
-the r-th candidate is kept with chance 2^-(r+1), at most k deep; a node whose token has no row yet is left out,
-with its subtree.
+at that row and their probabilities, whether the token was kept or thrown (the candidates a plain round would
+discard are recycled). A round grows the tree from the newest committed token as EAGLE-2 grows its head's: best
+first by cumulative probability (a node's is its parent's times its own in the row it came from), at most k deep,
+until it holds `nodes` nodes; a token with no row yet has no children. The paper expands a fixed tree of ranks
+instead; at the same number of nodes the recycled probabilities choose branches that go deeper (README).
 
 The table starts with each generation from the prefill's ranking at every prompt position (the paper keeps it
-across requests instead), so a run depends on its own text alone.
+across requests instead), so a run depends on its own text alone. A prompt token's row puts first the token that
+followed it in the prompt, at least as likely as the target's first candidate there: the text says what followed
+where the target only guessed, and answers quote their prompts (a summary its source, code its names).
 """
 
 from __future__ import annotations
 
 import heapq
-from functools import cache
+import itertools
 
 import torch
-from torch import Tensor
 
 from runner.engine.drafters import Draft
-from runner.engine.sampling import host
+from runner.engine.sampling import Ranked, host
 from runner.engine.trees import ROOT, as_parents
 
 WIDTH = 8  # candidates kept per token (the paper's adjacency matrix keeps 8)
 
+Row = tuple[list[int], list[float]]  # the likeliest tokens after a token, best first, and their probabilities
 
-@cache
-def rank_tree(nodes: int, depth: int, width: int) -> tuple[tuple[int, ...], ...]:
-    """The fixed tree: the `nodes` rank paths of at most `depth` levels with the smallest sum(r) + levels (the
-    prior's -log2), ties to the smaller path (compared rank by rank); a parent always before its children."""
-    chosen: list[tuple[int, ...]] = []
-    heap = [(1, (0,))]
-    while heap and len(chosen) < nodes:
-        cost, path = heapq.heappop(heap)
-        chosen.append(path)
-        if len(path) < depth:
-            heapq.heappush(heap, (cost + 1, path + (0,)))  # its first child
-        if path[-1] + 1 < width:
-            heapq.heappush(heap, (cost + 1, path[:-1] + (path[-1] + 1,)))  # its next sibling
-    return tuple(sorted(chosen, key=lambda p: (len(p), p)))
+
+def rows(top: Ranked) -> list[Row]:
+    """Each verify row's candidates and probabilities, read from the device at once."""
+    width = top.tokens.shape[-1]
+    both = host(torch.cat([top.tokens.double(), top.probs.double()], dim=-1))
+    return [([int(t) for t in row[:width]], row[width:]) for row in both]
+
+
+def followed_by(row: Row, after: int) -> Row:
+    """`row` with `after` first, as likely as the row's first candidate or as the target made it, whichever is more;
+    the last candidate makes room when `after` was not among them."""
+    tokens, probs = row
+    if after in tokens:
+        j = tokens.index(after)
+        return [after, *tokens[:j], *tokens[j + 1 :]], [max(probs[j], probs[0]), *probs[:j], *probs[j + 1 :]]
+    return [after, *tokens[:-1]], [probs[0], *probs[:-1]]
 
 
 class RecyclingDrafter:
@@ -54,14 +58,16 @@ class RecyclingDrafter:
         self.nodes = nodes
         self.wants_top = width
         self.calls = 0
-        self.table: dict[int, list[int]] = {}  # token -> the target's likeliest tokens after it, best first
+        self.table: dict[int, Row] = {}  # token -> the target's likeliest tokens after it
         self.fed: list[int] = []  # the last verify pass's tokens: the root, then the drafts
 
-    def prefill(self, tokens: Tensor, hidden: Tensor | None, top: Tensor | None) -> None:
-        self.table, self.fed = {}, host(tokens[:-1])  # the prompt, whose every position the prefill ranked
-        self.accepted(0, None, top)
+    def prefill(self, tokens: torch.Tensor, hidden: torch.Tensor | None, top: Ranked | None) -> None:
+        text = host(tokens)  # the prompt, whose every position the prefill ranked, and the first new token
+        self.table, self.fed = {}, []
+        for token, after, row in zip(text[:-1], text[1:], rows(top), strict=True):
+            self.table[token] = followed_by(row, after)  # a later occurrence replaces an earlier one
 
-    def propose(self, tokens: Tensor, k: int) -> Draft:
+    def propose(self, tokens: torch.Tensor, k: int) -> Draft:
         self.calls += 1
         root = host(tokens[-1:])[0]
         drafts, parents = self.expand(root, k) if k > 0 else ([], [])
@@ -70,21 +76,27 @@ class RecyclingDrafter:
         return Draft(tokens=ids, q=None, parents=as_parents(parents))
 
     def expand(self, root: int, k: int) -> tuple[list[int], list[int]]:
-        """The tree's tokens and parents, following `rank_tree` from `root` through the table."""
+        """The tree's tokens and parents: the `nodes` likeliest of the table's paths from `root`, at most k deep
+        (a parent always before its children, since a child is never likelier; ties to the earlier candidate)."""
         tokens: list[int] = []
         parents: list[int] = []
-        node_of: dict[tuple[int, ...], int] = {}
-        for path in rank_tree(self.nodes, k, self.wants_top):
-            parent = ROOT if len(path) == 1 else node_of.get(path[:-1])
-            if parent is None:
-                continue  # its parent was left out
-            after = self.table.get(root if parent == ROOT else tokens[parent], ())
-            if path[-1] < len(after):
-                node_of[path] = len(tokens)
-                tokens.append(after[path[-1]])
-                parents.append(parent)
+        frontier: list[tuple[float, int, int, int, int]] = []  # (-probability, order, parent, depth, token)
+        order = itertools.count()
+
+        def children(parent: int, depth: int, chance: float) -> None:
+            after, probs = self.table.get(root if parent == ROOT else tokens[parent], ((), ()))
+            for token, p in zip(after, probs, strict=True):
+                heapq.heappush(frontier, (-chance * p, next(order), parent, depth, token))
+
+        children(ROOT, 1, 1.0)
+        while frontier and len(tokens) < self.nodes:
+            chance, _, parent, depth, token = heapq.heappop(frontier)
+            tokens.append(token)
+            parents.append(parent)
+            if depth < k:
+                children(len(tokens) - 1, depth + 1, -chance)
         return tokens, parents
 
-    def accepted(self, n: int, hidden: Tensor | None, top: Tensor | None) -> None:
-        for token, candidates in zip(self.fed, host(top), strict=True):
-            self.table[token] = candidates
+    def accepted(self, n: int, hidden: torch.Tensor | None, top: Ranked | None) -> None:
+        for token, row in zip(self.fed, rows(top), strict=True):
+            self.table[token] = row

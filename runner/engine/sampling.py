@@ -7,6 +7,7 @@ distribution, q the DRAFT's.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -106,3 +107,16 @@ def accept_sampled(drafts: Tensor, q: Tensor | None, p: Tensor,
     from_residual = (n < k) & ((p_next - q_next).clamp_min(0.0).sum() > 0)
     test = torch.cat([p_d.double(), q_d.double(), r.double(), from_residual.double().view(1)])
     return n, draw(residual(p_next, q_next), generator)[0], test
+
+
+class Ranked(NamedTuple):
+    """The target's `w` likeliest tokens at each of T rows, best first, and their probabilities (temperature 1)."""
+
+    tokens: Tensor  # (T, w) ids
+    probs: Tensor  # (T, w)
+
+
+def ranked(logits: Tensor, width: int) -> Ranked:
+    """The `width` likeliest tokens of each row of `logits` (T, V) and their probabilities."""
+    values, tokens = logits.topk(width, dim=-1)
+    return Ranked(tokens, (values.float() - logits.float().logsumexp(-1, keepdim=True)).exp())
