@@ -20,6 +20,7 @@ import heapq
 import itertools
 
 import torch
+from torch import Tensor
 
 from runner.engine.drafters import Draft
 from runner.engine.sampling import Ranked, host
@@ -61,13 +62,13 @@ class RecyclingDrafter:
         self.table: dict[int, Row] = {}  # token -> the target's likeliest tokens after it
         self.fed: list[int] = []  # the last verify pass's tokens: the root, then the drafts
 
-    def prefill(self, tokens: torch.Tensor, hidden: torch.Tensor | None, top: Ranked | None) -> None:
+    def prefill(self, tokens: Tensor, hidden: Tensor | None, top: Ranked | None) -> None:
         text = host(tokens)  # the prompt, whose every position the prefill ranked, and the first new token
         self.table, self.fed = {}, []
         for token, after, row in zip(text[:-1], text[1:], rows(top), strict=True):
             self.table[token] = followed_by(row, after)  # a later occurrence replaces an earlier one
 
-    def propose(self, tokens: torch.Tensor, k: int) -> Draft:
+    def propose(self, tokens: Tensor, k: int) -> Draft:
         self.calls += 1
         root = host(tokens[-1:])[0]
         drafts, parents = self.expand(root, k) if k > 0 else ([], [])
@@ -97,6 +98,6 @@ class RecyclingDrafter:
                 children(len(tokens) - 1, depth + 1, -chance)
         return tokens, parents
 
-    def accepted(self, n: int, hidden: torch.Tensor | None, top: Ranked | None) -> None:
+    def accepted(self, n: int, hidden: Tensor | None, top: Ranked | None) -> None:
         for token, row in zip(self.fed, rows(top), strict=True):
             self.table[token] = row
