@@ -67,8 +67,8 @@ def _ids(values: list[int]) -> torch.Tensor:
 
 
 def _top(values: list[list[int]]) -> Ranked:
-    """The target's argmax at each verify row (probabilities are not read)."""
-    return Ranked(torch.tensor(values), torch.ones(len(values), 1))
+    """The target's argmax at each verify row (the logits are not read)."""
+    return Ranked(torch.tensor(values), torch.zeros(len(values), 1))
 
 
 def test_the_pool_takes_the_prompts_ngrams_and_keeps_the_latest_g_per_first_token():

@@ -27,7 +27,17 @@ HEAD = Path(__file__).resolve().parent.parent / "heads" / "smollm2-135m"
 
 
 def _ranked(tokens: list[list[int]], probs: list[list[float]]) -> Ranked:
-    return Ranked(torch.tensor(tokens), torch.tensor(probs))
+    """Rows whose logits give `tokens` the probabilities `probs`, and the rest of each row's mass to one more token."""
+    logits = torch.full((len(tokens), max(map(max, tokens)) + 2), -torch.inf)
+    for row, (ids, ps) in enumerate(zip(tokens, probs, strict=True)):
+        logits[row, ids] = torch.tensor(ps).log()
+        logits[row, -1] = torch.tensor(1 - sum(ps)).log()
+    return Ranked(torch.tensor(tokens), logits)
+
+
+def _rounded(table: dict[int, tuple[list[int], list[float]]]) -> dict[int, tuple[list[int], list[float]]]:
+    """The table's probabilities to 6 places (they went through a log and an exp in float32)."""
+    return {token: (ids, [round(p, 6) for p in probs]) for token, (ids, probs) in table.items()}
 
 
 def test_the_ranked_candidates_carry_the_targets_probabilities():
@@ -47,7 +57,7 @@ def test_a_prompt_tokens_row_puts_first_what_followed_it_in_the_prompt():
     drafter.prefill(torch.tensor([1, 4, 1, 5]), None,
                     _ranked([[5, 9], [1, 7], [5, 2]], [[0.5, 0.25], [0.5, 0.375], [0.75, 0.125]]))
     # 1 -> 4 first ([4, 5]) is replaced by the later occurrence, which 5 followed; 4 -> 1 was the target's first too
-    assert drafter.table == {1: ([5, 2], [0.75, 0.125]), 4: ([1, 7], [0.5, 0.375])}
+    assert _rounded(drafter.table) == {1: ([5, 2], [0.75, 0.125]), 4: ([1, 7], [0.5, 0.375])}
     assert drafter.propose(torch.tensor([1, 4, 1, 5]), 3).tokens.tolist() == []  # 5 has no row yet
 
 
@@ -64,7 +74,7 @@ def test_recycling_grows_the_likeliest_paths_and_refills_the_table_from_every_ve
     # the target's top-2 at each verify row (root 5, then each node): every fed token's row is replaced
     drafter.accepted(1, None, _ranked([[7, 3], [9, 1], [2, 6], [4, 0], [1, 2]],
                                       [[0.5, 0.25], [0.75, 0.125], [0.5, 0.5], [0.25, 0.25], [0.5, 0.125]]))
-    assert drafter.table == {5: ([7, 3], [0.5, 0.25]), 7: ([9, 1], [0.75, 0.125]), 9: ([2, 6], [0.5, 0.5]),
+    assert _rounded(drafter.table) == {5: ([7, 3], [0.5, 0.25]), 7: ([9, 1], [0.75, 0.125]), 9: ([2, 6], [0.5, 0.5]),
                              8: ([4, 0], [0.25, 0.25]), 2: ([1, 2], [0.5, 0.125])}
 
 

@@ -7,7 +7,6 @@ distribution, q the DRAFT's.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -109,14 +108,20 @@ def accept_sampled(drafts: Tensor, q: Tensor | None, p: Tensor,
     return n, draw(residual(p_next, q_next), generator)[0], test
 
 
-class Ranked(NamedTuple):
-    """The target's `w` likeliest tokens at each of T rows, best first, and their probabilities (temperature 1)."""
+@dataclass(frozen=True)
+class Ranked:
+    """The target's likeliest tokens at each of T rows, best first, and the rows' logits they were read from."""
 
     tokens: Tensor  # (T, w) ids
-    probs: Tensor  # (T, w)
+    logits: Tensor  # (T, V)
+
+    @property
+    def probs(self) -> Tensor:
+        """(T, w) the tokens' probabilities (temperature 1): a pass over the vocabulary, made only when read."""
+        lse = self.logits.float().logsumexp(-1, keepdim=True)
+        return (self.logits.gather(-1, self.tokens).float() - lse).exp()
 
 
 def ranked(logits: Tensor, width: int) -> Ranked:
-    """The `width` likeliest tokens of each row of `logits` (T, V) and their probabilities."""
-    values, tokens = logits.topk(width, dim=-1)
-    return Ranked(tokens, (values.float() - logits.float().logsumexp(-1, keepdim=True)).exp())
+    """The `width` likeliest tokens of each row of `logits` (T, V)."""
+    return Ranked(logits.topk(width, dim=-1).indices, logits)
