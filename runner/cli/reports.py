@@ -30,7 +30,7 @@ def spec_bench_command(
         fail(f"{db}: no such file")
     try:
         upgrade(db, LOCK_TIMEOUT_S)
-        sweep_id, table = reading(db, lambda con: _table(con, sweep), LOCK_TIMEOUT_S)
+        sweep_id, table, note = reading(db, lambda con: _table(con, sweep), LOCK_TIMEOUT_S)
     except (StoreError, duckdb.Error) as exc:
         fail(str(exc).splitlines()[0])
     if table.empty:
@@ -40,15 +40,18 @@ def spec_bench_command(
     stderr.print(f"sweep {sweep_id}: " + "; ".join(f"{m}: {q:.0f} questions, {t:.0f} turns" for m, q, t in
                                                    counted[["method", "questions", "turns"]].itertuples(index=False)),
                  highlight=False, markup=False, soft_wrap=True)
+    if note:
+        stderr.print(note, highlight=False, markup=False, soft_wrap=True)
 
 
-def _table(con: duckdb.DuckDBPyConnection, sweep: str | None) -> tuple[str, object]:
+def _table(con: duckdb.DuckDBPyConnection, sweep: str | None) -> tuple[str, object, str | None]:
     sweep_id = sweep or spec_bench.latest_sweep(con)
     if sweep_id is None:
         raise StoreError("the file has no runs")
     if not con.execute("SELECT 1 FROM runs WHERE sweep_id = ? LIMIT 1", [sweep_id]).fetchone():
         raise StoreError(f'no sweep "{sweep_id}" in the file')
-    return sweep_id, spec_bench.leaderboard(con, sweep_id)
+    note = spec_bench.coverage_note(spec_bench.sweep_categories(con, sweep_id))
+    return sweep_id, spec_bench.leaderboard(con, sweep_id), note
 
 
 @report_app.command("speed-bench")
