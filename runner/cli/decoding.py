@@ -10,7 +10,7 @@ from typing import Annotated
 import torch
 import typer
 
-from runner.cells import Cell, PromptIds, RunContext, judge
+from runner.cells import Cell, PromptIds, RunContext, check_fit, judge
 from runner.cli.common import (
     POLICY_HELP,
     Device,
@@ -27,7 +27,6 @@ from runner.cli.common import (
     stdout,
 )
 from runner.cli.inputs import batch_sizes, check_run, csv, decoding_for, ints, parse_drafts
-from runner.context_fit import check_fit
 from runner.engine import models, tree_size
 from runner.engine.kernels import SKINNY
 from runner.engine.pair import PLAIN, DraftSpec, Pair, check_drafts

@@ -12,8 +12,7 @@ from itertools import groupby
 
 import torch
 
-from runner.cells import Cell, PromptIds, RunContext, new_run_id, provenance
-from runner.context_fit import check_fit
+from runner.cells import Cell, PromptIds, RunContext, check_fit, new_run_id, provenance
 from runner.engine import lossless, models
 from runner.engine.pair import PLAIN, Pair
 from runner.engine.policies import warm_ks
