@@ -55,9 +55,9 @@ def _pooled(rows: pd.DataFrame) -> dict[str, float]:
     """τ, acceptance rate, α and the per-position rates of a group's histogram rows."""
     drafts = rows["drafts"].sum()
     accepted = (rows["accepted"] * rows["drafts"]).sum()
+    judged = accepted + rows["rejected"].sum()
     out = {"drafts": int(drafts), "tau": 1 + accepted / drafts, "acceptance_rate": accepted / rows["drafted"].sum(),
-           "alpha": accepted / (accepted + rows["rejected"].sum()) if accepted + rows["rejected"].sum() else
-           float("nan")}
+           "alpha": accepted / judged if judged else float("nan")}
     for i in range(1, int(rows["k_max"].max()) + 1):
         out[f"p{i}"] = rows.loc[rows["accepted"] >= i, "drafts"].sum() / drafts
     return out

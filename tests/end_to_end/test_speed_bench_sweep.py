@@ -121,3 +121,17 @@ def test_a_prompt_past_the_context_is_refused_alike_by_sweep_and_generate(tiny_d
     if db.exists():  # the sweep may have made the file before loading the model: nothing was recorded in it
         with duckdb.connect(str(db), read_only=True) as con:
             assert con.execute("SELECT count(*) FROM runs").fetchone() == (0,)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--splits", "qualitative"], "--splits chooses files of a SPEED-Bench directory: give it as --prompts"),
+    (["--prompts", str(FIXTURE), "--splits", "throughput_8k"], 'no split "throughput_8k" in speed_bench'),
+    (["--prompts", str(FIXTURE), "--splits", " , "], "--splits is empty"),
+    (["--prompts", str(FIXTURE), "--categories", "poem"], 'unknown category "poem"'),
+])
+def test_a_bad_choice_of_splits_is_one_line_before_any_model_loads(tmp_path, args, message):
+    result = CliRunner().invoke(app, ["sweep", "--draft", "ngram", "--target", str(tmp_path / "absent"),
+                                      "--db", str(tmp_path / "runs.duckdb"), *args])
+    assert result.exit_code == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: ") and message in line
