@@ -154,3 +154,14 @@ def test_a_file_without_speed_bench_runs_says_what_it_needs(tmp_path):
     assert "--prompts <SPEED-Bench directory>" in result.stderr
     named = CliRunner().invoke(app, ["report", "speed-bench", "--db", str(path), "--sweep", "s"])
     assert named.exit_code == 2 and "sweep s has no speculative run of a SPEED-Bench prompt" in named.stderr
+
+
+def test_spec_benchs_report_says_why_its_columns_are_empty(tmp_path):
+    path = tmp_path / "builtin.duckdb"
+    write_run(path, plain("code-01", "code", 4, 2.0))
+    write_run(path, run("n-c", "code-01", "code", rounds(3, [3]), 1.0))
+    result = CliRunner().invoke(app, ["report", "spec-bench", "--db", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "| ngram k=3 | – | – | – | – | – | – | 2.50 | 2.50x |" in result.stdout  # 5 tokens / 2 passes; 2.5 / 2
+    assert "None of this sweep's categories (code) is one of Spec-Bench's" in result.stderr
+    assert "`runner sweep --prompts question.jsonl`" in result.stderr
