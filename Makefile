@@ -3,7 +3,7 @@ PY := .venv/bin/python
 DB ?= runs.duckdb
 PORT ?= 8501
 
-.PHONY: setup browser test lint run bench dashboard head prompts
+.PHONY: setup browser test lint run bench dashboard head prompts docs
 
 setup: .venv/.installed
 
@@ -53,3 +53,10 @@ bench: setup
 
 lint: setup
 	$(PY) -m ruff check runner dashboard tests bench
+
+# The docs site (mkdocs.yml, Markdown under docs/): its measured tables rendered again from $(DB), the site built with
+# every link and anchor checked, then served at http://127.0.0.1:8000 until Ctrl-C.
+docs: setup
+	$(PY) -m runner report docs --db $(DB) --docs docs
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs serve -a 127.0.0.1:8000

@@ -1,0 +1,84 @@
+"""Every measured table in the docs is what `runner report docs` renders from the shipped runs.duckdb: rendering
+again changes nothing, a stale figure is caught, and a rendered figure equals the same number worked out by hand."""
+
+from __future__ import annotations
+
+import math
+import re
+import shutil
+from pathlib import Path
+
+import duckdb
+from typer.testing import CliRunner
+
+from runner.cli import app
+from runner.store import doc_tables
+
+ROOT = Path(__file__).resolve().parents[2]
+DB = ROOT / "runs.duckdb"
+DOCS = ROOT / "docs"
+
+
+def _report(*args: str):
+    return CliRunner().invoke(app, ["report", "docs", "--db", str(DB), *args])
+
+
+def _shipped(tmp_path: Path) -> Path:
+    """A copy of the shipped file, so that nothing here touches the repository's."""
+    shutil.copy(DB, tmp_path / "runs.duckdb")
+    return tmp_path / "runs.duckdb"
+
+
+def test_the_docs_say_what_the_shipped_file_holds(tmp_path):
+    db = _shipped(tmp_path)
+    result = CliRunner().invoke(app, ["report", "docs", "--db", str(db), "--docs", str(DOCS), "--check"])
+    assert result.exit_code == 0, f"run `python -m runner report docs`:\n{result.output}"
+
+
+def test_a_stale_figure_is_caught_and_rendered_again(tmp_path):
+    db = _shipped(tmp_path)
+    docs = tmp_path / "docs"
+    shutil.copytree(DOCS, docs)
+    page = docs / "drafters.md"
+    text = page.read_text()
+    stale = re.sub(r"\| (\d+\.\d\d)× \|", "| 9.99× |", text, count=1)
+    assert stale != text
+    page.write_text(stale)
+    args = ["report", "docs", "--db", str(db), "--docs", str(docs)]
+    checked = CliRunner().invoke(app, [*args, "--check"])
+    assert checked.exit_code == 1 and "drafters.md: stale" in checked.output
+    assert CliRunner().invoke(app, args).exit_code == 0
+    assert page.read_text() == text
+
+
+def test_every_marked_table_is_a_known_one_and_every_table_is_shown():
+    names = [name for page in DOCS.rglob("*.md")
+             for name in re.findall(r"<!-- render:([a-z0-9-]+) -->", page.read_text())]
+    assert sorted(set(names)) == sorted(doc_tables.TABLES)
+
+
+def test_an_unknown_table_is_one_line_and_exit_2(tmp_path):
+    (tmp_path / "page.md").write_text("<!-- render:nothing -->\n<!-- /render:nothing -->\n")
+    result = CliRunner().invoke(app, ["report", "docs", "--db", str(_shipped(tmp_path)), "--docs", str(tmp_path)])
+    assert result.exit_code == 2 and "unknown table" in result.output
+
+
+def test_a_rendered_speedup_is_the_geometric_mean_worked_out_by_hand():
+    """Prompt lookup at k = 4 on summaries: every greedy fixed-k batch-1 run of it ran the four prompts that every
+    compared cell ran, so its figure is the plain geometric mean of those runs' own speedups, each worked out from
+    the runs table (baseline seconds per token over the run's)."""
+    con = duckdb.connect(str(DB), read_only=True)
+    rows = con.execute("""
+        SELECT (b.wall_s / b.new_tokens) / (r.wall_s / r.new_tokens) FROM runs r JOIN runs b
+            ON b.run_id = r.baseline_run_id
+        WHERE r.draft = 'ngram' AND r.k = 4 AND r.category = 'summary' AND r.mode = 'greedy'
+            AND r.k_policy = 'fixed' AND coalesce(r.batch_size, 1) = 1 AND r.kernels = 'skinny'
+            AND r.status = 'ok'""").fetchall()
+    con.close()
+    assert len(rows) > 1
+    by_hand = math.exp(sum(math.log(s) for (s,) in rows) / len(rows))
+    table = (DOCS / "drafters.md").read_text()
+    greedy = table[table.index("<!-- render:best-greedy -->"):table.index("<!-- /render:best-greedy -->")]
+    row = next(line for line in greedy.splitlines() if line.startswith("| summary | `ngram` |"))
+    assert row.split(" | ")[2] == "4"
+    assert row.split(" | ")[5] == f"{by_hand:.2f}×"
