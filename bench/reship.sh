@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The shipped runs.duckdb, recorded again with today's engine (about 45 minutes on an idle 2-core CPU, one thread):
+# The shipped runs.duckdb, recorded again with today's engine (the better part of an hour on a 2-core CPU, one thread):
 #   bench/reship.sh [OLD] [NEW]     (default: runs.duckdb and runs.new.duckdb; move NEW over OLD when it is done)
 # NEW gets the sweeps below, all from this machine, then OLD's draft-head trainings and benchmarks (none of its runs).
 set -euo pipefail
@@ -22,7 +22,7 @@ $SWEEP --draft ngram --draft eagle:$H --draft eagle-tree:$H --k 2,4 --prompts-pe
 $SWEEP --draft ngram --draft eagle:$H --k 2,4 --prompts-per-category 2 --kernels stock
 # BATCHES: 1, 2 and 4 prompts of a category decoded together, each against plain decoding at its batch size.
 $SWEEP --draft ngram --draft eagle:$H --draft ngram-tree --k 3 --batch 1,2,4 --prompts-per-category 4
-# POLICIES: the draft-length policies against fixed k (README, "Draft-length policies"), greedy and at T = 0.7.
+# POLICIES: the draft-length policies against fixed k (docs/policies.md), greedy and at T = 0.7.
 P="--draft ngram --draft eagle:$H --prompts-per-category 3"
 $SWEEP $P --k 1,2,3,4 --k-policy fixed --mode greedy
 $SWEEP $P --k 2,4 --k-policy heuristic --k-policy auto --k-policy confidence:0.5 --mode greedy
