@@ -97,6 +97,32 @@ def batch_curve(con: duckdb.DuckDBPyConnection) -> str:
     return markdown(frame.sort_values(["draft", "k", "category", "batch_size"]), formats)
 
 
+def training(con: duckdb.DuckDBPyConnection) -> str:
+    """Each recorded training of a draft head, epoch by epoch: its losses and the held-out acceptance at each draft
+    position 1, 2, … (each given the earlier drafts were right), pooled over the held-out categories."""
+    frame = con.execute("""
+        SELECT t.draft, e.epoch || CASE WHEN e.epoch = t.saved_epoch THEN ' (saved)' ELSE '' END AS epoch,
+            e.train_loss, e.heldout_loss,
+            string_agg(CASE WHEN p.judged > 0 THEN printf('%.3f', p.accepted / p.judged) ELSE '–' END, ' / '
+                ORDER BY p.position) AS positions
+        FROM trainings t JOIN training_epochs e USING (train_id)
+        JOIN training_positions p ON p.train_id = e.train_id AND p.epoch = e.epoch AND p.category = 'all'
+        WHERE t.status = 'ok' GROUP BY ALL ORDER BY t.draft, min(e.epoch)""").df()
+    return markdown(frame, {"draft": "`{}`", "epoch": "{}", "train_loss": "{:.3f}", "heldout_loss": "{:.3f}",
+                            "positions": "{}"})
+
+
+def training_categories(con: duckdb.DuckDBPyConnection) -> str:
+    """Each recorded training's held-out acceptance at its saved epoch, per held-out category and draft position."""
+    frame = con.execute("""
+        SELECT t.draft, p.category, sum(p.judged) AS judged,
+            string_agg(CASE WHEN p.judged > 0 THEN printf('%.3f', p.accepted / p.judged) ELSE '–' END, ' / '
+                ORDER BY p.position) AS positions
+        FROM trainings t JOIN training_positions p ON p.train_id = t.train_id AND p.epoch = t.saved_epoch
+        WHERE t.status = 'ok' AND p.category <> 'all' GROUP BY ALL ORDER BY t.draft, p.category""").df()
+    return markdown(frame, {"draft": "`{}`", "category": "{}", "judged": "{:.0f}", "positions": "{}"})
+
+
 TABLES: dict[str, Callable[[duckdb.DuckDBPyConnection], str]] = {
     "sweeps": sweeps,
     "best-greedy": lambda con: _best(con, "greedy"),
@@ -104,6 +130,8 @@ TABLES: dict[str, Callable[[duckdb.DuckDBPyConnection], str]] = {
     "policies": policies,
     "advice": advice,
     "batches": batch_curve,
+    "training": training,
+    "training-categories": training_categories,
 }
 
 
