@@ -12,6 +12,8 @@ from pathlib import Path
 
 import yaml
 
+from runner.store.metrics import Filters
+
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 
@@ -62,3 +64,15 @@ def test_the_readme_is_a_front_door():
     local = [link for link in links if not link.startswith("http")]
     assert "docs/img/overview.png" in local
     assert [link for link in local if not (ROOT / link).exists()] == []
+
+
+def test_the_readme_answers_which_draft_which_k_with_a_page_that_exists():
+    """The tour's first step opens the Compare page with the category picked: the page's url_path is the app's and
+    `category` is one of the sidebar filters the URL carries."""
+    readme = (ROOT / "README.md").read_text()
+    tour = readme[readme.index("## A five-minute tour"):]
+    assert tour.index("Which draft, which k for my summaries?") < tour.index("**2.")
+    url = re.search(r"http://localhost:8501/(\w+)\?category=summary", tour)
+    assert url is not None
+    assert f'url_path="{url[1]}"' in (ROOT / "dashboard" / "app.py").read_text()
+    assert "category" in Filters.__dataclass_fields__
