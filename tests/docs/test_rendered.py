@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import duckdb
@@ -82,3 +84,12 @@ def test_a_rendered_speedup_is_the_geometric_mean_worked_out_by_hand():
     row = next(line for line in greedy.splitlines() if line.startswith("| summary | `ngram` |"))
     assert row.split(" | ")[2] == "4"
     assert row.split(" | ")[5] == f"{by_hand:.2f}×"
+
+
+def test_the_command_runs_without_torch_in_a_real_process(tmp_path):
+    """As a user runs it: the check passes on the shipped file, and neither torch nor transformers is imported."""
+    script = ("import sys\nfrom runner.cli import main\nsys.argv = ['runner', *sys.argv[1:]]\ntry:\n    main()\n"
+              "except SystemExit as exit:\n    print(exit.code, 'torch' in sys.modules, 'transformers' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", script, "report", "docs", "--db", str(_shipped(tmp_path)), "--docs",
+                           str(DOCS), "--check"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.stdout.split()[-3:] == ["0", "False", "False"], done.stderr
