@@ -2,6 +2,8 @@
 # The shipped runs.duckdb, recorded again with today's engine (the better part of an hour on a 2-core CPU, one thread):
 #   bench/reship.sh [OLD] [NEW]     (default: runs.duckdb and runs.new.duckdb; move NEW over OLD when it is done)
 # NEW gets the sweeps below, all from this machine, then OLD's draft-head trainings and benchmarks (none of its runs).
+# Its sweeps are listed in bench/results/shipped-sweeps.txt, the ones the docs describe: once NEW is moved over OLD,
+# `python -m runner report docs` renders the docs' tables from them again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OLD=${1:-runs.duckdb}
@@ -28,6 +30,11 @@ $SWEEP $P --k 1,2,3,4 --k-policy fixed --mode greedy
 $SWEEP $P --k 2,4 --k-policy heuristic --k-policy auto --k-policy confidence:0.5 --mode greedy
 $SWEEP $P --k 1,2,3,4 --k-policy fixed --mode sample --temperature 0.7
 $SWEEP $P --k 2,4 --k-policy heuristic --k-policy auto --k-policy confidence:0.5 --mode sample --temperature 0.7
+
+# The sweeps just recorded, the ones the docs describe.
+$PY -c "import duckdb, sys; print(*(row[0] for row in duckdb.connect(sys.argv[1], read_only=True).execute(
+    'SELECT sweep_id FROM runs GROUP BY sweep_id ORDER BY min(started_at)').fetchall()), sep='\n')" "$NEW" \
+    > bench/results/shipped-sweeps.txt
 
 # What OLD keeps: a copy with every table keyed by run_id emptied, merged into NEW.
 KEEP=$(mktemp -d)/kept.duckdb

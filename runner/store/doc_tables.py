@@ -4,6 +4,10 @@ A page marks each table it shows with `<!-- render:NAME -->` and `<!-- /render:N
 lies between them with TABLES[NAME] over the file, so `runner report docs` writes the tables again and its `--check`
 (and the test that runs it) fails when a page no longer says what the file holds. The tables read the same functions
 as the dashboard (`comparable`, `advisor`, `batches`), so a page and the dashboard give one answer.
+
+The docs describe the sweeps `bench/reship.sh` recorded (it lists them in `bench/results/shipped-sweeps.txt`), not
+whatever else a file gathers later (`make run` records a quick sweep into the same file): `only_sweeps` makes a
+connection see those sweeps' runs alone.
 """
 
 from __future__ import annotations
@@ -21,6 +25,19 @@ from runner.store.sql import EXAMPLES
 
 CHAINS_AND_TREES = Filters(k_policy=("fixed",), batch_size=(1,), kernels=("skinny",))
 MARKER = re.compile(r"(<!-- render:(?P<name>[a-z0-9-]+) -->\n)(?P<body>.*?)(<!-- /render:(?P=name) -->)", re.S)
+
+
+SWEPT = ("runs", "run_facts", "run_stats")  # what the tables read per run; the views over them read these in turn
+
+
+def only_sweeps(con: duckdb.DuckDBPyConnection, sweeps: tuple[str, ...]) -> None:
+    """From here on, `con` sees only the runs of `sweeps` in SWEPT: a temporary view of each, named as the relation
+    it filters, is found before the file's own. (A view takes no parameters, so the ids are quoted literals.)"""
+    catalog = con.execute("SELECT current_database()").fetchone()[0]
+    listed = ", ".join("'" + sweep.replace("'", "''") + "'" for sweep in sweeps)
+    for name in SWEPT:
+        con.execute(f'CREATE OR REPLACE TEMP VIEW {name} AS SELECT * FROM "{catalog}".main.{name} '
+                    f"WHERE sweep_id IN ({listed})")
 
 
 def _cell(value: object, pattern: str) -> str:

@@ -19,10 +19,7 @@ from runner.store import doc_tables
 ROOT = Path(__file__).resolve().parents[2]
 DB = ROOT / "runs.duckdb"
 DOCS = ROOT / "docs"
-
-
-def _report(*args: str):
-    return CliRunner().invoke(app, ["report", "docs", "--db", str(DB), *args])
+SWEEPS = ROOT / "bench" / "results" / "shipped-sweeps.txt"
 
 
 def _shipped(tmp_path: Path) -> Path:
@@ -33,7 +30,8 @@ def _shipped(tmp_path: Path) -> Path:
 
 def test_the_docs_say_what_the_shipped_file_holds(tmp_path):
     db = _shipped(tmp_path)
-    result = CliRunner().invoke(app, ["report", "docs", "--db", str(db), "--docs", str(DOCS), "--check"])
+    result = CliRunner().invoke(app, ["report", "docs", "--db", str(db), "--docs", str(DOCS), "--sweeps", str(SWEEPS),
+                                      "--check"])
     assert result.exit_code == 0, f"run `python -m runner report docs`:\n{result.output}"
 
 
@@ -46,7 +44,7 @@ def test_a_stale_figure_is_caught_and_rendered_again(tmp_path):
     stale = re.sub(r"\| (\d+\.\d\d)× \|", "| 9.99× |", text, count=1)
     assert stale != text
     page.write_text(stale)
-    args = ["report", "docs", "--db", str(db), "--docs", str(docs)]
+    args = ["report", "docs", "--db", str(db), "--docs", str(docs), "--sweeps", str(SWEEPS)]
     checked = CliRunner().invoke(app, [*args, "--check"])
     assert checked.exit_code == 1 and "drafters.md: stale" in checked.output
     assert CliRunner().invoke(app, args).exit_code == 0
@@ -91,5 +89,36 @@ def test_the_command_runs_without_torch_in_a_real_process(tmp_path):
     script = ("import sys\nfrom runner.cli import main\nsys.argv = ['runner', *sys.argv[1:]]\ntry:\n    main()\n"
               "except SystemExit as exit:\n    print(exit.code, 'torch' in sys.modules, 'transformers' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", script, "report", "docs", "--db", str(_shipped(tmp_path)), "--docs",
-                           str(DOCS), "--check"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+                           str(DOCS), "--sweeps", str(SWEEPS), "--check"], capture_output=True, text=True, timeout=120,
+                          cwd=ROOT)
     assert done.stdout.split()[-3:] == ["0", "False", "False"], done.stderr
+
+
+def _a_later_sweep(db: Path) -> None:
+    """A copy of the first shipped sweep under a new id, every run twice as slow: what `make run` adds to the file."""
+    con = duckdb.connect(str(db))
+    new_id = "'later-' || run_id"
+    con.execute(f"""INSERT INTO runs SELECT * REPLACE ({new_id} AS run_id, 'later' AS sweep_id, 2 * wall_s AS wall_s,
+        CASE WHEN baseline_run_id IS NOT NULL THEN 'later-' || baseline_run_id END AS baseline_run_id)
+        FROM runs WHERE sweep_id = (SELECT min(sweep_id) FROM runs)""")
+    for table in ("rounds", "run_totals", "round_counts", "run_facts"):
+        con.execute(f"INSERT INTO {table} SELECT * REPLACE ({new_id} AS run_id) FROM {table} "
+                    "WHERE run_id IN (SELECT substr(run_id, 7) FROM runs WHERE sweep_id = 'later')")
+    con.execute("UPDATE run_facts SET sweep_id = 'later' WHERE run_id LIKE 'later-%'")
+    con.close()
+
+
+def test_a_sweep_recorded_later_leaves_the_docs_as_they_are(tmp_path):
+    db = _shipped(tmp_path)
+    _a_later_sweep(db)
+    args = ["report", "docs", "--db", str(db), "--docs", str(DOCS), "--check"]
+    assert CliRunner().invoke(app, [*args, "--sweeps", str(SWEEPS)]).exit_code == 0
+    every_sweep = CliRunner().invoke(app, [*args, "--sweeps", str(tmp_path / "no-list.txt")])
+    assert every_sweep.exit_code == 1 and "getting-started.md: stale" in every_sweep.output
+
+
+def test_a_listed_sweep_missing_from_the_file_is_one_line_and_exit_2(tmp_path):
+    (tmp_path / "sweeps.txt").write_text("20990101-000000-beef\n")
+    result = CliRunner().invoke(app, ["report", "docs", "--db", str(_shipped(tmp_path)), "--docs", str(DOCS),
+                                      "--sweeps", str(tmp_path / "sweeps.txt"), "--check"])
+    assert result.exit_code == 2 and "sweep 20990101-000000-beef is listed but not in the file" in result.output
