@@ -90,7 +90,7 @@ def _add_divergence(con: duckdb.DuckDBPyConnection) -> None:
 
 
 def _add_kernels_and_threads(con: duckdb.DuckDBPyConnection) -> None:
-    # The linears' path and the CPU thread count change a run's speed by up to 2x, so a run says which it had.
+    # The linears' path and the CPU thread count change a run's speed, so a run says which it had.
     # Every run recorded before ran torch's stock F.linear; their thread count is unknown (NULL).
     con.execute("ALTER TABLE runs ADD COLUMN kernels TEXT")
     con.execute("ALTER TABLE runs ADD COLUMN threads INTEGER")
