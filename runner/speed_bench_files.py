@@ -18,8 +18,6 @@ from runner.prompts import Prompt, PromptError
 QUALITATIVE = "qualitative"
 # A split's file name: qualitative.jsonl or throughput_<n>k.jsonl (n thousand tokens of input, roughly)
 SPLIT_FILE = re.compile(r"^(qualitative|throughput_(\d+)k)\.jsonl$")
-# A SPEED-Bench prompt id, as `split_of` reads it back (SQL reads it with the same pattern, runner/store/speed_bench)
-PROMPT_ID = re.compile(r"^(qualitative|throughput_\d+k)-\d+$")
 
 
 def is_speed_bench_line(obj: object) -> bool:
@@ -69,23 +67,6 @@ def chosen_files(path: Path, splits: list[str] | None) -> list[Path]:
         if split not in files:
             raise PromptError(f'no split "{split}" in {path.name}; available: {", ".join(files)}')
     return [files[s] for s in files if splits is None or s in splits]
-
-
-def split_of(prompt_id: str) -> str | None:
-    """The split a prompt id names (`throughput_2k-3` -> `throughput_2k`), None for an id of another format."""
-    return prompt_id.rsplit("-", 1)[0] if PROMPT_ID.match(prompt_id) else None
-
-
-def load(path: Path, splits: list[str] | None) -> list[Prompt]:
-    """Every prompt of the chosen files, in file and line order."""
-    prompts: list[Prompt] = []
-    for file in chosen_files(path, splits):
-        split = split_name(file)
-        for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), 1):
-            if line.strip():
-                where = f"{file.name} line {number}"
-                prompts.append(parse_line(read_line(line, where), split, number, where))
-    return prompts
 
 
 def read_line(line: str, where: str) -> dict:

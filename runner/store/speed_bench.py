@@ -25,7 +25,7 @@ from runner.store import spec_bench
 
 QUALITATIVE = "qualitative"
 ALL = "all"
-# The same pattern as runner/speed_bench_files.PROMPT_ID; the first group is the split.
+# The ids runner/speed_bench_files.py gives SPEED-Bench's prompts, `<split>-<line>`; the first group is the split.
 PROMPT_ID = r"^(qualitative|throughput_\d+k)-\d+$"
 # A method is one decoding of one draft at one k and policy, on one engine.
 KEYS = ["engine", *spec_bench.ROW_KEYS]
