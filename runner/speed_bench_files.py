@@ -69,6 +69,18 @@ def chosen_files(path: Path, splits: list[str] | None) -> list[Path]:
     return [files[s] for s in files if splits is None or s in splits]
 
 
+def load(path: Path, splits: list[str] | None) -> list[Prompt]:
+    """Every prompt of the chosen files, in file and line order."""
+    prompts: list[Prompt] = []
+    for file in chosen_files(path, splits):
+        split = split_name(file)
+        for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), 1):
+            if line.strip():
+                where = f"{file.name} line {number}"
+                prompts.append(parse_line(read_line(line, where), split, number, where))
+    return prompts
+
+
 def read_line(line: str, where: str) -> dict:
     """The object on a line, or a one-line error."""
     try:
