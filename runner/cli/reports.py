@@ -1,5 +1,6 @@
 """`report`: tables over a recorded file laid out as others publish them; `report spec-bench`, Spec-Bench's
-leaderboard; `report docs`, the docs' measured tables."""
+leaderboard; `report speed-bench`, SPEED-Bench's acceptance matrix and its throughput splits by input length;
+`report docs`, the docs' measured tables."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import duckdb
 import typer
 
 from runner.cli.common import app, fail, stderr
-from runner.store import doc_tables, spec_bench
+from runner.store import doc_tables, spec_bench, speed_bench
 from runner.store.connect import reading, upgrade
 from runner.store.schema import StoreError
 
@@ -30,7 +31,7 @@ def spec_bench_command(
         fail(f"{db}: no such file")
     try:
         upgrade(db, LOCK_TIMEOUT_S)
-        sweep_id, table = reading(db, lambda con: _table(con, sweep), LOCK_TIMEOUT_S)
+        sweep_id, table, note = reading(db, lambda con: _table(con, sweep), LOCK_TIMEOUT_S)
     except (StoreError, duckdb.Error) as exc:
         fail(str(exc).splitlines()[0])
     if table.empty:
@@ -40,15 +41,53 @@ def spec_bench_command(
     stderr.print(f"sweep {sweep_id}: " + "; ".join(f"{m}: {q:.0f} questions, {t:.0f} turns" for m, q, t in
                                                    counted[["method", "questions", "turns"]].itertuples(index=False)),
                  highlight=False, markup=False, soft_wrap=True)
+    if note:
+        stderr.print(note, highlight=False, markup=False, soft_wrap=True)
 
 
-def _table(con: duckdb.DuckDBPyConnection, sweep: str | None) -> tuple[str, object]:
+def _table(con: duckdb.DuckDBPyConnection, sweep: str | None) -> tuple[str, object, str | None]:
     sweep_id = sweep or spec_bench.latest_sweep(con)
     if sweep_id is None:
         raise StoreError("the file has no runs")
     if not con.execute("SELECT 1 FROM runs WHERE sweep_id = ? LIMIT 1", [sweep_id]).fetchone():
         raise StoreError(f'no sweep "{sweep_id}" in the file')
-    return sweep_id, spec_bench.leaderboard(con, sweep_id)
+    note = spec_bench.coverage_note(spec_bench.sweep_categories(con, sweep_id))
+    return sweep_id, spec_bench.leaderboard(con, sweep_id), note
+
+
+@report_app.command("speed-bench")
+def speed_bench_command(
+    db: Annotated[Path, typer.Option(help="the DuckDB file")] = Path("runs.duckdb"),
+    sweep: Annotated[str | None, typer.Option(
+        help="the sweep (default: the last one that ran SPEED-Bench prompts)")] = None,
+) -> None:
+    """SPEED-Bench's report of a sweep as Markdown, by vLLM's definitions: τ, α and per-position acceptance per
+    draft × category of the qualitative split, then acceptance and speedup by input length over the throughput
+    splits; one set of tables per engine."""
+    if not db.is_file():
+        fail(f"{db}: no such file")
+    try:
+        upgrade(db, LOCK_TIMEOUT_S)
+        sweep_id, matrix, lengths = reading(db, lambda con: _speed_tables(con, sweep), LOCK_TIMEOUT_S)
+    except (StoreError, duckdb.Error) as exc:
+        fail(str(exc).splitlines()[0])
+    if matrix.empty and lengths.empty:
+        fail(f"sweep {sweep_id} has no speculative run of a SPEED-Bench prompt (ids like qualitative-12 or "
+             "throughput_2k-3): record one with `runner sweep --prompts <SPEED-Bench directory>`")
+    print(speed_bench.markdown(matrix, lengths))
+    stderr.print(f"sweep {sweep_id}", highlight=False, markup=False)
+
+
+def _speed_tables(con: duckdb.DuckDBPyConnection, sweep: str | None) -> tuple[str, object, object]:
+    if sweep is None:
+        found = speed_bench.sweeps(con)
+        if not found:
+            raise StoreError("no sweep in the file ran SPEED-Bench prompts (ids like qualitative-12 or "
+                             "throughput_2k-3): record one with `runner sweep --prompts <SPEED-Bench directory>`")
+        sweep = found[0]
+    elif not con.execute("SELECT 1 FROM runs WHERE sweep_id = ? LIMIT 1", [sweep]).fetchone():
+        raise StoreError(f'no sweep "{sweep}" in the file')
+    return sweep, speed_bench.acceptance(con, sweep), speed_bench.by_length(con, sweep)
 
 
 @report_app.command("docs")
