@@ -1,4 +1,4 @@
-"""Batched throughput: B prompts decoded together, ours (plain and speculative, runner/engine/batch.py) against
+"""Batched throughput: B prompts decoded together, ours (plain and speculative, runner/engine/round/batch.py) against
 transformers' own batched greedy `generate` (left-padded, with an attention mask) on the same prompts.
 
 Tokens/s counts every sequence's new tokens up to and including its first end-of-sequence token (transformers pads a
@@ -12,8 +12,8 @@ import torch
 
 from bench.engines import GREEDY, Cell, Engines
 from bench.rows import Row
-from runner.engine.clock import Clock
 from runner.engine.pair import PLAIN
+from runner.engine.round.clock import Clock
 
 BATCH_METRIC = "batch_tokens_per_s"
 

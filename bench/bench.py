@@ -54,10 +54,10 @@ from bench.rows import (  # noqa: E402
     throughput_rows,
     verify_rows,
 )
-from runner.engine import kernels, models  # noqa: E402
-from runner.engine.kernels import SKINNY, all_cores  # noqa: E402
 from runner.engine.pair import parse_draft, parse_kernels  # noqa: E402
-from runner.engine.policies import FIXED, parse_policy  # noqa: E402
+from runner.engine.round.policies import FIXED, parse_policy  # noqa: E402
+from runner.engine.weights import kernels, models  # noqa: E402
+from runner.engine.weights.kernels import SKINNY, all_cores  # noqa: E402
 from runner.prompts import PromptError, load_prompts, select_prompts  # noqa: E402
 from runner.store.bench_rows import write_bench  # noqa: E402
 from runner.store.connect import init_db  # noqa: E402

@@ -16,11 +16,11 @@ from torch import nn
 
 from runner.cells import Cell as SweepCell
 from runner.cells import RunContext, judge, provenance
-from runner.engine import models
-from runner.engine.clock import Clock
 from runner.engine.pair import PLAIN, DraftSpec, Pair, parse_draft
-from runner.engine.policies import FIXED, PolicySpec
-from runner.engine.sampling import Decoding
+from runner.engine.round.clock import Clock
+from runner.engine.round.policies import FIXED, PolicySpec
+from runner.engine.round.sampling import Decoding
+from runner.engine.weights import models
 from runner.prompts import Prompt
 from runner.records import Generation, RunRecord
 from runner.store.connect import init_db

@@ -9,7 +9,7 @@ import torch
 
 from bench.engines import Sample
 from bench.rows import reference_of
-from runner.engine.kernels import cpu_name
+from runner.engine.weights.kernels import cpu_name
 from runner.store.bench_rows import ABOUT, UNITS
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dashboard.fates import Decode
-from runner.engine import sources
+from runner.engine.weights import sources
 
 
 def load(spec: str) -> Decode:
@@ -18,7 +18,7 @@ def load(spec: str) -> Decode:
 
         fast = Tokenizer.from_file(str(plain))
         return lambda token_id: fast.decode([token_id], skip_special_tokens=False)
-    from runner.engine import models
+    from runner.engine.weights import models
 
     full = models.load_tokenizer(spec)
     return lambda token_id: full.decode([token_id])

@@ -18,10 +18,11 @@ from pathlib import Path
 import torch
 import transformers
 
-from runner.engine import kernels, lossless, models
 from runner.engine.pair import PLAIN, DraftSpec, Pair
-from runner.engine.policies import FIXED, PolicySpec
-from runner.engine.sampling import Decoding
+from runner.engine.round import lossless
+from runner.engine.round.policies import FIXED, PolicySpec
+from runner.engine.round.sampling import Decoding
+from runner.engine.weights import kernels, models
 from runner.prompts import Prompt
 from runner.records import BASELINE_KEY, CELL_KEY, Divergence, Generation, RunRecord
 
@@ -35,7 +36,7 @@ class Cell:
     draft: DraftSpec
     k: int | None  # None for the baseline
     policy: PolicySpec = FIXED  # how each round's k is chosen from k; recorded as None for the baseline
-    # A batch (runner/engine/batch.py): its prompts in order, this cell's at `slot`; () for a run alone
+    # A batch (runner/engine/round/batch.py): its prompts in order, this cell's at `slot`; () for a run alone
     batch: tuple[Prompt, ...] = ()
     slot: int = 0
 

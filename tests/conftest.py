@@ -14,7 +14,7 @@ from tokenizers import models as tok_models
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from bench.load import CHROMIUM, LAUNCH_ARGS
-from runner.engine import models
+from runner.engine.weights import models
 
 if TYPE_CHECKING:  # playwright is imported by the browser fixture alone: the GPU check runs tests without it
     from playwright.sync_api import Browser

@@ -1,5 +1,5 @@
 """EAGLE-3's draft step written out from the published equations, in float64 and without caches, to check the
-head's variants against: every flag's effect is spelled out here, apart from runner/engine/heads.py."""
+head's variants against: every flag's effect is spelled out here, apart from runner/engine/weights/heads.py."""
 
 from __future__ import annotations
 

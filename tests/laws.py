@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 from scipy.stats import chisquare
 
-from runner.engine.models import Loaded
-from runner.engine.sampling import Decoding, probabilities
+from runner.engine.round.sampling import Decoding, probabilities
+from runner.engine.weights.models import Loaded
 
 
 def two_token_law(target: Loaded, prompt: list[int], vocab: int, decoding: Decoding) -> torch.Tensor:

@@ -1,5 +1,5 @@
-"""Batched decoding (runner/engine/batch.py): every sequence of a batch decodes as it would alone, round for round,
-whatever its mates do (their drafts' lengths, trees, an early end); holes are compacted away; the shared pass's
+"""Batched decoding (runner/engine/round/batch.py): every sequence of a batch decodes as it would alone, round for
+round, whatever its mates do (their drafts' lengths, trees, an early end); holes are compacted away; the shared pass's
 time is every member's verify time."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from runner.engine import batch as batched
-from runner.engine.drafters import Draft
 from runner.engine.pair import PLAIN, Pair, parse_draft
-from runner.engine.sampling import Decoding
+from runner.engine.round import batch as batched
+from runner.engine.round.draft import Draft
+from runner.engine.round.sampling import Decoding
 
 GREEDY = Decoding("greedy", 0.0, 1.0)
 SAMPLE = Decoding("sample", 0.8, 1.0)

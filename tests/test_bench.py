@@ -14,9 +14,9 @@ import torch
 from bench import bench, passes, report, rows
 from bench.batched import theirs
 from bench.engines import GREEDY, PLAIN_CELL, BenchConfig, Cell, Engines, Sample
-from runner.engine.kernels import all_cores
 from runner.engine.pair import PLAIN, parse_draft
-from runner.engine.policies import parse_policy
+from runner.engine.round.policies import parse_policy
+from runner.engine.weights.kernels import all_cores
 from runner.prompts import Prompt
 from runner.store.bench_rows import BENCH_COLUMNS, bench_results, goal_for
 

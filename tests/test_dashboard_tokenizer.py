@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from dashboard import tokenizer
-from runner.engine import models, sources
+from runner.engine.weights import models, sources
 
 
 def test_every_token_of_the_default_model_decodes_as_transformers_decodes_it():

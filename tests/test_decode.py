@@ -12,12 +12,14 @@ import time
 import pytest
 import torch
 
-from runner.engine.clock import Clock
-from runner.engine.decode import Sequence, Target, generate, speculative_round
-from runner.engine.drafters import Draft, ModelDrafter, NgramDrafter, NoDraft
-from runner.engine.models import Loaded
+from runner.engine.drafters.model import ModelDrafter
+from runner.engine.drafters.ngram import NgramDrafter
 from runner.engine.pair import Pair, parse_draft
-from runner.engine.sampling import Decoding
+from runner.engine.round.clock import Clock
+from runner.engine.round.decode import Sequence, Target, generate, speculative_round
+from runner.engine.round.draft import Draft, NoDraft
+from runner.engine.round.sampling import Decoding
+from runner.engine.weights.models import Loaded
 from tests.conftest import greedy_without_cache, tiny_llama
 
 GREEDY = Decoding("greedy", 0.0, 1.0)

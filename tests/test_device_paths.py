@@ -17,10 +17,12 @@ from typer.testing import CliRunner
 
 from bench.engines import ForwardTimer
 from runner import cli
-from runner.engine import decode, models, pair
-from runner.engine.clock import Clock
+from runner.engine import pair
 from runner.engine.pair import PLAIN, Pair, parse_draft
-from runner.engine.sampling import Decoding
+from runner.engine.round import decode
+from runner.engine.round.clock import Clock
+from runner.engine.round.sampling import Decoding
+from runner.engine.weights import models
 
 GREEDY, SAMPLE = Decoding("greedy", 0.0, 1.0), Decoding("sample", 0.8, 0.9)
 # Tensor-to-host conversions: each one waits for the device on CUDA (as would a bare synchronize).

@@ -12,8 +12,10 @@ import pytest
 import torch
 from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from runner.engine.drafters import ModelDrafter, NgramDrafter, crop_to, layer_skip
-from runner.engine.sampling import Decoding
+from runner.engine.drafters.model import ModelDrafter, layer_skip
+from runner.engine.drafters.ngram import NgramDrafter
+from runner.engine.round.draft import crop_to
+from runner.engine.round.sampling import Decoding
 from tests.conftest import greedy_without_cache, tiny_llama
 
 GREEDY = Decoding("greedy", 0.0, 1.0)

@@ -19,11 +19,11 @@ from families import FAMILIES, Family, prompt_text, save
 from rich.console import Console
 from scipy.stats import chisquare
 
-from runner.engine import models
-from runner.engine.decode import generate
-from runner.engine.drafters import ModelDrafter, layer_skip
+from runner.engine.drafters.model import ModelDrafter, layer_skip
 from runner.engine.pair import parse_draft
-from runner.engine.sampling import Decoding, probabilities
+from runner.engine.round.decode import generate
+from runner.engine.round.sampling import Decoding, probabilities
+from runner.engine.weights import models
 from runner.prompts import load_prompts
 from runner.sweep.plan import SweepConfig
 from runner.sweep.run import run_sweep

@@ -14,14 +14,14 @@ from safetensors.torch import save_file
 from typer.testing import CliRunner
 
 from runner.cli import app
-from runner.engine import head_files, models
-from runner.engine.decode import generate
-from runner.engine.drafters import NoDraft
-from runner.engine.eagle_drafter import EagleDrafter
-from runner.engine.head_config import HeadConfig
-from runner.engine.heads import EagleHead
+from runner.engine.drafters.eagle import EagleDrafter
 from runner.engine.pair import Pair, parse_draft
-from runner.engine.sampling import Decoding
+from runner.engine.round.decode import generate
+from runner.engine.round.draft import NoDraft
+from runner.engine.round.sampling import Decoding
+from runner.engine.weights import head_files, models
+from runner.engine.weights.head_config import HeadConfig
+from runner.engine.weights.heads import EagleHead
 from runner.train.data import Sample
 from runner.train.unroll import batches, unroll
 from tests.conftest import tiny_llama

@@ -14,9 +14,10 @@ from conftest import tiny_llama
 from transformers import DynamicCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from runner.engine import attention, kernels, trees
-from runner.engine.drafters import crop_to
 from runner.engine.pair import Pair, parse_draft, parse_kernels
+from runner.engine.round import trees
+from runner.engine.round.draft import crop_to
+from runner.engine.weights import attention, kernels
 
 UNIT = torch.finfo(torch.float32).eps / 2
 

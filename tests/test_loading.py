@@ -22,7 +22,7 @@ from transformers import LlamaConfig
 from typer.testing import CliRunner
 
 from runner import cli
-from runner.engine import loading, models, sources
+from runner.engine.weights import loading, models, sources
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,5 +1,5 @@
-"""Lookahead decoding (`lookahead:W,N,G`, runner/engine/lookahead.py) and the extra rows it rides on: the window's
-rows and mask against the reference's rule, the pool and the window worked by hand, extra rows never judged nor
+"""Lookahead decoding (`lookahead:W,N,G`, runner/engine/drafters/lookahead.py) and the extra rows it rides on: the
+window's rows and mask against the reference's rule, the pool and the window worked by hand, extra rows never judged nor
 counted, greedy output equal to plain decoding on SmolLM2, batches, and the sampled law by a chi-square test with a
 negative control."""
 
@@ -8,14 +8,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runner.engine import trees
-from runner.engine.decode import generate
-from runner.engine.drafters import Draft, NoDraft
-from runner.engine.lookahead import LookaheadDrafter, pass_rows, window_rows
-from runner.engine.models import encode_chat
-from runner.engine.ngram_tree import NgramTreeDrafter
+from runner.engine.drafters.lookahead import LookaheadDrafter, pass_rows, window_rows
+from runner.engine.drafters.ngram_tree import NgramTreeDrafter
 from runner.engine.pair import Pair, parse_draft
-from runner.engine.sampling import Decoding, Ranked
+from runner.engine.round import trees
+from runner.engine.round.decode import generate
+from runner.engine.round.draft import Draft, NoDraft
+from runner.engine.round.sampling import Decoding, Ranked
+from runner.engine.weights.models import encode_chat
 from tests.laws import pooled_chisquare, two_token_law
 from tests.test_trees_sampling import PROMPT, VOCAB, _no_residual, _target
 

@@ -16,10 +16,11 @@ from test_dashboard_app import app, metrics
 from typer.testing import CliRunner
 
 from runner import cli, report
-from runner.engine import decode, lossless, models
-from runner.engine.decode import generate
-from runner.engine.drafters import NoDraft
-from runner.engine.sampling import Decoding, accept_greedy
+from runner.engine.round import decode, lossless
+from runner.engine.round.decode import generate
+from runner.engine.round.draft import NoDraft
+from runner.engine.round.sampling import Decoding, accept_greedy
+from runner.engine.weights import models
 from runner.records import Divergence
 from runner.store import schema_facts
 

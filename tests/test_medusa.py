@@ -15,13 +15,14 @@ import torch.nn.functional as F
 from rich.console import Console
 from safetensors.torch import save_file
 
-from runner.engine import medusa_files, sampling, trees
-from runner.engine.decode import Target, generate
-from runner.engine.drafters import NoDraft
-from runner.engine.medusa import MedusaDrafter, MedusaTreeDrafter, rank_tree
-from runner.engine.models import Loaded, encode_chat
+from runner.engine.drafters.medusa import MedusaDrafter, MedusaTreeDrafter, rank_tree
 from runner.engine.pair import Pair, parse_draft
-from runner.engine.sampling import Decoding
+from runner.engine.round import sampling, trees
+from runner.engine.round.decode import Target, generate
+from runner.engine.round.draft import NoDraft
+from runner.engine.round.sampling import Decoding
+from runner.engine.weights import medusa_files
+from runner.engine.weights.models import Loaded, encode_chat
 from runner.train import medusa_fit
 from runner.train.data import Sample
 from runner.train.medusa_fit import IGNORE

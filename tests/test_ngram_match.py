@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runner.engine.drafters import NgramDrafter
+from runner.engine.drafters.ngram import NgramDrafter
 from runner.engine.pair import DEFAULT_MATCH, parse_draft
 
 # index:  0  1  2  3  4  5  6  7  8  9 10 11 12 13 14 15 16 17

@@ -9,11 +9,12 @@ from test_heads import DRAFT_IDS, published_config, published_tensors, write_hea
 from typer.testing import CliRunner
 
 from runner.cli import app
-from runner.engine.decode import generate
-from runner.engine.drafters import Draft, ModelDrafter, NoDraft
+from runner.engine.drafters.model import ModelDrafter
 from runner.engine.pair import Pair, models, parse_draft
-from runner.engine.policies import CAP, FIXED, SLOPE, Auto, Heuristic, VerifyCosts, parse_policy
-from runner.engine.sampling import Decoding
+from runner.engine.round.decode import generate
+from runner.engine.round.draft import Draft, NoDraft
+from runner.engine.round.policies import CAP, FIXED, SLOPE, Auto, Heuristic, VerifyCosts, parse_policy
+from runner.engine.round.sampling import Decoding
 from runner.records import Round
 
 GREEDY = Decoding("greedy", 0.0, 1.0)

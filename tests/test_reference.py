@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runner.engine import kernels, models
 from runner.engine.pair import PLAIN, Pair, parse_draft
-from runner.engine.sampling import Decoding
+from runner.engine.round.sampling import Decoding
+from runner.engine.weights import kernels, models
 from runner.prompts import load_prompts
 
 GREEDY = Decoding("greedy", 0.0, 1.0)

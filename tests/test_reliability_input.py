@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from runner.cli import app
 from runner.engine.pair import parse_draft
-from runner.engine.sampling import Decoding
+from runner.engine.round.sampling import Decoding
 from runner.prompts import load_prompts
 from runner.sweep.plan import SweepConfig
 from runner.sweep.run import run_sweep

@@ -12,11 +12,11 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runner.engine.clock import Clock
-from runner.engine.decode import Sequence, Target, generate, speculative_round
-from runner.engine.drafters import Draft
-from runner.engine.models import Loaded
-from runner.engine.sampling import Decoding, accept_sampled
+from runner.engine.round.clock import Clock
+from runner.engine.round.decode import Sequence, Target, generate, speculative_round
+from runner.engine.round.draft import Draft
+from runner.engine.round.sampling import Decoding, accept_sampled
+from runner.engine.weights.models import Loaded
 from tests.conftest import tiny_llama
 
 VOCAB, EOS, PROMPT = 24, 5, [3, 1, 4, 1, 5, 9, 2, 6]

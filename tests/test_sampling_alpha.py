@@ -12,10 +12,10 @@ from __future__ import annotations
 import torch
 from conftest import tiny_llama
 
-from runner.engine.decode import generate
-from runner.engine.drafters import Draft
-from runner.engine.models import Loaded
-from runner.engine.sampling import Decoding, probabilities
+from runner.engine.round.decode import generate
+from runner.engine.round.draft import Draft
+from runner.engine.round.sampling import Decoding, probabilities
+from runner.engine.weights.models import Loaded
 
 VOCAB, PROMPT, RUNS = 8, [1, 2, 3], 600
 Q = torch.tensor([0.3, 0.05, 0.2, 0.05, 0.1, 0.1, 0.15, 0.05])  # the draft's law, the same at every position

@@ -12,12 +12,13 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from runner.engine import kernels, sampling
-from runner.engine.clock import Clock
-from runner.engine.decode import Sequence, Target, speculative_round
-from runner.engine.drafters import crop_to
 from runner.engine.pair import Pair, parse_draft
-from runner.engine.sampling import Decoding
+from runner.engine.round import sampling
+from runner.engine.round.clock import Clock
+from runner.engine.round.decode import Sequence, Target, speculative_round
+from runner.engine.round.draft import crop_to
+from runner.engine.round.sampling import Decoding
+from runner.engine.weights import kernels
 
 DECODING = Decoding("sample", 1.0, 0.95)
 # Committed texts where the law of the next token is spread and each draft is right often but not always:

@@ -14,9 +14,9 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from runner.cli import app
-from runner.engine import models
 from runner.engine.pair import parse_draft
-from runner.engine.sampling import Decoding
+from runner.engine.round.sampling import Decoding
+from runner.engine.weights import models
 from runner.prompts import PromptError, load_prompts, select_prompts
 from runner.records import Generation, Round, RunRecord
 from runner.store import spec_bench

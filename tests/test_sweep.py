@@ -14,7 +14,7 @@ from rich.console import Console
 from runner.cells import provenance
 from runner.engine import pair
 from runner.engine.pair import parse_draft
-from runner.engine.sampling import Decoding
+from runner.engine.round.sampling import Decoding
 from runner.prompts import load_prompts
 from runner.store.runs import sweep_summary
 from runner.sweep.plan import SweepConfig

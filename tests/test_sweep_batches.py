@@ -14,7 +14,7 @@ from rich.console import Console
 
 from runner.cells import checked
 from runner.engine.pair import parse_draft
-from runner.engine.sampling import Decoding
+from runner.engine.round.sampling import Decoding
 from runner.prompts import Prompt, load_prompts
 from runner.records import Divergence
 from runner.sweep.plan import SweepConfig, batches_of, plan

@@ -14,11 +14,11 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from runner.cli import app
-from runner.engine import models
-from runner.engine.decode import generate
-from runner.engine.drafters import NoDraft
 from runner.engine.pair import Pair, parse_draft
-from runner.engine.sampling import Decoding
+from runner.engine.round.decode import generate
+from runner.engine.round.draft import NoDraft
+from runner.engine.round.sampling import Decoding
+from runner.engine.weights import models
 from runner.prompts import load_prompts
 from runner.train import fit
 from runner.train.data import Context, Sample, answer_batch

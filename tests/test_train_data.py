@@ -13,7 +13,7 @@ import torch
 from typer.testing import CliRunner
 
 from runner.cli import app
-from runner.engine import models
+from runner.engine.weights import models
 from runner.train import data
 from runner.train.conversations import Conversation, DataError, read_all, read_data
 

@@ -9,18 +9,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from runner.engine import head_files
-from runner.engine.decode import Target, generate
-from runner.engine.drafters import NoDraft
-from runner.engine.eagle_drafter import EagleDrafter
-from runner.engine.eagle_tree import EagleTreeDrafter
-from runner.engine.hybrid import GAIN_SHARE, PROBE, RECENT, HybridDrafter, depth_along, merge
-from runner.engine.models import encode_chat
-from runner.engine.ngram_tree import NgramTreeDrafter
+from runner.engine.drafters.eagle import EagleDrafter
+from runner.engine.drafters.eagle_tree import EagleTreeDrafter
+from runner.engine.drafters.hybrid import GAIN_SHARE, PROBE, RECENT, HybridDrafter, depth_along, merge
+from runner.engine.drafters.ngram_tree import NgramTreeDrafter
+from runner.engine.drafters.recycling import RecyclingDrafter, followed_by
 from runner.engine.pair import Pair, parse_draft
-from runner.engine.recycling import RecyclingDrafter, followed_by
-from runner.engine.sampling import Decoding, Ranked, ranked
-from runner.engine.trees import as_parents, depths, trie
+from runner.engine.round.decode import Target, generate
+from runner.engine.round.draft import NoDraft
+from runner.engine.round.sampling import Decoding, Ranked, ranked
+from runner.engine.round.trees import as_parents, depths, trie
+from runner.engine.weights import head_files
+from runner.engine.weights.models import encode_chat
 
 GREEDY = Decoding("greedy", 0.0, 1.0)
 HEAD = Path(__file__).resolve().parent.parent / "heads" / "smollm2-135m"

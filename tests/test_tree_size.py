@@ -10,9 +10,9 @@ from typer.testing import CliRunner
 
 from runner.cli import app
 from runner.engine import tree_size
-from runner.engine.models import encode_chat
 from runner.engine.pair import DEFAULT_NODES, Pair, parse_draft
 from runner.engine.tree_size import CANDIDATES, GREEDY, Trial, best, line, score
+from runner.engine.weights.models import encode_chat
 from runner.store.schema import MIGRATIONS, migrate
 
 PROMPT = "Repeat: red green blue, red green blue, red green blue, red green"

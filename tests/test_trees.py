@@ -7,14 +7,14 @@ import pytest
 import torch
 from transformers import MistralConfig, MistralForCausalLM
 
-from runner.engine import trees
-from runner.engine.clock import Clock
-from runner.engine.decode import Sequence, Target, generate, speculative_round
-from runner.engine.drafters import Draft, new_cache
-from runner.engine.ngram_tree import NgramTreeDrafter
+from runner.engine.drafters.ngram_tree import NgramTreeDrafter
 from runner.engine.pair import PLAIN, Pair, parse_draft
-from runner.engine.policies import parse_policy
-from runner.engine.sampling import Decoding
+from runner.engine.round import trees
+from runner.engine.round.clock import Clock
+from runner.engine.round.decode import Sequence, Target, generate, speculative_round
+from runner.engine.round.draft import Draft, new_cache
+from runner.engine.round.policies import parse_policy
+from runner.engine.round.sampling import Decoding
 from tests.conftest import greedy_without_cache
 
 GREEDY = Decoding("greedy", 0.0, 1.0)

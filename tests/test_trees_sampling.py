@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runner.engine import trees
-from runner.engine.decode import generate
-from runner.engine.models import Loaded
-from runner.engine.ngram_tree import NgramTreeDrafter
-from runner.engine.recycling import RecyclingDrafter
-from runner.engine.sampling import Decoding
+from runner.engine.drafters.ngram_tree import NgramTreeDrafter
+from runner.engine.drafters.recycling import RecyclingDrafter
+from runner.engine.round import trees
+from runner.engine.round.decode import generate
+from runner.engine.round.sampling import Decoding
+from runner.engine.weights.models import Loaded
 from tests.conftest import tiny_llama
 from tests.laws import pooled_chisquare, samples_p_value, two_token_law
 

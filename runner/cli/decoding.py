@@ -27,10 +27,11 @@ from runner.cli.common import (
     stdout,
 )
 from runner.cli.inputs import batch_sizes, check_run, csv, decoding_for, ints, parse_drafts
-from runner.engine import models, tree_size
-from runner.engine.kernels import SKINNY
+from runner.engine import tree_size
 from runner.engine.pair import PLAIN, DraftSpec, Pair, check_drafts
-from runner.engine.policies import FIXED, PolicySpec, warm_ks
+from runner.engine.round.policies import FIXED, PolicySpec, warm_ks
+from runner.engine.weights import models
+from runner.engine.weights.kernels import SKINNY
 from runner.prompts import Prompt, load_prompts, select_prompts
 from runner.records import Generation, RunRecord
 from runner.report import print_divergences, print_generation, sweep_table

@@ -4,10 +4,10 @@ drafts and policies, and the comma-separated lists. Bad input raises `UsageError
 from __future__ import annotations
 
 from runner.cli.common import UsageError
-from runner.engine.kernels import all_cores
 from runner.engine.pair import DraftSpec, parse_draft, parse_kernels
-from runner.engine.policies import PolicySpec, parse_policy
-from runner.engine.sampling import Decoding
+from runner.engine.round.policies import PolicySpec, parse_policy
+from runner.engine.round.sampling import Decoding
+from runner.engine.weights.kernels import all_cores
 
 K_MAX = 64  # more drafts than this per round only burns draft calls
 

@@ -11,7 +11,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from runner.cli.common import Device, Target, app, fail, stderr, stdout
-from runner.engine import models
+from runner.engine.weights import models
 from runner.store.schema import StoreError
 from runner.train.conversations import DataError
 from runner.train.fit import TrainConfig

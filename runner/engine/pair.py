@@ -7,29 +7,24 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from runner.engine import head_files, kernels, lookahead, medusa_files, models, tree_size
-from runner.engine.batch import generate_batch
-from runner.engine.decode import generate
-from runner.engine.drafters import (
-    DEFAULT_MATCH,
-    NGRAM_MATCHES,
-    Drafter,
-    ModelDrafter,
-    NgramDrafter,
-    NoDraft,
-    layer_skip,
-    new_cache,
-)
-from runner.engine.eagle_drafter import EagleDrafter
-from runner.engine.eagle_tree import EagleTreeDrafter
-from runner.engine.hybrid import HybridDrafter
-from runner.engine.lookahead import LookaheadDrafter
-from runner.engine.medusa import MedusaDrafter, MedusaTreeDrafter
-from runner.engine.ngram_tree import NgramTreeDrafter
-from runner.engine.policies import FIXED, PolicySpec, VerifyCosts
-from runner.engine.recycling import RecyclingDrafter
-from runner.engine.sampling import Decoding
-from runner.engine.trees import check_cache
+from runner.engine import tree_size
+from runner.engine.drafters import lookahead
+from runner.engine.drafters.eagle import EagleDrafter
+from runner.engine.drafters.eagle_tree import EagleTreeDrafter
+from runner.engine.drafters.hybrid import HybridDrafter
+from runner.engine.drafters.lookahead import LookaheadDrafter
+from runner.engine.drafters.medusa import MedusaDrafter, MedusaTreeDrafter
+from runner.engine.drafters.model import ModelDrafter, layer_skip
+from runner.engine.drafters.ngram import DEFAULT_MATCH, NGRAM_MATCHES, NgramDrafter
+from runner.engine.drafters.ngram_tree import NgramTreeDrafter
+from runner.engine.drafters.recycling import RecyclingDrafter
+from runner.engine.round.batch import generate_batch
+from runner.engine.round.decode import generate
+from runner.engine.round.draft import Drafter, NoDraft, new_cache
+from runner.engine.round.policies import FIXED, PolicySpec, VerifyCosts
+from runner.engine.round.sampling import Decoding
+from runner.engine.round.trees import check_cache
+from runner.engine.weights import head_files, kernels, medusa_files, models
 from runner.records import Generation
 
 DEFAULT_NGRAM = 3  # longest n-gram prompt lookup tries before falling back to shorter ones
@@ -230,7 +225,7 @@ class Pair:
         self, spec: DraftSpec, prompts: list[list[int]], k: int | None, decoding: Decoding, max_new_tokens: int,
         seed: int, policy: PolicySpec = FIXED,
     ) -> list[Generation]:
-        """The prompts decoded together (runner/engine/batch.py), each with its own drafter and a generator seeded
+        """The prompts decoded together (runner/engine/round/batch.py), each with its own drafter and a generator seeded
         as `run` seeds one; the `auto` policy reads the verify costs of this batch size only."""
         if (k is None) != spec.baseline:
             raise ValueError(f"{spec.text}: k must be {'None' if spec.baseline else 'given'}, got {k}")

@@ -17,7 +17,7 @@ import statistics
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from runner.engine.sampling import Decoding
+from runner.engine.round.sampling import Decoding
 
 if TYPE_CHECKING:
     from runner.engine.pair import DraftSpec, Pair

@@ -13,9 +13,10 @@ from itertools import groupby
 import torch
 
 from runner.cells import Cell, PromptIds, RunContext, new_run_id, provenance
-from runner.engine import lossless, models
 from runner.engine.pair import PLAIN, Pair
-from runner.engine.policies import warm_ks
+from runner.engine.round import lossless
+from runner.engine.round.policies import warm_ks
+from runner.engine.weights import models
 from runner.records import RunRecord
 from runner.sweep.plan import SweepConfig
 

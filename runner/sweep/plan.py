@@ -10,8 +10,8 @@ from pathlib import Path
 
 from runner.cells import Cell
 from runner.engine.pair import PLAIN, DraftSpec, check_drafts
-from runner.engine.policies import FIXED, PolicySpec
-from runner.engine.sampling import Decoding
+from runner.engine.round.policies import FIXED, PolicySpec
+from runner.engine.round.sampling import Decoding
 from runner.prompts import Prompt
 from runner.store.connect import check_db
 from runner.store.runs import recorded_runs

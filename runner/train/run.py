@@ -21,8 +21,8 @@ from rich.table import Table
 from rich.text import Text
 
 from runner.cells import provenance
-from runner.engine import head_files, models
-from runner.engine.medusa import FINAL_NORMED
+from runner.engine.weights import head_files, models
+from runner.engine.weights.medusa_heads import FINAL_NORMED
 from runner.store.connect import check_db
 from runner.store.trainings import TrainingLog
 from runner.train import data, medusa_fit, resume

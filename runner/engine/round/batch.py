@@ -24,13 +24,13 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache
 
-from runner.engine import hidden_states, trees
-from runner.engine.clock import Clock, Timed
-from runner.engine.decode import NonFiniteLogits, Sequence, chain_verdict, check_lengths, commit, prefilled_text
-from runner.engine.drafters import Drafter
-from runner.engine.models import Loaded
-from runner.engine.policies import FIXED, PolicySpec, Schedule, VerifyCosts
-from runner.engine.sampling import Decoding
+from runner.engine.round import hidden_states, trees
+from runner.engine.round.clock import Clock, Timed
+from runner.engine.round.decode import NonFiniteLogits, Sequence, chain_verdict, check_lengths, commit, prefilled_text
+from runner.engine.round.draft import Drafter
+from runner.engine.round.policies import FIXED, PolicySpec, Schedule, VerifyCosts
+from runner.engine.round.sampling import Decoding
+from runner.engine.weights.models import Loaded
 from runner.records import Generation, Round
 
 

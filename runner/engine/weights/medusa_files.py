@@ -17,10 +17,10 @@ from pathlib import Path
 import torch
 from transformers import PretrainedConfig
 
-from runner.engine.head_config import HeadError
-from runner.engine.head_files import CONFIG, resolve, write_dir
-from runner.engine.head_weights import Weights, find
-from runner.engine.medusa import MedusaHeads
+from runner.engine.weights.head_config import HeadError
+from runner.engine.weights.head_files import CONFIG, resolve, write_dir
+from runner.engine.weights.head_weights import Weights, find
+from runner.engine.weights.medusa_heads import MedusaHeads
 
 SAFETENSORS, PT = "medusa_lm_head.safetensors", "medusa_lm_head.pt"
 PREFIX = "medusa_head."

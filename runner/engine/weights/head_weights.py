@@ -15,7 +15,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 from torch import Tensor
 
-from runner.engine.head_config import HeadError
+from runner.engine.weights.head_config import HeadError
 
 SAFETENSORS, BIN = "model.safetensors", "pytorch_model.bin"
 INDEX = ".index.json"

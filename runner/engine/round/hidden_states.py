@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 from transformers.utils import ModelOutput
 
-from runner.engine.models import ModelError
+from runner.engine.weights.models import ModelError
 
 
 @contextmanager

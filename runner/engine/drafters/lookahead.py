@@ -42,10 +42,10 @@ import random
 import torch
 from torch import Tensor
 
-from runner.engine.drafters import Draft
-from runner.engine.kernels import MAX_ROWS
-from runner.engine.sampling import Ranked, host
-from runner.engine.trees import ROOT, as_parents, trie
+from runner.engine.round.draft import Draft
+from runner.engine.round.sampling import Ranked, host
+from runner.engine.round.trees import ROOT, as_parents, trie
+from runner.engine.weights.kernels import MAX_ROWS
 
 DEFAULT = (7, 5, 7)  # W, N, G: LADE's README setting for a 7B model (LEVEL=5, WINDOW_SIZE=7, GUESS_SET_SIZE=7)
 SEED = 10  # the window's first tokens are drawn from the prompt with this seed (LADE's first release seeds 10)

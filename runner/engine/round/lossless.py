@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from runner.engine.models import Loaded
+from runner.engine.weights.models import Loaded
 from runner.records import Divergence
 
 # The tolerance per dtype, in units of its unit roundoff u, relative to the position's largest |logit|: two logits

@@ -15,11 +15,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from runner.engine.drafters import Draft
-from runner.engine.eagle_drafter import EagleDrafter
-from runner.engine.heads import EagleHead
-from runner.engine.sampling import Decoding, host
-from runner.engine.trees import ROOT, as_parents
+from runner.engine.drafters.eagle import EagleDrafter
+from runner.engine.round.draft import Draft
+from runner.engine.round.sampling import Decoding, host
+from runner.engine.round.trees import ROOT, as_parents
+from runner.engine.weights.heads import EagleHead
 
 WIDTH = 4  # children per expanded node, and nodes expanded per level (EAGLE-2's top-k; it uses 10 on GPUs)
 

@@ -23,12 +23,12 @@ import time
 import torch
 from torch import Tensor
 
-from runner.engine.drafters import Draft
-from runner.engine.eagle_tree import EagleTreeDrafter
-from runner.engine.heads import EagleHead
-from runner.engine.ngram_tree import NgramTreeDrafter
-from runner.engine.sampling import Decoding, Ranked, host
-from runner.engine.trees import ROOT, as_parents, trie
+from runner.engine.drafters.eagle_tree import EagleTreeDrafter
+from runner.engine.drafters.ngram_tree import NgramTreeDrafter
+from runner.engine.round.draft import Draft
+from runner.engine.round.sampling import Decoding, Ranked, host
+from runner.engine.round.trees import ROOT, as_parents, trie
+from runner.engine.weights.heads import EagleHead
 
 GAIN_SHARE = 0.25  # the head's price until it is measured (about a quarter of a round on two CPU cores)
 PROBE = 8  # below the floor, the head still drafts every PROBE-th round, so a text that suits it wins it back

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from transformers import LlamaConfig
 
-from runner.engine.models import ModelError
+from runner.engine.weights.models import ModelError
 
 ROPE_KEYS = ("rope_theta", "rope_scaling", "rope_parameters")  # older configs: the first two; transformers 5: the last
 IDS = "eagle_aux_hidden_state_layer_ids"

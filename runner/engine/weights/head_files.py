@@ -20,9 +20,9 @@ from safetensors.torch import save_file
 from torch import Tensor, nn
 from transformers import PretrainedConfig
 
-from runner.engine.head_config import HeadConfig, HeadError
-from runner.engine.head_weights import PATTERNS, SAFETENSORS, Weights, find
-from runner.engine.heads import EagleHead
+from runner.engine.weights.head_config import HeadConfig, HeadError
+from runner.engine.weights.head_weights import PATTERNS, SAFETENSORS, Weights, find
+from runner.engine.weights.heads import EagleHead
 
 CONFIG, WEIGHTS = "config.json", SAFETENSORS
 SAVE_DTYPE = torch.bfloat16  # half the bytes of fp32; the head runs in the target's dtype once loaded

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from transformers.activations import ACT2FN
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-from runner.engine.head_config import HeadConfig
+from runner.engine.weights.head_config import HeadConfig
 
 # attend(layer, q (B, H, T, d), k, v (B, KV, T, d)) -> (B, H, T, d): the layer's cache at inference, the unrolled
 # mask in training

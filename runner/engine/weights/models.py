@@ -23,8 +23,8 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
-from runner.engine import loading
-from runner.engine.sources import DEFAULT_MODEL, ModelError, converted_dir, exclusive, smollm2_gguf
+from runner.engine.weights import loading
+from runner.engine.weights.sources import DEFAULT_MODEL, ModelError, converted_dir, exclusive, smollm2_gguf
 
 # stderr belongs to our progress bar and one-line errors, not to loading bars and advisory warnings.
 hf_logging.disable_progress_bar()

@@ -13,12 +13,21 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from runner.engine import hidden_states, trees
-from runner.engine.clock import Clock, Timed
-from runner.engine.drafters import Draft, Drafter, crop_to, new_cache
-from runner.engine.models import Loaded
-from runner.engine.policies import FIXED, PolicySpec, VerifyCosts
-from runner.engine.sampling import Decoding, Ranked, accept_greedy, accept_sampled, draw, host, probabilities, ranked
+from runner.engine.round import hidden_states, trees
+from runner.engine.round.clock import Clock, Timed
+from runner.engine.round.draft import Draft, Drafter, crop_to, new_cache
+from runner.engine.round.policies import FIXED, PolicySpec, VerifyCosts
+from runner.engine.round.sampling import (
+    Decoding,
+    Ranked,
+    accept_greedy,
+    accept_sampled,
+    draw,
+    host,
+    probabilities,
+    ranked,
+)
+from runner.engine.weights.models import Loaded
 from runner.records import Generation, Round
 
 

@@ -28,8 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from runner.engine import attention
-from runner.engine.sources import cache_dir, exclusive
+from runner.engine.weights import attention
+from runner.engine.weights.sources import cache_dir, exclusive
 
 STOCK, SKINNY = "stock", "skinny"  # values of --kernels: torch's own F.linear, or the measured choice
 MAX_ROWS = 64  # the widest tree (63 nodes and the root) or a batch's B x (k+1); beyond it (prefill), stock

@@ -22,9 +22,9 @@ import itertools
 import torch
 from torch import Tensor
 
-from runner.engine.drafters import Draft
-from runner.engine.sampling import Ranked, host
-from runner.engine.trees import ROOT, as_parents
+from runner.engine.round.draft import Draft
+from runner.engine.round.sampling import Ranked, host
+from runner.engine.round.trees import ROOT, as_parents
 
 WIDTH = 8  # candidates kept per token (the paper's adjacency matrix keeps 8)
 

@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from runner.engine.drafters import Draft, unsure
-from runner.engine.heads import EagleHead
-from runner.engine.sampling import Decoding, Ranked, draw, probabilities
+from runner.engine.round.draft import Draft, unsure
+from runner.engine.round.sampling import Decoding, Ranked, draw, probabilities
+from runner.engine.weights.heads import EagleHead
 
 START_CAPACITY = 256  # cache positions allocated at first; doubled when a longer text needs more
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from runner.engine.drafters import Draft, NgramDrafter
-from runner.engine.sampling import host
-from runner.engine.trees import as_parents, trie
+from runner.engine.drafters.ngram import NgramDrafter
+from runner.engine.round.draft import Draft
+from runner.engine.round.sampling import host
+from runner.engine.round.trees import as_parents, trie
 
 
 class NgramTreeDrafter(NgramDrafter):
