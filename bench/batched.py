@@ -12,7 +12,7 @@ import torch
 
 from bench.engines import GREEDY, Cell, Engines
 from bench.rows import Row
-from runner.engine.pair import PLAIN
+from runner.engine.drafters.registry import PLAIN
 from runner.engine.round.clock import Clock
 
 BATCH_METRIC = "batch_tokens_per_s"

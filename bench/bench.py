@@ -54,10 +54,14 @@ from bench.rows import (  # noqa: E402
     throughput_rows,
     verify_rows,
 )
-from runner.engine.pair import parse_draft, parse_kernels  # noqa: E402
+from runner.engine.drafters.registry import applies, parse_draft  # noqa: E402
 from runner.engine.round.policies import FIXED, parse_policy  # noqa: E402
 from runner.engine.weights import kernels, models  # noqa: E402
-from runner.engine.weights.kernels import SKINNY, all_cores  # noqa: E402
+from runner.engine.weights.kernels import (  # noqa: E402
+    SKINNY,
+    all_cores,
+    parse_kernels,  # noqa: E402
+)
 from runner.prompts import PromptError, load_prompts, select_prompts  # noqa: E402
 from runner.store.bench_rows import write_bench  # noqa: E402
 from runner.store.connect import init_db  # noqa: E402
@@ -87,7 +91,7 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None]) -> Outcome:
     engines = Engines(config, target)
     drafts, policies = [parse_draft(d) for d in config.drafts], [parse_policy(p) for p in config.policies]
     cells = ([PLAIN_CELL] + [Cell(d, k) for d in drafts for k in config.ks]
-             + [Cell(d, config.policy_k, p) for d in drafts for p in policies if p.applies_to(d.kind)])
+             + [Cell(d, config.policy_k, p) for d in drafts for p in policies if applies(p, d.kind)])
     prompts = {p: models.encode_chat(target, p.text) for p in config.prompts}
     progress("warm-up")
     first = next(iter(prompts.values()))

@@ -16,7 +16,8 @@ from torch import nn
 
 from runner.cells import Cell as SweepCell
 from runner.cells import RunContext, judge, provenance
-from runner.engine.pair import PLAIN, DraftSpec, Pair, parse_draft
+from runner.engine.drafters.registry import PLAIN, DraftSpec, parse_draft
+from runner.engine.pair import Pair
 from runner.engine.round.clock import Clock
 from runner.engine.round.policies import FIXED, PolicySpec
 from runner.engine.round.sampling import Decoding

@@ -21,7 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repositor
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from runner.engine.pair import PLAIN, Pair, parse_draft  # noqa: E402
+from runner.engine.drafters.registry import PLAIN, parse_draft
+from runner.engine.pair import Pair  # noqa: E402
 from runner.engine.round.clock import Clock  # noqa: E402
 from runner.engine.round.sampling import Decoding  # noqa: E402
 from runner.engine.weights import models  # noqa: E402

@@ -35,7 +35,7 @@ import psutil  # noqa: E402
 import torch  # noqa: E402
 from rich.console import Console  # noqa: E402
 
-from runner.engine.pair import parse_draft  # noqa: E402
+from runner.engine.drafters.registry import parse_draft  # noqa: E402
 from runner.engine.round.sampling import Decoding  # noqa: E402
 from runner.engine.weights import models  # noqa: E402
 from runner.prompts import Prompt, load_prompts, select_prompts  # noqa: E402

@@ -16,7 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from runner.engine.pair import PLAIN, Pair, parse_draft  # noqa: E402
+from runner.engine.drafters.registry import PLAIN, parse_draft
+from runner.engine.pair import Pair  # noqa: E402
 from runner.engine.round import decode
 from runner.engine.round.sampling import Decoding  # noqa: E402
 from runner.engine.weights import models  # noqa: E402

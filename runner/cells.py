@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 import transformers
 
-from runner.engine.pair import PLAIN, DraftSpec, Pair
+from runner.engine.drafters.registry import PLAIN, DraftSpec
+from runner.engine.pair import Pair
 from runner.engine.round import lossless
 from runner.engine.round.policies import FIXED, PolicySpec
 from runner.engine.round.sampling import Decoding

@@ -114,7 +114,7 @@ class RunRecord:
     started_at: str  # ISO-8601, UTC
     target: str  # the target's model spec, as given
     draft: str  # drafter spec; 'none' for a plain-decoding baseline
-    draft_kind: str  # 'baseline' | 'model' | 'ngram' | 'layerskip' | 'eagle' | 'medusa' | a tree (`pair.TREE_KINDS`)
+    draft_kind: str  # 'baseline' | 'model' | 'ngram' | 'layerskip' | 'eagle' | 'medusa' | a tree (drafters/registry.py)
     category: str
     prompt_id: str
     prompt_text: str

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from runner.engine.pair import PLAIN, Pair, parse_draft
+from runner.engine.drafters.registry import PLAIN, parse_draft
+from runner.engine.pair import Pair
 from runner.engine.round import batch as batched
 from runner.engine.round.draft import Draft
 from runner.engine.round.sampling import Decoding

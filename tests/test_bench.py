@@ -14,7 +14,7 @@ import torch
 from bench import bench, passes, report, rows
 from bench.batched import theirs
 from bench.engines import GREEDY, PLAIN_CELL, BenchConfig, Cell, Engines, Sample
-from runner.engine.pair import PLAIN, parse_draft
+from runner.engine.drafters.registry import PLAIN, parse_draft
 from runner.engine.round.policies import parse_policy
 from runner.engine.weights.kernels import all_cores
 from runner.prompts import Prompt

@@ -17,7 +17,8 @@ from typer.testing import CliRunner
 
 from runner.cli import app
 from runner.engine.drafters.eagle import EagleDrafter
-from runner.engine.pair import Pair, parse_draft
+from runner.engine.drafters.registry import parse_draft
+from runner.engine.pair import Pair
 from runner.engine.round import hidden_states
 from runner.engine.round.decode import generate
 from runner.engine.round.draft import NoDraft

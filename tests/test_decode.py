@@ -14,7 +14,8 @@ import torch
 
 from runner.engine.drafters.model import ModelDrafter
 from runner.engine.drafters.ngram import NgramDrafter
-from runner.engine.pair import Pair, parse_draft
+from runner.engine.drafters.registry import parse_draft
+from runner.engine.pair import Pair
 from runner.engine.round.clock import Clock
 from runner.engine.round.decode import Sequence, Target, generate, speculative_round
 from runner.engine.round.draft import Draft, NoDraft

@@ -18,7 +18,8 @@ from typer.testing import CliRunner
 from bench.engines import ForwardTimer
 from runner import cli
 from runner.engine import pair
-from runner.engine.pair import PLAIN, Pair, parse_draft
+from runner.engine.drafters.registry import PLAIN, parse_draft
+from runner.engine.pair import Pair
 from runner.engine.round import decode
 from runner.engine.round.clock import Clock
 from runner.engine.round.sampling import Decoding

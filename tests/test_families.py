@@ -20,7 +20,7 @@ from rich.console import Console
 from scipy.stats import chisquare
 
 from runner.engine.drafters.model import ModelDrafter, layer_skip
-from runner.engine.pair import parse_draft
+from runner.engine.drafters.registry import parse_draft
 from runner.engine.round.decode import generate
 from runner.engine.round.sampling import Decoding, probabilities
 from runner.engine.weights import models

@@ -14,10 +14,12 @@ from conftest import tiny_llama
 from transformers import DynamicCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from runner.engine.pair import Pair, parse_draft, parse_kernels
+from runner.engine.drafters.registry import parse_draft
+from runner.engine.pair import Pair
 from runner.engine.round import trees
 from runner.engine.round.draft import crop_to
 from runner.engine.weights import attention, kernels
+from runner.engine.weights.kernels import parse_kernels
 
 UNIT = torch.finfo(torch.float32).eps / 2
 

@@ -10,7 +10,8 @@ import torch
 
 from runner.engine.drafters.lookahead import LookaheadDrafter, pass_rows, window_rows
 from runner.engine.drafters.ngram_tree import NgramTreeDrafter
-from runner.engine.pair import Pair, parse_draft
+from runner.engine.drafters.registry import parse_draft
+from runner.engine.pair import Pair
 from runner.engine.round import trees
 from runner.engine.round.decode import generate
 from runner.engine.round.draft import Draft, NoDraft

@@ -16,7 +16,8 @@ from rich.console import Console
 from safetensors.torch import save_file
 
 from runner.engine.drafters.medusa import MedusaDrafter, MedusaTreeDrafter, rank_tree
-from runner.engine.pair import Pair, parse_draft
+from runner.engine.drafters.registry import parse_draft
+from runner.engine.pair import Pair
 from runner.engine.round import sampling, trees
 from runner.engine.round.decode import Target, generate
 from runner.engine.round.draft import NoDraft

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runner.engine.drafters.ngram import NgramDrafter
-from runner.engine.pair import DEFAULT_MATCH, parse_draft
+from runner.engine.drafters.ngram import DEFAULT_MATCH, NgramDrafter
+from runner.engine.drafters.registry import parse_draft
 
 # index:  0  1  2  3  4  5  6  7  8  9 10 11 12 13 14 15 16 17
 TEXT = [1, 2, 3, 9, 4, 1, 2, 3, 8, 5, 2, 3, 7, 6, 4, 1, 2, 3]

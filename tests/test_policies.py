@@ -10,11 +10,13 @@ from typer.testing import CliRunner
 
 from runner.cli import app
 from runner.engine.drafters.model import ModelDrafter
-from runner.engine.pair import Pair, models, parse_draft
+from runner.engine.drafters.registry import applies, parse_draft
+from runner.engine.pair import Pair
 from runner.engine.round.decode import generate
 from runner.engine.round.draft import Draft, NoDraft
 from runner.engine.round.policies import CAP, FIXED, SLOPE, Auto, Heuristic, VerifyCosts, parse_policy
 from runner.engine.round.sampling import Decoding
+from runner.engine.weights import models
 from runner.records import Round
 
 GREEDY = Decoding("greedy", 0.0, 1.0)
@@ -63,8 +65,8 @@ def test_policies_parse_and_bad_ones_are_refused():
                 "auto:0", "auto:x"):
         with pytest.raises(ValueError, match="unknown k-policy"):
             parse_policy(bad)
-    assert not parse_policy("confidence:0.5").applies_to("ngram")
-    assert parse_policy("confidence:0.5").applies_to("layerskip") and parse_policy("heuristic").applies_to("ngram")
+    assert not applies(parse_policy("confidence:0.5"), "ngram")
+    assert applies(parse_policy("confidence:0.5"), "layerskip") and applies(parse_policy("heuristic"), "ngram")
 
 
 def test_the_heuristic_schedule_by_hand():
@@ -192,7 +194,7 @@ def plain_probabilities(target: models.Loaded, prompt: list[int], n: int) -> lis
 def test_every_policy_is_lossless_on_a_tiny_model(tiny, tiny_dir, draft, policy):
     spec = parse_draft(draft.replace("tiny", str(tiny_dir)))
     chosen = parse_policy(policy)
-    if not chosen.applies_to(spec.kind):
+    if not applies(chosen, spec.kind):
         with pytest.raises(ValueError, match="needs a draft with probabilities"):
             Pair(tiny, [spec]).run(spec, PROMPT, 2, GREEDY, 8, 0, chosen)
         return

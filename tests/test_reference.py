@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runner.engine.pair import PLAIN, Pair, parse_draft
+from runner.engine.drafters.registry import PLAIN, parse_draft
+from runner.engine.pair import Pair
 from runner.engine.round.sampling import Decoding
 from runner.engine.weights import kernels, models
 from runner.prompts import load_prompts

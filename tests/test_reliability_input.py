@@ -19,7 +19,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from runner.cli import app
-from runner.engine.pair import parse_draft
+from runner.engine.drafters.registry import parse_draft
 from runner.engine.round.sampling import Decoding
 from runner.prompts import load_prompts
 from runner.sweep.plan import SweepConfig

@@ -12,7 +12,8 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from runner.engine.pair import Pair, parse_draft
+from runner.engine.drafters.registry import parse_draft
+from runner.engine.pair import Pair
 from runner.engine.round import sampling
 from runner.engine.round.clock import Clock
 from runner.engine.round.decode import Sequence, Target, speculative_round

@@ -14,7 +14,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from runner.cli import app
-from runner.engine.pair import parse_draft
+from runner.engine.drafters.registry import parse_draft
 from runner.engine.round.sampling import Decoding
 from runner.engine.weights import models
 from runner.prompts import PromptError, load_prompts, select_prompts

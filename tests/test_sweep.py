@@ -13,7 +13,7 @@ from rich.console import Console
 
 from runner.cells import provenance
 from runner.engine import pair
-from runner.engine.pair import parse_draft
+from runner.engine.drafters.registry import parse_draft
 from runner.engine.round.sampling import Decoding
 from runner.prompts import load_prompts
 from runner.store.runs import sweep_summary

@@ -13,7 +13,7 @@ from dashboard_fixtures import baseline_record
 from rich.console import Console
 
 from runner.cells import checked
-from runner.engine.pair import parse_draft
+from runner.engine.drafters.registry import parse_draft
 from runner.engine.round.sampling import Decoding
 from runner.prompts import Prompt, load_prompts
 from runner.records import Divergence

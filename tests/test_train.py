@@ -14,7 +14,8 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from runner.cli import app
-from runner.engine.pair import Pair, parse_draft
+from runner.engine.drafters.registry import parse_draft
+from runner.engine.pair import Pair
 from runner.engine.round.decode import generate
 from runner.engine.round.draft import NoDraft
 from runner.engine.round.sampling import Decoding

@@ -14,7 +14,8 @@ from runner.engine.drafters.eagle_tree import EagleTreeDrafter
 from runner.engine.drafters.hybrid import GAIN_SHARE, PROBE, RECENT, HybridDrafter, depth_along, merge
 from runner.engine.drafters.ngram_tree import NgramTreeDrafter
 from runner.engine.drafters.recycling import RecyclingDrafter, followed_by
-from runner.engine.pair import Pair, parse_draft
+from runner.engine.drafters.registry import parse_draft
+from runner.engine.pair import Pair
 from runner.engine.round.decode import Target, generate
 from runner.engine.round.draft import NoDraft
 from runner.engine.round.sampling import Decoding, Ranked, ranked

@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 
 from runner.cli import app
 from runner.engine import tree_size
-from runner.engine.pair import DEFAULT_NODES, Pair, parse_draft
+from runner.engine.drafters.registry import parse_draft
+from runner.engine.pair import DEFAULT_NODES, Pair
 from runner.engine.tree_size import CANDIDATES, GREEDY, Trial, best, line, score
 from runner.engine.weights.models import encode_chat
 from runner.store.schema import MIGRATIONS, migrate

@@ -8,7 +8,8 @@ import torch
 from transformers import MistralConfig, MistralForCausalLM
 
 from runner.engine.drafters.ngram_tree import NgramTreeDrafter
-from runner.engine.pair import PLAIN, Pair, parse_draft
+from runner.engine.drafters.registry import PLAIN, parse_draft
+from runner.engine.pair import Pair
 from runner.engine.round import trees
 from runner.engine.round.clock import Clock
 from runner.engine.round.decode import Sequence, Target, generate, speculative_round

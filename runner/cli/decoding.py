@@ -28,7 +28,9 @@ from runner.cli.common import (
 )
 from runner.cli.inputs import batch_sizes, check_run, csv, decoding_for, ints, parse_drafts
 from runner.engine import tree_size
-from runner.engine.pair import PLAIN, DraftSpec, Pair, check_drafts
+from runner.engine.drafters import registry
+from runner.engine.drafters.registry import PLAIN, DraftSpec, check_drafts
+from runner.engine.pair import Pair
 from runner.engine.round.policies import FIXED, PolicySpec, warm_ks
 from runner.engine.weights import models
 from runner.engine.weights.kernels import SKINNY
@@ -53,10 +55,7 @@ def generate(
                                                       "suite); the project's JSONL or Spec-Bench's question.jsonl")]
     = None,
     target: Target = models.DEFAULT_MODEL,
-    draft: Annotated[str, typer.Option(help="ngram[:n[:match]], layerskip:<L>, model:<spec>, "
-                                            "eagle:<head>, medusa:<head>, or a tree: ngram-tree[:n], "
-                                            "eagle-tree:<head>, hybrid:<head>, recycling, medusa-tree:<head> "
-                                            "(each [:nodes=N]), lookahead[:W,N,G]")] = "ngram",
+    draft: Annotated[str, typer.Option(help=registry.usage())] = "ngram",
     k: Annotated[int, typer.Option(help="drafts per round (where a policy starts; a tree's depth)")] = 4,
     k_policy: Annotated[str, typer.Option(help=POLICY_HELP)] = FIXED.text,
     mode: Mode = "greedy",

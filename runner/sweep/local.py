@@ -13,7 +13,8 @@ from itertools import groupby
 import torch
 
 from runner.cells import Cell, PromptIds, RunContext, new_run_id, provenance
-from runner.engine.pair import PLAIN, Pair
+from runner.engine.drafters.registry import PLAIN
+from runner.engine.pair import Pair
 from runner.engine.round import lossless
 from runner.engine.round.policies import warm_ks
 from runner.engine.weights import models

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from runner.cells import Cell
-from runner.engine.pair import PLAIN, DraftSpec, check_drafts
+from runner.engine.drafters.registry import PLAIN, DraftSpec, applies, check_drafts, refusal
 from runner.engine.round.policies import FIXED, PolicySpec
 from runner.engine.round.sampling import Decoding
 from runner.prompts import Prompt
@@ -71,7 +71,7 @@ def plan(config: SweepConfig) -> Iterator[Cell]:
             for decoding in config.decodings:
                 yield from _batch(Cell(prompts[0], decoding, PLAIN, None), prompts)
                 for draft in config.drafts:
-                    for policy in (p for p in config.policies if p.applies_to(draft.kind)):
+                    for policy in (p for p in config.policies if applies(p, draft.kind)):
                         for k in config.ks:
                             yield from _batch(Cell(prompts[0], decoding, draft, k, policy), prompts)
 
@@ -99,8 +99,8 @@ def batches_of(prompts: tuple[Prompt, ...], size: int) -> list[tuple[Prompt, ...
 
 def skipped(config: SweepConfig) -> list[str]:
     """Why some draft × policy pairs are not in the plan, one line each."""
-    return [policy.refusal(draft.text) for draft in config.drafts for policy in config.policies
-            if not policy.applies_to(draft.kind)]
+    return [refusal(policy, draft.text) for draft in config.drafts for policy in config.policies
+            if not applies(policy, draft.kind)]
 
 
 def new_sweep_id() -> str:

@@ -14,7 +14,9 @@ from torch import Tensor
 
 from runner.engine.round.draft import Draft, unsure
 from runner.engine.round.sampling import Decoding, Ranked, draw, probabilities
+from runner.engine.weights import head_files
 from runner.engine.weights.heads import EagleHead
+from runner.engine.weights.models import Loaded
 
 START_CAPACITY = 256  # cache positions allocated at first; doubled when a longer text needs more
 
@@ -127,3 +129,10 @@ class EagleDrafter:
         full[self.draft_ids] = self.next_logits
         q = probabilities(full, self.decoding)
         return draw(q, self.generator), q
+
+
+def load_head(target: Loaded, source: str) -> EagleHead:
+    """An EAGLE draft head (a directory or repo id) on the target's device and dtype, reading the target's
+    embeddings; refused (`head_files.check`) unless it fits the target."""
+    checked = head_files.check(source, target.model.config)
+    return head_files.load(checked, target.model.get_input_embeddings(), target.device, target.dtype)

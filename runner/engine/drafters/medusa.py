@@ -18,7 +18,9 @@ from torch import Tensor
 from runner.engine.round.draft import Draft
 from runner.engine.round.sampling import Ranked, host
 from runner.engine.round.trees import ROOT, as_parents
+from runner.engine.weights import medusa_files
 from runner.engine.weights.medusa_heads import FINAL_NORMED, MedusaHeads
+from runner.engine.weights.models import Loaded
 
 TOP = 8  # candidates per head a tree chooses among
 
@@ -94,3 +96,11 @@ def rank_tree(logp: list[list[float]], nodes: int) -> tuple[list[tuple[int, ...]
     paths = [candidates[c][0] for c in sorted(best)]  # candidates were made depth by depth: parents first
     at = {path: i for i, path in enumerate(paths)}
     return paths, [at[p[:-1]] if len(p) > 1 else ROOT for p in paths]
+
+
+def load_heads(target: Loaded, source: str) -> MedusaHeads:
+    """Medusa heads (a directory or repo id) on the target's device and dtype, reading the target's LM head where
+    they have none of their own; refused (`medusa_files.check`) unless they fit the target."""
+    checked = medusa_files.check(source, target.model.config)
+    return medusa_files.load(checked, target.model.get_output_embeddings().weight, target.vocab_size, target.device,
+                             target.dtype)

@@ -11,6 +11,7 @@ from transformers import PreTrainedModel
 
 from runner.engine.round.draft import Draft, crop_to, new_cache, unsure
 from runner.engine.round.sampling import Decoding, Ranked, draw, probabilities
+from runner.engine.weights import models
 
 
 class ModelDrafter:
@@ -122,3 +123,21 @@ def layer_skip(model: PreTrainedModel, layers: int) -> PreTrainedModel:
     draft.config = config
     draft.generation_config = copy.deepcopy(model.generation_config)  # its own, not the target's object
     return draft
+
+
+def load_model(target: models.Loaded, spec: str) -> PreTrainedModel:
+    """`model:<spec>`'s draft, on the target's device and dtype; refused unless it shares the target's tokenizer and
+    embeds every id the target can write."""
+    draft = models.load(spec, device=str(target.device), dtype=str(target.dtype).removeprefix("torch."),
+                        trust_remote_code=target.trust_remote_code)
+    models.check_same_tokenizer(target, draft)
+    _check_embeds(draft, target)
+    return draft.model
+
+
+def _check_embeds(draft: models.Loaded, target: models.Loaded) -> None:
+    """The draft reads every token the target writes, so it must embed all the ids the target chooses from."""
+    rows = draft.model.get_input_embeddings().weight.shape[0]
+    if rows < target.vocab_size:
+        raise models.ModelError(f'draft "{draft.spec}" embeds {rows} token ids, fewer than the {target.vocab_size} '
+                                f'that target "{target.spec}" can write')

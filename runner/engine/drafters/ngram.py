@@ -10,6 +10,7 @@ from runner.engine.round.draft import Draft
 from runner.engine.round.sampling import Ranked, host
 
 NGRAM_MATCHES = ("earliest", "latest", "longest")  # which earlier occurrence prompt lookup copies from
+DEFAULT_NGRAM = 3  # longest n-gram prompt lookup tries before falling back to shorter ones
 DEFAULT_MATCH = "latest"  # README, "Drafters": measured against the others per category
 
 

@@ -163,13 +163,11 @@ class PolicySpec:
             return Heuristic(k, self.cap)
         return Auto(k, self.cap, costs) if self.kind == "auto" else Fixed(k)
 
-    def applies_to(self, draft_kind: str) -> bool:
-        """Whether a draft of this kind can follow the policy: confidence needs the draft's probabilities."""
-        return self.kind != "confidence" or draft_kind in ("layerskip", "model", "eagle")
-
-    def refusal(self, draft: str) -> str:
-        return (f'k-policy "{self.text}" needs a draft with probabilities (layerskip, model or eagle); '
-                f'"{draft}" has none')
+    @property
+    def needs_probabilities(self) -> bool:
+        """Confidence reads the draft's probabilities: only the kinds that draft with them can follow it
+        (runner/engine/drafters/registry.py, `applies`)."""
+        return self.kind == "confidence"
 
 
 FIXED = PolicySpec("fixed", "fixed")

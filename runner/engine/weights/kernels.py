@@ -42,6 +42,13 @@ Table = dict[Shape, tuple[str, ...]]  # the candidate per row count 1..MAX_ROWS
 Timings = dict[Shape, dict[int, dict[str, list[float]]]]  # shape -> rung -> candidate -> seconds per product
 
 
+def parse_kernels(text: str) -> str:
+    """A `--kernels` value; ValueError otherwise."""
+    if text not in (STOCK, SKINNY):
+        raise ValueError(f'unknown kernels "{text}"; use {SKINNY} or {STOCK}')
+    return text
+
+
 def _transposed(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
     # (N, K) @ (K, M): one pass over W for all M rows; contiguous like F.linear's, so any model's views work.
     out = torch.mm(w, x.T) if b is None else torch.addmm(b[:, None], w, x.T)
