@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from bench.engines import PLAIN_CELL, Cell, Sample
 from bench.passes import CHAIN, Curves
+from bench.side_by_side import PLAIN_CELL, Cell, Sample
 from runner.engine.round.policies import FIXED
 from runner.engine.weights.kernels import SKINNY, STOCK
 from runner.store import metrics

@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 from scipy.stats import chisquare
 
-from runner.engine.round.sampling import Decoding, probabilities
+from runner.engine.round.decoding_rule import Decoding
+from runner.engine.round.sampling import probabilities
 from runner.engine.weights.models import Loaded
 
 

@@ -159,7 +159,7 @@ def _counting_sweep(out: Path, argv: list[str]) -> int:
     """`runner sweep argv`, with every open_db/write_run of the store counted."""
     from runner import cli
     from runner.store import connect, pending
-    from runner.sweep import record as run  # where a sweep writes its runs
+    from runner.sweep import recorder as run  # where a sweep writes its runs
 
     counts = {"writes": 0, "write_retries": 0, "read_opens": 0, "read_retries": 0, "spills": 0,
               "max_write_s": 0.0, "exit_code": None}

@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from runner.engine.drafters.registry import PLAIN, parse_draft
+from runner.engine.drafters.registry import parse_draft
+from runner.engine.drafters.spec import PLAIN
 from runner.engine.pair import Pair
 from runner.engine.round import batch as batched
+from runner.engine.round.decoding_rule import Decoding
 from runner.engine.round.draft import Draft
-from runner.engine.round.sampling import Decoding
 
 GREEDY = Decoding("greedy", 0.0, 1.0)
 SAMPLE = Decoding("sample", 0.8, 1.0)

@@ -11,10 +11,11 @@ import duckdb
 import pytest
 import torch
 
-from bench import bench, passes, report, rows
+from bench import bench, passes, rows, tables
 from bench.batched import theirs
-from bench.engines import GREEDY, PLAIN_CELL, BenchConfig, Cell, Engines, Sample
-from runner.engine.drafters.registry import PLAIN, parse_draft
+from bench.side_by_side import GREEDY, PLAIN_CELL, BenchConfig, Cell, Engines, Sample
+from runner.engine.drafters.registry import parse_draft
+from runner.engine.drafters.spec import PLAIN
 from runner.engine.round.policies import parse_policy
 from runner.engine.weights.kernels import all_cores
 from runner.prompts import Prompt
@@ -29,12 +30,12 @@ def test_rows_hold_medians_and_min_max_over_repeats_and_judge_the_goal():
     assert (record["ours"], record["ours_min"], record["ours_max"]) == (11.0, 10.0, 12.0)
     assert (record["theirs"], record["theirs_min"], record["theirs_max"]) == (10.0, 8.0, 10.0)
     assert (record["ratio"], record["ratio_min"], record["ratio_max"]) == (1.2, 1.1, 1.25)
-    assert report.format_line(record) == (
+    assert tables.format_line(record) == (
         "| spec_tokens_per_s | ngram | 4 | fixed | all | 11.00 (10.00–12.00) | 10.00 (8.00–10.00) | 1.20 (1.10–1.25) "
         "|  |  | ratio >= 1.15: met | 0 |")
     share = rows.Row("overhead_share", "ngram", 4, "all", [0.04, 0.07, 0.06])
     assert share.ratios is None and share.goal() == ("ours <= 0.05", False)  # median 0.06
-    assert "6.00% (4.00%–7.00%) | — | — |" in report.format_line(rows.db_rows([share], {})[0])
+    assert "6.00% (4.00%–7.00%) | — | — |" in tables.format_line(rows.db_rows([share], {})[0])
 
 
 @pytest.fixture(scope="module")
@@ -291,7 +292,7 @@ def test_what_is_printed_is_what_is_stored(quick):
     passes_per_curve = sum(len(widths) for widths in passes.WIDTHS.values())
     assert len(rows) == 2 + 4 + (4 + 12) + 6 + (3 + 1) + 4 * 2 + 4 + 3 + 3 * passes_per_curve * len({1, all_cores()}) \
         + 2 * len({1, all_cores()})
-    assert [report.format_line(r) for r in rows] == table_lines
+    assert [tables.format_line(r) for r in rows] == table_lines
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")

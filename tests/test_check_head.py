@@ -21,8 +21,8 @@ from runner.engine.drafters.registry import parse_draft
 from runner.engine.pair import Pair
 from runner.engine.round import hidden_states
 from runner.engine.round.decode import generate
+from runner.engine.round.decoding_rule import Decoding
 from runner.engine.round.draft import NoDraft
-from runner.engine.round.sampling import Decoding
 from runner.engine.weights import head_files, models
 from runner.engine.weights.head_config import HeadConfig
 from tests.eagle_reference import two_drafts

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 from dashboard_fixtures import add_trees, build
 
-from dashboard import charts, fates, frames, queries, trees
+from dashboard import charts, fates, frames, queries, tree_layout
 from runner.store import advisor, comparable, metrics
 from runner.store.metrics import Filters
 
@@ -343,7 +343,7 @@ def test_tree_layout_places_nodes_by_depth_with_their_fates(tree_db):
     # Round 0, drawn by hand:       root ─ 200 ─ 201 ─ 902      (row 0)
     #                                    └ 950                  (row 1)
     # leaves take rows 0 and 1 depth first, 200 and 201 sit at their one child's row, the root between its two.
-    first = trees.layout(rounds.loc[0].to_dict(), shown, root_token=7)
+    first = tree_layout.layout(rounds.loc[0].to_dict(), shown, root_token=7)
     assert rows(first, LAYOUT) == [
         [-1, None, 0, 0.5, "root", False, None, 200],
         [0, -1, 1, 0.0, "accepted", False, 200, 201],
@@ -354,23 +354,23 @@ def test_tree_layout_places_nodes_by_depth_with_their_fates(tree_db):
     assert rows(first, ["parent_depth", "parent_lane"])[1:] == [[0, 0.5], [1, 0.0], [2, 0.0], [0, 0.5]]
     # Round 1: root ─ 903 (row 0) and root ─ 203 ─ 204 ─ 205 (row 1); the path ends at the leaf 205: no rejection,
     # and 903, which the target passed over for 203, is thrown.
-    second = trees.layout(rounds.loc[1].to_dict(), shown)
+    second = tree_layout.layout(rounds.loc[1].to_dict(), shown)
     assert rows(second, ["node", "depth", "lane", "fate", "stop"]) == [
         [-1, 0, 0.5, "root", False], [0, 1, 0.0, "thrown", False], [1, 1, 1.0, "accepted", False],
         [2, 2, 1.0, "accepted", False], [3, 3, 1.0, "accepted", True]]
     assert second["text"].iloc[0] == "root"  # no root token given
     # Round 2: the path stopped at the root: 907, its only child, refused; 907's children thrown.
-    third = trees.layout(rounds.loc[2].to_dict(), shown)
+    third = tree_layout.layout(rounds.loc[2].to_dict(), shown)
     assert rows(third, ["node", "depth", "lane", "fate", "stop"]) == [
         [-1, 0, 0.5, "root", True], [0, 1, 0.5, "rejected", False], [1, 2, 0.0, "thrown", False],
         [2, 2, 1.0, "thrown", False]]
     with pytest.raises(ValueError, match="chain"):
-        trees.layout(rounds.loc[4].to_dict(), shown)
+        tree_layout.layout(rounds.loc[4].to_dict(), shown)
 
 
 def test_tree_chart_draws_edges_nodes_the_stop_and_labels(tree_db):
     rounds = queries.read(tree_db, queries.run_rounds, "c2-tree-k3").set_index("round")
-    spec = charts.tree_round(trees.layout(rounds.loc[0].to_dict(), str)).to_dict()
+    spec = charts.tree_round(tree_layout.layout(rounds.loc[0].to_dict(), str)).to_dict()
     assert [layer["mark"]["type"] for layer in spec["layer"]] == ["rule", "circle", "point", "text"]
     assert spec["layer"][1]["encoding"]["x"]["title"] == "depth (level of the tree)"
     assert spec["layer"][2]["transform"] == [{"filter": "datum.stop"}]

@@ -17,9 +17,9 @@ from runner.engine.drafters.ngram import NgramDrafter
 from runner.engine.drafters.registry import parse_draft
 from runner.engine.pair import Pair
 from runner.engine.round.clock import Clock
-from runner.engine.round.decode import Sequence, Target, generate, speculative_round
+from runner.engine.round.decode import CachedTarget, CommittedText, generate, speculative_round
+from runner.engine.round.decoding_rule import Decoding
 from runner.engine.round.draft import Draft, NoDraft
-from runner.engine.round.sampling import Decoding
 from runner.engine.weights.models import Loaded
 from tests.conftest import greedy_without_cache, tiny_llama
 
@@ -124,7 +124,7 @@ def test_generation_stops_at_eos_and_the_round_is_recorded_as_cut():
 
 def test_after_every_round_the_caches_hold_exactly_the_committed_text(tiny):
     drafter = self_draft(tiny)
-    target, text = Target(tiny), Sequence(PROMPT, len(PROMPT) + 40, tiny.device)
+    target, text = CachedTarget(tiny), CommittedText(PROMPT, len(PROMPT) + 40, tiny.device)
     with torch.inference_mode():
         logits, _, _ = target.prefill(text.tokens)
         first = logits.argmax().view(1)

@@ -15,14 +15,15 @@ from safetensors.torch import load_file, save_file
 from torch.overrides import TorchFunctionMode
 from typer.testing import CliRunner
 
-from bench.engines import ForwardTimer
+from bench.side_by_side import ForwardTimer
 from runner import cli
 from runner.engine import pair
-from runner.engine.drafters.registry import PLAIN, parse_draft
+from runner.engine.drafters.registry import parse_draft
+from runner.engine.drafters.spec import PLAIN
 from runner.engine.pair import Pair
 from runner.engine.round import decode
 from runner.engine.round.clock import Clock
-from runner.engine.round.sampling import Decoding
+from runner.engine.round.decoding_rule import Decoding
 from runner.engine.weights import models
 
 GREEDY, SAMPLE = Decoding("greedy", 0.0, 1.0), Decoding("sample", 0.8, 0.9)

@@ -14,8 +14,8 @@ from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel, LlamaForCaus
 
 from runner.engine.drafters.model import ModelDrafter, layer_skip
 from runner.engine.drafters.ngram import NgramDrafter
+from runner.engine.round.decoding_rule import Decoding
 from runner.engine.round.draft import crop_to
-from runner.engine.round.sampling import Decoding
 from tests.conftest import greedy_without_cache, tiny_llama
 
 GREEDY = Decoding("greedy", 0.0, 1.0)

@@ -22,11 +22,12 @@ from scipy.stats import chisquare
 from runner.engine.drafters.model import ModelDrafter, layer_skip
 from runner.engine.drafters.registry import parse_draft
 from runner.engine.round.decode import generate
-from runner.engine.round.sampling import Decoding, probabilities
+from runner.engine.round.decoding_rule import Decoding
+from runner.engine.round.sampling import probabilities
 from runner.engine.weights import models
 from runner.prompts import load_prompts
+from runner.sweep.loop import run_sweep
 from runner.sweep.plan import SweepConfig
-from runner.sweep.run import run_sweep
 
 DEVICE = os.environ.get("SPECDASH_FAMILY_DEVICE")  # None: the runner's default (cpu here)
 DTYPE = os.environ.get("SPECDASH_FAMILY_DTYPE")  # None: float32 on a CPU

@@ -18,8 +18,8 @@ from runner.engine.drafters.eagle import EagleDrafter
 from runner.engine.drafters.registry import parse_draft
 from runner.engine.pair import Pair
 from runner.engine.round.decode import generate
+from runner.engine.round.decoding_rule import Decoding
 from runner.engine.round.draft import NoDraft
-from runner.engine.round.sampling import Decoding
 from runner.engine.weights import head_files, models
 from runner.engine.weights.head_config import HeadConfig
 from runner.engine.weights.heads import EagleHead

@@ -14,8 +14,9 @@ from runner.engine.drafters.registry import parse_draft
 from runner.engine.pair import Pair
 from runner.engine.round import trees
 from runner.engine.round.decode import generate
+from runner.engine.round.decoding_rule import Decoding
 from runner.engine.round.draft import Draft, NoDraft
-from runner.engine.round.sampling import Decoding, Ranked
+from runner.engine.round.sampling import Ranked
 from runner.engine.weights.models import encode_chat
 from tests.laws import pooled_chisquare, two_token_law
 from tests.test_trees_sampling import PROMPT, VOCAB, _no_residual, _target

@@ -18,8 +18,9 @@ from typer.testing import CliRunner
 from runner import cli, report
 from runner.engine.round import decode, lossless
 from runner.engine.round.decode import generate
+from runner.engine.round.decoding_rule import Decoding
 from runner.engine.round.draft import NoDraft
-from runner.engine.round.sampling import Decoding, accept_greedy
+from runner.engine.round.sampling import accept_greedy
 from runner.engine.weights import models
 from runner.records import Divergence
 from runner.store import schema_facts

@@ -19,15 +19,15 @@ from runner.engine.drafters.medusa import MedusaDrafter, MedusaTreeDrafter, rank
 from runner.engine.drafters.registry import parse_draft
 from runner.engine.pair import Pair
 from runner.engine.round import sampling, trees
-from runner.engine.round.decode import Target, generate
+from runner.engine.round.decode import CachedTarget, generate
+from runner.engine.round.decoding_rule import Decoding
 from runner.engine.round.draft import NoDraft
-from runner.engine.round.sampling import Decoding
 from runner.engine.weights import medusa_files
 from runner.engine.weights.models import Loaded, encode_chat
 from runner.train import medusa_fit
 from runner.train.data import Sample
 from runner.train.medusa_fit import IGNORE
-from runner.train.run import train_draft
+from runner.train.pipeline import train_draft
 from tests.laws import pooled_chisquare, two_token_law
 from tests.test_cli import invoke
 from tests.test_train import tiny_config
@@ -85,7 +85,7 @@ def ready(drafter, target: Loaded, text: str = "Tell me about rivers.") -> torch
     """The drafter after the prefill of a chat prompt and its first new token, as the decode loop leaves it."""
     prompt = torch.tensor(encode_chat(target, text))
     with torch.inference_mode():
-        logits, features, _ = Target(target).prefill(prompt, drafter.wants_hidden, 0)
+        logits, features, _ = CachedTarget(target).prefill(prompt, drafter.wants_hidden, 0)
     tokens = torch.cat([prompt, logits.argmax().view(1)])
     drafter.prefill(tokens, features, None)
     return tokens

@@ -13,9 +13,9 @@ from runner.engine.drafters.model import ModelDrafter
 from runner.engine.drafters.registry import applies, parse_draft
 from runner.engine.pair import Pair
 from runner.engine.round.decode import generate
+from runner.engine.round.decoding_rule import Decoding
 from runner.engine.round.draft import Draft, NoDraft
 from runner.engine.round.policies import CAP, FIXED, SLOPE, Auto, Heuristic, VerifyCosts, parse_policy
-from runner.engine.round.sampling import Decoding
 from runner.engine.weights import models
 from runner.records import Round
 

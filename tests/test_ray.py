@@ -21,9 +21,9 @@ from typer.testing import CliRunner
 
 from runner.cli import app
 from runner.sweep import progress
+from runner.sweep.loop import run_sweep
 from runner.sweep.plan import SweepConfig
 from runner.sweep.ray_cells import ROOT, run_sweep_on_ray
-from runner.sweep.run import run_sweep
 
 # Everything of a run but its identity, timings and the count of workers beside it; the baseline by its cell.
 TIMED = ("run_id", "sweep_id", "started_at", "wall_s", "prefill_s", "draft_s", "verify_s", "baseline_run_id",

@@ -10,9 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runner.engine.drafters.registry import PLAIN, parse_draft
+from runner.engine.drafters.registry import parse_draft
+from runner.engine.drafters.spec import PLAIN
 from runner.engine.pair import Pair
-from runner.engine.round.sampling import Decoding
+from runner.engine.round.decoding_rule import Decoding
 from runner.engine.weights import kernels, models
 from runner.prompts import load_prompts
 

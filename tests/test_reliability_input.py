@@ -20,10 +20,10 @@ from typer.testing import CliRunner
 
 from runner.cli import app
 from runner.engine.drafters.registry import parse_draft
-from runner.engine.round.sampling import Decoding
+from runner.engine.round.decoding_rule import Decoding
 from runner.prompts import load_prompts
+from runner.sweep.loop import run_sweep
 from runner.sweep.plan import SweepConfig
-from runner.sweep.run import run_sweep
 
 BAD_PROMPT_FILES = {
     "empty.jsonl": "",

@@ -13,9 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from runner.engine.round.clock import Clock
-from runner.engine.round.decode import Sequence, Target, generate, speculative_round
+from runner.engine.round.decode import CachedTarget, CommittedText, generate, speculative_round
+from runner.engine.round.decoding_rule import Decoding
 from runner.engine.round.draft import Draft
-from runner.engine.round.sampling import Decoding, accept_sampled
+from runner.engine.round.sampling import accept_sampled
 from runner.engine.weights.models import Loaded
 from tests.conftest import tiny_llama
 
@@ -137,7 +138,7 @@ def test_after_every_round_the_cache_holds_the_committed_text_but_the_newest_tok
     decoding = GREEDY if greedy else Decoding("sample", 0.9, 0.95)
     generator = torch.Generator().manual_seed(seed)
     drafter = RandomDrafts(rounds, generator)
-    model, text = Target(target), Sequence(PROMPT, len(PROMPT) + 64, target.device)
+    model, text = CachedTarget(target), CommittedText(PROMPT, len(PROMPT) + 64, target.device)
     with torch.inference_mode():
         first = model.prefill(text.tokens)[0].argmax().view(1)
         text.append(first.tolist(), first)
@@ -152,7 +153,7 @@ def test_after_every_round_the_cache_holds_the_committed_text_but_the_newest_tok
             if not greedy:
                 assert list(r.target_tokens) == kept  # sampling records the kept drafts and the drawn token
         # the cache equals a fresh prefill of the committed text but the newest token
-        fresh = Target(target)
+        fresh = CachedTarget(target)
         fresh.prefill(text.tokens[:-1])
         for mine, theirs in zip(model.cache.layers, fresh.cache.layers, strict=True):
             torch.testing.assert_close(mine.keys, theirs.keys, atol=1e-5, rtol=1e-5)

@@ -9,7 +9,8 @@ import torch
 
 from runner.engine.drafters.model import ModelDrafter
 from runner.engine.round.decode import generate
-from runner.engine.round.sampling import Decoding, accept_greedy, accept_sampled, probabilities, residual
+from runner.engine.round.decoding_rule import Decoding
+from runner.engine.round.sampling import accept_greedy, accept_sampled, probabilities, residual
 from runner.engine.weights.models import Loaded
 from tests.conftest import tiny_llama
 from tests.laws import pooled_chisquare, samples_p_value, two_token_law

@@ -13,8 +13,9 @@ import torch
 from conftest import tiny_llama
 
 from runner.engine.round.decode import generate
+from runner.engine.round.decoding_rule import Decoding
 from runner.engine.round.draft import Draft
-from runner.engine.round.sampling import Decoding, probabilities
+from runner.engine.round.sampling import probabilities
 from runner.engine.weights.models import Loaded
 
 VOCAB, PROMPT, RUNS = 8, [1, 2, 3], 600

@@ -16,9 +16,9 @@ from runner.engine.drafters.registry import parse_draft
 from runner.engine.pair import Pair
 from runner.engine.round import sampling
 from runner.engine.round.clock import Clock
-from runner.engine.round.decode import Sequence, Target, speculative_round
+from runner.engine.round.decode import CachedTarget, CommittedText, speculative_round
+from runner.engine.round.decoding_rule import Decoding
 from runner.engine.round.draft import crop_to
-from runner.engine.round.sampling import Decoding
 from runner.engine.weights import kernels
 
 DECODING = Decoding("sample", 1.0, 0.95)
@@ -68,7 +68,7 @@ def first_tokens(smollm2, pair: Pair, draft: str, prefix: list[int]) -> tuple[li
     """The first token each of SAMPLES rounds emits after `prefix` (seeds 0, 1, …), and (accepted, k) per round,
     on the pair's kernels as its runs use them (the law it is compared with comes from a stock forward pass)."""
     spec = parse_draft(draft)
-    target = Target(smollm2)
+    target = CachedTarget(smollm2)
     clock = Clock(smollm2.device)
     firsts, outcomes = [], []
     with torch.inference_mode(), kernels.using(pair.switches):
@@ -76,7 +76,7 @@ def first_tokens(smollm2, pair: Pair, draft: str, prefix: list[int]) -> tuple[li
         for seed in range(SAMPLES):
             generator = torch.Generator().manual_seed(seed)
             drafter = pair.drafter(spec, DECODING, generator)
-            text = Sequence(prefix, len(prefix) + K + 1, smollm2.device)
+            text = CommittedText(prefix, len(prefix) + K + 1, smollm2.device)
             drafter.prefill(text.tokens, None, None)
             r = speculative_round(target, drafter, text, K, DECODING, generator, clock, K + 1, frozenset()).read(clock)
             firsts.append(int(text.tokens[len(prefix)]))

@@ -25,7 +25,7 @@ from runner.cli import app
 from runner.engine import pair
 from runner.serve import open_warning
 from runner.sweep import progress
-from runner.sweep.run import run_sweep
+from runner.sweep.loop import run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 PLAN_SIZE = 30  # test_sweep's plan: 3 prompts × 2 modes × (1 baseline + 2 drafts × 2 k)

@@ -15,14 +15,14 @@ from typer.testing import CliRunner
 
 from runner.cli import app
 from runner.engine.drafters.registry import parse_draft
-from runner.engine.round.sampling import Decoding
+from runner.engine.round.decoding_rule import Decoding
 from runner.engine.weights import models
 from runner.prompts import PromptError, load_prompts, select_prompts
 from runner.records import Generation, Round, RunRecord
 from runner.store import spec_bench
 from runner.store.runs import write_run
+from runner.sweep.loop import run_sweep
 from runner.sweep.plan import SweepConfig
-from runner.sweep.run import run_sweep
 
 SAMPLE = Path(__file__).parent / "data" / "spec_bench_sample.jsonl"
 

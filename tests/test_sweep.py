@@ -11,14 +11,14 @@ import pytest
 import torch
 from rich.console import Console
 
-from runner.cells import provenance
 from runner.engine import pair
 from runner.engine.drafters.registry import parse_draft
-from runner.engine.round.sampling import Decoding
+from runner.engine.round.decoding_rule import Decoding
+from runner.pair_engine import provenance
 from runner.prompts import load_prompts
 from runner.store.runs import sweep_summary
+from runner.sweep.loop import run_sweep
 from runner.sweep.plan import SweepConfig
-from runner.sweep.run import run_sweep
 
 PROMPTS = [
     {"id": "c1", "category": "code", "prompt": "def add(a, b): return a + b. Add type hints to add(a, b)."},

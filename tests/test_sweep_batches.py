@@ -14,11 +14,11 @@ from rich.console import Console
 
 from runner.cells import checked
 from runner.engine.drafters.registry import parse_draft
-from runner.engine.round.sampling import Decoding
+from runner.engine.round.decoding_rule import Decoding
 from runner.prompts import Prompt, load_prompts
 from runner.records import Divergence
+from runner.sweep.loop import run_sweep
 from runner.sweep.plan import SweepConfig, batches_of, plan
-from runner.sweep.run import run_sweep
 
 PROMPTS = [
     {"id": "c1", "category": "code", "prompt": "def add(a, b): return a + b. Add type hints to add(a, b)."},

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from runner.engine.round.decode import generate
+from runner.engine.round.decoding_rule import Decoding
 from runner.engine.round.draft import NoDraft
-from runner.engine.round.sampling import Decoding
 from tests.conftest import greedy_without_cache
 
 PROMPTS = ([1, 2, 3, 4, 5], [100, 200, 300], list(range(100, 140)) * 2, [7, 7, 7])

@@ -17,14 +17,14 @@ from runner.cli import app
 from runner.engine.drafters.registry import parse_draft
 from runner.engine.pair import Pair
 from runner.engine.round.decode import generate
+from runner.engine.round.decoding_rule import Decoding
 from runner.engine.round.draft import NoDraft
-from runner.engine.round.sampling import Decoding
 from runner.engine.weights import models
 from runner.prompts import load_prompts
 from runner.train import fit
 from runner.train.data import Context, Sample, answer_batch
 from runner.train.fit import TrainConfig, split, vocabulary
-from runner.train.run import default_prompts, train_draft
+from runner.train.pipeline import default_prompts, train_draft
 from runner.train.unroll import StepResult, acceptance_counts, batches, fixed_start
 
 GREEDY = Decoding("greedy", 0.0, 1.0)

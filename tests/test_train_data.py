@@ -138,7 +138,7 @@ def test_a_head_trains_on_two_sharegpt_files_and_is_scored_per_category(tmp_path
     from rich.console import Console
     from test_train import tiny_config
 
-    from runner.train.run import train_draft
+    from runner.train.pipeline import train_draft
 
     monkeypatch.setenv("SPECDASH_CACHE", str(tmp_path / "cache"))
     records = [{"id": f"{c}-{i}", "category": c, "conversations": [

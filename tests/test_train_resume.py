@@ -14,7 +14,7 @@ from test_train import tiny_config
 from dashboard import queries
 from runner.store.schema import MIGRATIONS, migrate
 from runner.train import fit, resume
-from runner.train.run import train_draft
+from runner.train.pipeline import train_draft
 
 
 @pytest.fixture(autouse=True)

@@ -16,9 +16,10 @@ from runner.engine.drafters.ngram_tree import NgramTreeDrafter
 from runner.engine.drafters.recycling import RecyclingDrafter, followed_by
 from runner.engine.drafters.registry import parse_draft
 from runner.engine.pair import Pair
-from runner.engine.round.decode import Target, generate
+from runner.engine.round.decode import CachedTarget, generate
+from runner.engine.round.decoding_rule import Decoding
 from runner.engine.round.draft import NoDraft
-from runner.engine.round.sampling import Decoding, Ranked, ranked
+from runner.engine.round.sampling import Ranked, ranked
 from runner.engine.round.trees import as_parents, depths, trie
 from runner.engine.weights import head_files
 from runner.engine.weights.models import encode_chat
@@ -97,7 +98,7 @@ def _ready(drafter, smollm2, text: str, chat: bool = True) -> torch.Tensor:
     loop leaves it."""
     prompt = torch.tensor(encode_chat(smollm2, text) if chat else smollm2.tokenizer.encode(text))
     with torch.inference_mode():
-        logits, features, top = Target(smollm2).prefill(prompt, drafter.wants_hidden, drafter.wants_top)
+        logits, features, top = CachedTarget(smollm2).prefill(prompt, drafter.wants_hidden, drafter.wants_top)
     tokens = torch.cat([prompt, logits.argmax().view(1)])
     drafter.prefill(tokens, features, top)
     return tokens

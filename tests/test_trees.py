@@ -8,14 +8,15 @@ import torch
 from transformers import MistralConfig, MistralForCausalLM
 
 from runner.engine.drafters.ngram_tree import NgramTreeDrafter
-from runner.engine.drafters.registry import PLAIN, parse_draft
+from runner.engine.drafters.registry import parse_draft
+from runner.engine.drafters.spec import PLAIN
 from runner.engine.pair import Pair
 from runner.engine.round import trees
 from runner.engine.round.clock import Clock
-from runner.engine.round.decode import Sequence, Target, generate, speculative_round
+from runner.engine.round.decode import CachedTarget, CommittedText, generate, speculative_round
+from runner.engine.round.decoding_rule import Decoding
 from runner.engine.round.draft import Draft, new_cache
 from runner.engine.round.policies import parse_policy
-from runner.engine.round.sampling import Decoding
 from tests.conftest import greedy_without_cache
 
 GREEDY = Decoding("greedy", 0.0, 1.0)
@@ -100,7 +101,7 @@ class ScriptedTree:
 def test_after_tree_rounds_the_cache_equals_a_fresh_prefill_of_the_committed_text(tiny):
     g = greedy_without_cache(tiny.model, PROMPT, 20)
     drafter = ScriptedTree(g, tiny.vocab_size)
-    target, text = Target(tiny), Sequence(PROMPT, len(PROMPT) + 20, tiny.device)
+    target, text = CachedTarget(tiny), CommittedText(PROMPT, len(PROMPT) + 20, tiny.device)
     with torch.inference_mode():
         first = target.prefill(text.tokens)[0].argmax().view(1)
         text.append(first.tolist(), first)
@@ -111,7 +112,7 @@ def test_after_tree_rounds_the_cache_equals_a_fresh_prefill_of_the_committed_tex
             # right0 (node 1), then right1 (node 3): a leaf, so the bonus; wrong0 and its child, and wrong1, thrown
             assert (r.draft_parents, r.accepted_path) == ((-1, -1, 1, 1, 0), (1, 3))
             assert (r.k, r.accepted, r.rejected, r.thrown, r.bonus, r.emitted) == (5, 2, 0, 3, True, 3)
-            fresh = Target(tiny)
+            fresh = CachedTarget(tiny)
             fresh.prefill(text.tokens[:-1])
             assert target.length == fresh.length == text.length - 1
             for mine, theirs in zip(target.cache.layers, fresh.cache.layers, strict=True):
@@ -123,14 +124,14 @@ def test_after_tree_rounds_the_cache_equals_a_fresh_prefill_of_the_committed_tex
 def _tree_against_chains(loaded, prompt: list[int], tokens: list[int], parents: tuple[int, ...], atol: float):
     """One tree pass after `prompt`, against every root-to-node branch fed alone after a fresh prefill."""
     with torch.inference_mode():
-        tree = Target(loaded)
+        tree = CachedTarget(loaded)
         tree.prefill(torch.tensor(prompt[:-1]))
         logits, _ = tree.verify(torch.tensor([prompt[-1], *tokens]), (), parents)  # (N+1, V)
         for leaf in range(len(tokens)):
             branch = [leaf]
             while parents[branch[0]] != trees.ROOT:
                 branch.insert(0, parents[branch[0]])
-            chain = Target(loaded)
+            chain = CachedTarget(loaded)
             chain.prefill(torch.tensor(prompt[:-1]))
             alone, _ = chain.verify(torch.tensor([prompt[-1], *(tokens[j] for j in branch)]))
             rows = [0, *(j + 1 for j in branch)]

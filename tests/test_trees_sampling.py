@@ -11,7 +11,7 @@ from runner.engine.drafters.ngram_tree import NgramTreeDrafter
 from runner.engine.drafters.recycling import RecyclingDrafter
 from runner.engine.round import trees
 from runner.engine.round.decode import generate
-from runner.engine.round.sampling import Decoding
+from runner.engine.round.decoding_rule import Decoding
 from runner.engine.weights.models import Loaded
 from tests.conftest import tiny_llama
 from tests.laws import pooled_chisquare, samples_p_value, two_token_law

@@ -3,10 +3,11 @@ drafts and policies, and the comma-separated lists. Bad input raises `UsageError
 
 from __future__ import annotations
 
-from runner.cli.common import UsageError
-from runner.engine.drafters.registry import DraftSpec, applies, parse_draft, refusal
+from runner.cli.shared import UsageError
+from runner.engine.drafters.registry import applies, parse_draft, refusal
+from runner.engine.drafters.spec import DraftSpec
+from runner.engine.round.decoding_rule import Decoding
 from runner.engine.round.policies import PolicySpec, parse_policy
-from runner.engine.round.sampling import Decoding
 from runner.engine.weights.kernels import all_cores, parse_kernels
 
 K_MAX = 64  # more drafts than this per round only burns draft calls

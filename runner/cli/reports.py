@@ -9,7 +9,7 @@ from typing import Annotated
 import duckdb
 import typer
 
-from runner.cli.common import app, fail, stderr
+from runner.cli.shared import app, fail, stderr
 from runner.store import spec_bench
 from runner.store.connect import reading, upgrade
 from runner.store.schema import StoreError

@@ -6,12 +6,13 @@ import torch
 from torch import nn
 
 from runner.engine import tree_size
-from runner.engine.drafters.registry import KINDS, DraftSpec, Making, applies, refusal
+from runner.engine.drafters.registry import KINDS, Making, applies, refusal
+from runner.engine.drafters.spec import DraftSpec
 from runner.engine.round.batch import generate_batch
 from runner.engine.round.decode import generate
+from runner.engine.round.decoding_rule import Decoding
 from runner.engine.round.draft import Drafter, NoDraft, new_cache
 from runner.engine.round.policies import FIXED, PolicySpec, VerifyCosts
-from runner.engine.round.sampling import Decoding
 from runner.engine.round.trees import check_cache
 from runner.engine.weights import kernels, models
 from runner.records import Generation

@@ -17,8 +17,8 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from runner.engine.drafters.registry import DraftSpec
-from runner.engine.round.sampling import Decoding
+from runner.engine.drafters.spec import DraftSpec
+from runner.engine.round.decoding_rule import Decoding
 from runner.records import Generation
 
 CANDIDATES = (4, 8, 16, 32, 63)  # nodes per round tried: verify passes of 5 to 64 rows

@@ -9,12 +9,14 @@ import torch
 from torch import Tensor
 
 from runner.engine.drafters import registry
-from runner.engine.drafters.registry import DraftKind, DraftSpec, Making, applies, parse_draft, refusal
+from runner.engine.drafters.registry import DraftKind, Making, applies, parse_draft, refusal
+from runner.engine.drafters.spec import DraftSpec
 from runner.engine.pair import Pair
 from runner.engine.round.decode import generate
+from runner.engine.round.decoding_rule import Decoding
 from runner.engine.round.draft import Draft, NoDraft
 from runner.engine.round.policies import parse_policy
-from runner.engine.round.sampling import Decoding, Ranked
+from runner.engine.round.sampling import Ranked
 from runner.engine.weights.models import Loaded
 from tests.conftest import tiny_llama
 

@@ -12,8 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from runner.engine.round.decoding_rule import Decoding
 from runner.engine.round.draft import Draft, unsure
-from runner.engine.round.sampling import Decoding, Ranked, draw, probabilities
+from runner.engine.round.sampling import Ranked, draw, probabilities
 from runner.engine.weights import head_files
 from runner.engine.weights.heads import EagleHead
 from runner.engine.weights.models import Loaded

@@ -16,8 +16,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from runner.engine.drafters.eagle import EagleDrafter
+from runner.engine.round.decoding_rule import Decoding
 from runner.engine.round.draft import Draft
-from runner.engine.round.sampling import Decoding, host
+from runner.engine.round.sampling import host
 from runner.engine.round.trees import ROOT, as_parents
 from runner.engine.weights.heads import EagleHead
 

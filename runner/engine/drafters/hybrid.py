@@ -25,8 +25,9 @@ from torch import Tensor
 
 from runner.engine.drafters.eagle_tree import EagleTreeDrafter
 from runner.engine.drafters.ngram_tree import NgramTreeDrafter
+from runner.engine.round.decoding_rule import Decoding
 from runner.engine.round.draft import Draft
-from runner.engine.round.sampling import Decoding, Ranked, host
+from runner.engine.round.sampling import Ranked, host
 from runner.engine.round.trees import ROOT, as_parents, trie
 from runner.engine.weights.heads import EagleHead
 

@@ -9,8 +9,9 @@ import torch
 from torch import Tensor, nn
 from transformers import PreTrainedModel
 
+from runner.engine.round.decoding_rule import Decoding
 from runner.engine.round.draft import Draft, crop_to, new_cache, unsure
-from runner.engine.round.sampling import Decoding, Ranked, draw, probabilities
+from runner.engine.round.sampling import Ranked, draw, probabilities
 from runner.engine.weights import models
 
 

@@ -24,34 +24,13 @@ from runner.engine.drafters.model import ModelDrafter, layer_skip, load_model
 from runner.engine.drafters.ngram import DEFAULT_MATCH, DEFAULT_NGRAM, NGRAM_MATCHES, NgramDrafter
 from runner.engine.drafters.ngram_tree import NgramTreeDrafter
 from runner.engine.drafters.recycling import RecyclingDrafter
+from runner.engine.drafters.spec import PLAIN, DraftSpec
+from runner.engine.round.decoding_rule import Decoding
 from runner.engine.round.draft import Drafter
 from runner.engine.round.policies import PolicySpec
-from runner.engine.round.sampling import Decoding
 from runner.engine.weights import head_files, medusa_files, models
 
 MAX_NODES = 63  # verify passes of up to 64 rows: the root and 63 nodes
-
-
-@dataclass(frozen=True)
-class DraftSpec:
-    """A parsed `--draft` value."""
-
-    text: str  # as the user wrote it, e.g. 'layerskip:24'
-    kind: str  # 'baseline' or a registered kind's name (`KINDS`)
-    # what follows the kind, as its entry parsed it: n for ngram and ngram-tree, L for layerskip, the model spec for
-    # model, the head's directory or repo id for the head drafts, 'W,N,G' for lookahead; None for recycling
-    arg: str | None
-    match: str | None = None  # ngram: which earlier occurrence it copies from (`NGRAM_MATCHES`)
-    # a tree: its nodes per round (lookahead: at most, G guesses of N - 1); None for a sized tree given no :nodes=N,
-    # whose pair measures its own (`Pair.nodes_for`)
-    nodes: int | None = None
-
-    @property
-    def baseline(self) -> bool:
-        return self.kind == "baseline"
-
-
-PLAIN = DraftSpec("none", "baseline", None)  # the baseline: plain decoding, no draft (runs.draft = 'none', k NULL)
 
 
 @dataclass(frozen=True)

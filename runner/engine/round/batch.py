@@ -26,10 +26,17 @@ from transformers import DynamicCache
 
 from runner.engine.round import hidden_states, trees
 from runner.engine.round.clock import Clock, Timed
-from runner.engine.round.decode import NonFiniteLogits, Sequence, chain_verdict, check_lengths, commit, prefilled_text
+from runner.engine.round.decode import (
+    CommittedText,
+    NonFiniteLogits,
+    chain_verdict,
+    check_lengths,
+    commit,
+    prefilled_text,
+)
+from runner.engine.round.decoding_rule import Decoding
 from runner.engine.round.draft import Drafter
 from runner.engine.round.policies import FIXED, PolicySpec, Schedule, VerifyCosts
-from runner.engine.round.sampling import Decoding
 from runner.engine.weights.models import Loaded
 from runner.records import Generation, Round
 
@@ -123,7 +130,7 @@ class Member:
     prompt: list[int]
     drafter: Drafter
     generator: torch.Generator
-    text: Sequence
+    text: CommittedText
     schedule: Schedule
     rounds: list[Timed] = field(default_factory=list)
     read: list[Round] = field(default_factory=list)
@@ -174,28 +181,28 @@ def batch_round(batch: BatchCache, members: list[Member], decoding: Decoding, cl
 
 
 def generate_batch(
-    target: Loaded, drafters: list[Drafter], prompts: list[list[int]], k: int | None, decoding: Decoding,
+    loaded: Loaded, drafters: list[Drafter], prompts: list[list[int]], k: int | None, decoding: Decoding,
     max_new_tokens: int, generators: list[torch.Generator], policy: PolicySpec = FIXED,
     costs: VerifyCosts | None = None,
 ) -> list[Generation]:
     """Decode `prompts` together, each with its own drafter and generator (as `decode.generate` does one), every
     round's drafts verified in one shared pass; plain decoding at batch B with `NoDraft`s and k None."""
     for prompt in prompts:
-        check_lengths(target, prompt, max_new_tokens)
-    clock, costs = Clock(target.device), VerifyCosts() if costs is None else costs
+        check_lengths(loaded, prompt, max_new_tokens)
+    clock, costs = Clock(loaded.device), VerifyCosts() if costs is None else costs
     with torch.inference_mode():
         start = clock()
         members, caches = [], []
         for prompt, drafter, generator in zip(prompts, drafters, generators, strict=True):
-            alone, text = prefilled_text(target, drafter, prompt, max_new_tokens, decoding, generator)
+            alone, text = prefilled_text(loaded, drafter, prompt, max_new_tokens, decoding, generator)
             members.append(Member(prompt, drafter, generator, text, policy.schedule(k or 0, costs)))
             caches.append(alone.cache)
         prefill_s = clock() - start  # every member's: no round starts before the last prefill
-        batch = BatchCache(target, caches)
+        batch = BatchCache(loaded, caches)
         live = list(range(len(members)))  # the members still decoding, in the cache's row order
         while True:
             for i in live:
-                if members[i].finished(target.eos_ids, max_new_tokens):
+                if members[i].finished(loaded.eos_ids, max_new_tokens):
                     members[i].end = clock()
             still = [i for i in live if members[i].end is None]
             if len(still) < len(live):  # the finished leave the batch
@@ -203,7 +210,7 @@ def generate_batch(
                 live = still
             if not live:
                 break
-            batch_round(batch, [members[i] for i in live], decoding, clock, max_new_tokens, target.eos_ids)
+            batch_round(batch, [members[i] for i in live], decoding, clock, max_new_tokens, loaded.eos_ids)
             batch.compact()
             for i in live:
                 members[i].take_times(clock, costs)
@@ -212,4 +219,4 @@ def generate_batch(
     return [Generation(
         prompt_tokens=tuple(m.prompt), output_tokens=tuple(m.text.ids[len(m.prompt) :]), rounds=tuple(m.read),
         prefill_s=prefill_s, wall_s=m.end - start, draft_calls=m.drafter.calls,
-        stop_reason="eos" if m.text.last in target.eos_ids else "max_new_tokens") for m in members]
+        stop_reason="eos" if m.text.last in loaded.eos_ids else "max_new_tokens") for m in members]

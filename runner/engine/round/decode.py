@@ -15,18 +15,10 @@ from torch import Tensor
 
 from runner.engine.round import hidden_states, trees
 from runner.engine.round.clock import Clock, Timed
+from runner.engine.round.decoding_rule import Decoding
 from runner.engine.round.draft import Draft, Drafter, crop_to, new_cache
 from runner.engine.round.policies import FIXED, PolicySpec, VerifyCosts
-from runner.engine.round.sampling import (
-    Decoding,
-    Ranked,
-    accept_greedy,
-    accept_sampled,
-    draw,
-    host,
-    probabilities,
-    ranked,
-)
+from runner.engine.round.sampling import Ranked, accept_greedy, accept_sampled, draw, host, probabilities, ranked
 from runner.engine.weights.models import Loaded
 from runner.records import Generation, Round
 
@@ -39,7 +31,7 @@ class NonFiniteLogits(ValueError):
         super().__init__(f"the target's logits are inf/NaN in {name} (an overflow); use --dtype bfloat16 or float32")
 
 
-class Target:
+class CachedTarget:
     """The target model and its KV cache.
 
     Invariant between rounds: the cache holds every committed token but the newest one, which the
@@ -89,7 +81,7 @@ def _row(features: Tensor | None) -> Tensor | None:
     return None if features is None else features[0]
 
 
-class Sequence:
+class CommittedText:
     """The committed text: a preallocated device buffer (appending never copies the prefix) and its host mirror."""
 
     def __init__(self, prompt: list[int], capacity: int, device: torch.device) -> None:
@@ -150,7 +142,7 @@ def chain_verdict(draft: Draft, logits: Tensor, finite: Tensor, decoding: Decodi
 
 
 def speculative_round(
-    target: Target, drafter: Drafter, text: Sequence, k: int, decoding: Decoding,
+    target: CachedTarget, drafter: Drafter, text: CommittedText, k: int, decoding: Decoding,
     generator: torch.Generator, clock: Clock, budget: int, eos: frozenset[int],
 ) -> Timed:
     """One round as the explainer tells it; appends the emitted tokens to `text`."""
@@ -185,7 +177,7 @@ def speculative_round(
     return Timed(done, (start, drafted, drafted, verified))
 
 
-def commit(drafter: Drafter, text: Sequence, draft: Draft, verdict: trees.Verdict, logits: Tensor,
+def commit(drafter: Drafter, text: CommittedText, draft: Draft, verdict: trees.Verdict, logits: Tensor,
            hidden: Tensor | None, budget: int, eos: frozenset[int]) -> tuple[Round, list[int]]:
     """Steps 4 and the drafter's half of 5: the judged round appended to `text` (at most `budget` tokens, nothing
     after EOS) and told to the drafter. Returns the round, its times not yet read, and the verify rows whose cache
@@ -215,55 +207,55 @@ def first_token(logits: Tensor, decoding: Decoding, generator: torch.Generator) 
     return value, token
 
 
-def check_lengths(target: Loaded, prompt: list[int], max_new_tokens: int) -> None:
+def check_lengths(loaded: Loaded, prompt: list[int], max_new_tokens: int) -> None:
     """ValueError for an empty prompt, a budget below 1, or a prompt and budget past the model's context."""
     if not prompt:
         raise ValueError("the prompt is empty")
     if max_new_tokens < 1:
         raise ValueError(f"max-new-tokens must be >= 1, got {max_new_tokens}")
-    if len(prompt) + max_new_tokens > target.max_context:
+    if len(prompt) + max_new_tokens > loaded.max_context:
         raise ValueError(
             f"prompt ({len(prompt)} tokens) + max-new-tokens ({max_new_tokens}) exceeds the model's "
-            f"context of {target.max_context} tokens"
+            f"context of {loaded.max_context} tokens"
         )
 
 
-def prefilled_text(target: Loaded, drafter: Drafter, prompt: list[int], max_new_tokens: int, decoding: Decoding,
-                   generator: torch.Generator) -> tuple[Target, Sequence]:
+def prefilled_text(loaded: Loaded, drafter: Drafter, prompt: list[int], max_new_tokens: int, decoding: Decoding,
+                   generator: torch.Generator) -> tuple[CachedTarget, CommittedText]:
     """The prefill: one target pass over the prompt makes the first new token, as in plain decoding. The drafter
     reads the prompt too; the new token is fed with round 0's drafts, like every later one."""
-    model = Target(target)
-    text = Sequence(prompt, len(prompt) + max_new_tokens, target.device)
-    logits, features, top = model.prefill(text.tokens, drafter.wants_hidden, drafter.wants_top)
+    target = CachedTarget(loaded)
+    text = CommittedText(prompt, len(prompt) + max_new_tokens, loaded.device)
+    logits, features, top = target.prefill(text.tokens, drafter.wants_hidden, drafter.wants_top)
     first, on_device = first_token(logits, decoding, generator)
     text.append([first], on_device)
     drafter.prefill(text.tokens, features, top)
-    return model, text
+    return target, text
 
 
 def generate(
-    target: Loaded, drafter: Drafter, prompt: list[int], k: int | None, decoding: Decoding,
+    loaded: Loaded, drafter: Drafter, prompt: list[int], k: int | None, decoding: Decoding,
     max_new_tokens: int, generator: torch.Generator, policy: PolicySpec = FIXED, costs: VerifyCosts | None = None,
 ) -> Generation:
     """Decode `prompt` with speculative rounds of k drafts, or as many as `policy` gives each round starting from k;
     k None (with `NoDraft`) is plain decoding. Every round's verify time goes into `costs` (shared by a Pair's
     generations), which the `auto` policy reads."""
-    check_lengths(target, prompt, max_new_tokens)
-    clock = Clock(target.device)
+    check_lengths(loaded, prompt, max_new_tokens)
+    clock = Clock(loaded.device)
     with torch.inference_mode():
         start = clock()
-        model, text = prefilled_text(target, drafter, prompt, max_new_tokens, decoding, generator)
+        target, text = prefilled_text(loaded, drafter, prompt, max_new_tokens, decoding, generator)
         prefilled = clock()
         rounds: list[Timed] = []
         read: list[Round] = []  # the rounds with their times read, each once the device has passed it
         costs = VerifyCosts() if costs is None else costs
         schedule = policy.schedule(k or 0, costs)
-        while text.last not in target.eos_ids and (made := text.length - len(prompt)) < max_new_tokens:
+        while text.last not in loaded.eos_ids and (made := text.length - len(prompt)) < max_new_tokens:
             budget = max_new_tokens - made
             # Never draft past the budget: k drafts can yield k+1 tokens.
             timed = speculative_round(
-                model, drafter, text, min(schedule.next_k(), budget - 1), decoding, generator, clock, budget,
-                target.eos_ids,
+                target, drafter, text, min(schedule.next_k(), budget - 1), decoding, generator, clock, budget,
+                loaded.eos_ids,
             )
             schedule.observe(timed.round.depth, timed.round.accepted)
             rounds.append(timed)
@@ -271,7 +263,7 @@ def generate(
                 read.append(rounds[len(read)].read(clock))
                 costs.add(read[-1].k, read[-1].verify_s)
                 schedule.timed(read[-1])
-        stop = "eos" if text.last in target.eos_ids else "max_new_tokens"
+        stop = "eos" if text.last in loaded.eos_ids else "max_new_tokens"
         end = clock()
     for timed in rounds[len(read) :]:  # on CUDA the last rounds are read only now, once the device has passed them
         read.append(timed.read(clock))

@@ -24,8 +24,9 @@ from torch import Tensor
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from runner.engine.round.decoding_rule import Decoding
 from runner.engine.round.draft import Draft, crop_to
-from runner.engine.round.sampling import Decoding, draw, host, probabilities, residual
+from runner.engine.round.sampling import draw, host, probabilities, residual
 
 ROOT = -1  # the parent of a first-level node: the newest committed token, row 0 of the verify pass
 

@@ -20,9 +20,9 @@ from rich.progress import BarColumn, Progress, ProgressColumn, Task, TextColumn,
 from rich.table import Table
 from rich.text import Text
 
-from runner.cells import provenance
 from runner.engine.weights import head_files, models
 from runner.engine.weights.medusa_heads import FINAL_NORMED
+from runner.pair_engine import provenance
 from runner.store.connect import check_db
 from runner.store.trainings import TrainingLog
 from runner.train import data, medusa_fit, resume

@@ -15,13 +15,16 @@ import torch
 from torch import nn
 
 from runner.cells import Cell as SweepCell
-from runner.cells import RunContext, judge, provenance
-from runner.engine.drafters.registry import PLAIN, DraftSpec, parse_draft
+from runner.cells import judge
+from runner.engine.drafters.registry import parse_draft
+from runner.engine.drafters.spec import PLAIN, DraftSpec
 from runner.engine.pair import Pair
 from runner.engine.round.clock import Clock
+from runner.engine.round.decoding_rule import Decoding
 from runner.engine.round.policies import FIXED, PolicySpec
-from runner.engine.round.sampling import Decoding
 from runner.engine.weights import models
+from runner.engines import RunContext
+from runner.pair_engine import PairEngine
 from runner.prompts import Prompt
 from runner.records import Generation, RunRecord
 from runner.store.connect import init_db
@@ -150,7 +153,8 @@ class Engines:
         self.config, self.target = config, target
         self.clock = Clock(target.device)
         specs = [parse_draft(d) for d in config.drafts]
-        self.pair = Pair(target, specs, config.kernels)
+        self.pair = Pair(target, specs, config.kernels)  # transformers' side reads the same loaded drafts
+        self.engine = PairEngine(self.pair, config.max_new_tokens, seed=0)  # ours, behind the engine protocol
         self.timer = ForwardTimer(target.device)
         self.timer.wrap("target", target.model)
         for spec, draft in self.pair.draft_models.items():
@@ -158,7 +162,7 @@ class Engines:
         self.record_dir = tempfile.TemporaryDirectory(prefix="specdash-bench-")
         self.record_db = Path(self.record_dir.name) / "record.duckdb"
         init_db(self.record_db)  # created and migrated now: the first timed write pays no more than the rest
-        self.provenance = provenance(target.device)
+        self.provenance = self.engine.provenance
         self.plain: dict[tuple[str, int], tuple[str, tuple[int, ...]]] = {}  # (prompt, repeat) -> (run_id, tokens)
 
     def close(self) -> None:
@@ -167,10 +171,11 @@ class Engines:
         self.record_dir.cleanup()
 
     def run(self, engine: str, cell: Cell, prompt: Prompt, ids: list[int], n: int, repeat: int) -> Sample:
+        ours = self.ours(n)
         self.timer.take()
         start = self.clock()
         if engine == "ours":
-            generation = self.pair.run(cell.draft, ids, cell.k, GREEDY, n, seed=0, policy=cell.policy)
+            generation = ours.run(SweepCell(prompt, GREEDY, cell.draft, cell.k, cell.policy), ids)
             tokens = generation.output_tokens
         else:
             generation, tokens = None, self._theirs(cell, ids, n, early_exit=engine == "theirs_exit")
@@ -180,6 +185,10 @@ class Engines:
         (target_s, target_calls), (draft_s, draft_calls) = inside["target"], inside.get(cell.draft.text, (0.0, 0))
         return Sample(cell, engine, repeat, prompt, tokens, wall, target_s, draft_s, target_calls, draft_calls,
                       generation, record, record_s)
+
+    def ours(self, n: int) -> PairEngine:
+        """Our engine making n new tokens (a warm-up makes fewer than the measured runs), on the one loaded pair."""
+        return self.engine if n == self.engine.max_new_tokens else PairEngine(self.pair, n, seed=0)
 
     def _theirs(self, cell: Cell, ids: list[int], n: int, early_exit: bool) -> tuple[int, ...]:
         """transformers' own greedy generate, assisted the way closest to our draft at this k and policy.
@@ -213,10 +222,10 @@ class Engines:
         Each repeat is its own sweep, so the run_stats of a repeat's runs compare them with that repeat's plain run."""
         start, started = time.perf_counter(), datetime.now(UTC).isoformat()
         baseline = None if cell.k is None else self.plain[(prompt.id, repeat)]
-        context = RunContext(self.pair, self.config.target, f"repeat-{repeat}", 0, self.config.max_new_tokens,
-                             self.provenance)
-        record = context.record(SweepCell(prompt, GREEDY, cell.draft, cell.k, cell.policy), generation, None, started)
-        record = judge(record, baseline, context.classify)
+        context = RunContext(self.engine, self.config.target, f"repeat-{repeat}", 0, self.config.max_new_tokens)
+        record = context.make_record(SweepCell(prompt, GREEDY, cell.draft, cell.k, cell.policy), generation, None,
+                                     started)
+        record = judge(record, baseline, self.engine.classify)
         write_run(self.record_db, record)
         if cell.k is None:
             self.plain[(prompt.id, repeat)] = (record.run_id, generation.output_tokens)

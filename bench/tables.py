@@ -7,8 +7,8 @@ import platform
 
 import torch
 
-from bench.engines import Sample
 from bench.rows import reference_of
+from bench.side_by_side import Sample
 from runner.engine.weights.kernels import cpu_name
 from runner.store.bench_rows import ABOUT, UNITS
 

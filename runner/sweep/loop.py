@@ -15,7 +15,7 @@ from runner.store.runs import flush_pending
 from runner.sweep import progress
 from runner.sweep.local import Identity, LocalSource, Result
 from runner.sweep.plan import SweepConfig, cells_to_run, plan
-from runner.sweep.record import Recorder
+from runner.sweep.recorder import Recorder
 
 BAR = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
 

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from runner.cli.common import app, fail, stderr, stdout
+from runner.cli.shared import app, fail, stderr, stdout
 from runner.report import frame_table
 from runner.serve import ServeError, serve
 from runner.store.merge import merge as merge_databases
