@@ -12,7 +12,7 @@ def load(spec: str) -> Decode:
     Where the spec's files hold a plain `tokenizer.json` (the default model once converted, most local
     directories), the `tokenizers` library reads it in a fraction of a second; otherwise transformers loads the
     tokenizer, after importing itself and torch (seconds on a small machine). Both decode a token alike, special
-    tokens included (tests/test_dashboard_tokenizer.py checks every id of the default model)."""
+    tokens included (tests/dashboard/test_dashboard_tokenizer.py checks every id of the default model)."""
     if (plain := sources.plain_tokenizer_file(spec)) is not None:
         from tokenizers import Tokenizer
 

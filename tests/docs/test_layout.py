@@ -194,3 +194,9 @@ def test_the_cycle_check_notices_a_lazy_cycle():
 def test_no_two_modules_share_a_file_name():
     names = Counter(p.name for p in modules(*PACKAGES) if p.name not in ("__init__.py", "__main__.py"))
     assert [name for name, count in names.items() if count > 1] == []
+
+
+def test_the_longest_first_files_exist():
+    from tests.conftest import LONGEST_FIRST, TESTS
+
+    assert [name for name in LONGEST_FIRST if not (TESTS / name).is_file()] == []

@@ -18,7 +18,7 @@ from runner.engine.round.draft import Draft, NoDraft
 from runner.engine.round.policies import parse_policy
 from runner.engine.round.sampling import Ranked
 from runner.engine.weights.models import Loaded
-from tests.conftest import tiny_llama
+from tests.helpers.tiny import tiny_llama
 
 GREEDY = Decoding("greedy", 0.0, 1.0)
 PROMPT = [3, 17, 9, 41, 17, 9, 5]
