@@ -14,7 +14,7 @@ import torch
 import transformers
 
 from runner.cells import Cell
-from runner.engine.drafters.spec import PLAIN
+from runner.engine.drafters.spec import PLAIN, DraftSpec
 from runner.engine.pair import Pair
 from runner.engine.round import lossless
 from runner.engine.round.decoding_rule import Decoding
@@ -82,7 +82,7 @@ class PairEngine:
         self.device, self.dtype, self.kernels = str(target.device), lossless.dtype_name(target.dtype), pair.kernels
 
     @classmethod
-    def load(cls, target: str, drafts: Sequence, kernels_name: str, max_new_tokens: int, seed: int,
+    def load(cls, target: str, drafts: Sequence[DraftSpec], kernels_name: str, max_new_tokens: int, seed: int,
              device: str | None = None, dtype: str | None = None, trust_remote_code: bool = False) -> PairEngine:
         """The target and every draft loaded (`models.load`, then the pair)."""
         loaded = models.load(target, device, dtype, trust_remote_code)
