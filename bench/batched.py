@@ -1,4 +1,4 @@
-"""Batched throughput: B prompts decoded together, ours (plain and speculative, runner/engine/batch.py) against
+"""Batched throughput: B prompts decoded together, ours (plain and speculative, runner/engine/round/batch.py) against
 transformers' own batched greedy `generate` (left-padded, with an attention mask) on the same prompts.
 
 Tokens/s counts every sequence's new tokens up to and including its first end-of-sequence token (transformers pads a
@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import torch
 
-from bench.engines import GREEDY, Cell, Engines
 from bench.rows import Row
-from runner.engine.clock import Clock
-from runner.engine.pair import PLAIN
+from bench.side_by_side import GREEDY, Cell, Engines
+from runner.cells import Cell as SweepCell
+from runner.engine.drafters.spec import PLAIN, DraftSpec
+from runner.engine.round.clock import Clock
+from runner.prompts import Prompt
 
 BATCH_METRIC = "batch_tokens_per_s"
 
@@ -56,7 +58,7 @@ def batch_rows(engines: Engines, cells: list[Cell], prompts: list[list[int]], re
                     outputs = theirs(engines, batch, n)
                 else:
                     draft = PLAIN if cell.k is None else cell.draft
-                    outputs = [g.output_tokens for g in engines.pair.run_batch(draft, batch, cell.k, GREEDY, n, 0)]
+                    outputs = [g.output_tokens for g in engines.ours(n).run_batch(_members(draft, cell, batch), batch)]
                     mismatches[cell] += sum(o != r for o, r in zip(outputs, ref, strict=True)) * (repeat == 0)
                 seconds[cell] += clock() - start
                 tokens[cell] += sum(len(o) for o in outputs)
@@ -65,3 +67,9 @@ def batch_rows(engines: Engines, cells: list[Cell], prompts: list[list[int]], re
             ours[cell].append(tokens[cell] / seconds[cell])
     return [Row(BATCH_METRIC, cell.draft.text, cell.k, f"batch={size}", ours[cell], plain, mismatches[cell])
             for cell in cells]
+
+
+def _members(draft: DraftSpec, cell: Cell, batch: list[list[int]]) -> list[SweepCell]:
+    """The engine's cells of one batch: the bench hands their ids itself, so each prompt only names its slot."""
+    slots = tuple(Prompt(f"batch-{slot}", "bench", "") for slot in range(len(batch)))
+    return [SweepCell(prompt, GREEDY, draft, cell.k, cell.policy, slots, slot) for slot, prompt in enumerate(slots)]

@@ -40,9 +40,7 @@ sys.path.insert(0, str(ROOT))  # `python bench/bench.py` puts bench/, not the re
 import torch  # noqa: E402
 
 from bench.batched import batch_rows  # noqa: E402
-from bench.engines import PLAIN_CELL, BenchConfig, Cell, Engines, dtype_name, measure  # noqa: E402
 from bench.passes import at_each, copy_bandwidths, verify_curves, weight_bytes  # noqa: E402
-from bench.report import markdown_report, mismatch_lines, table  # noqa: E402
 from bench.rows import (  # noqa: E402
     Row,
     adaptive_rows,
@@ -54,10 +52,16 @@ from bench.rows import (  # noqa: E402
     throughput_rows,
     verify_rows,
 )
-from runner.engine import kernels, models  # noqa: E402
-from runner.engine.kernels import SKINNY, all_cores  # noqa: E402
-from runner.engine.pair import parse_draft, parse_kernels  # noqa: E402
-from runner.engine.policies import FIXED, parse_policy  # noqa: E402
+from bench.side_by_side import PLAIN_CELL, BenchConfig, Cell, Engines, dtype_name, measure  # noqa: E402
+from bench.tables import markdown_report, mismatch_lines, table  # noqa: E402
+from runner.engine.drafters.registry import applies, parse_draft  # noqa: E402
+from runner.engine.round.policies import FIXED, parse_policy  # noqa: E402
+from runner.engine.weights import kernels, models  # noqa: E402
+from runner.engine.weights.kernels import (  # noqa: E402
+    SKINNY,
+    all_cores,
+    parse_kernels,  # noqa: E402
+)
 from runner.prompts import PromptError, load_prompts, select_prompts  # noqa: E402
 from runner.store.bench_rows import write_bench  # noqa: E402
 from runner.store.connect import init_db  # noqa: E402
@@ -87,7 +91,7 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None]) -> Outcome:
     engines = Engines(config, target)
     drafts, policies = [parse_draft(d) for d in config.drafts], [parse_policy(p) for p in config.policies]
     cells = ([PLAIN_CELL] + [Cell(d, k) for d in drafts for k in config.ks]
-             + [Cell(d, config.policy_k, p) for d in drafts for p in policies if p.applies_to(d.kind)])
+             + [Cell(d, config.policy_k, p) for d in drafts for p in policies if applies(p, d.kind)])
     prompts = {p: models.encode_chat(target, p.text) for p in config.prompts}
     progress("warm-up")
     first = next(iter(prompts.values()))
@@ -115,7 +119,7 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None]) -> Outcome:
     prov = engines.provenance
     context = {"bench_id": bench_id, "started_at": started, "device": str(target.device),
                "device_name": prov["device_name"], "dtype": dtype_name(target),
-               "threads": config.threads, "kernels": engines.pair.kernels, "target": config.target,
+               "threads": config.threads, "kernels": engines.engine.kernels, "target": config.target,
                "prompts": len(config.prompts), "max_new_tokens": config.max_new_tokens,
                "load_before": load_before, "load_after": os.getloadavg()[0], "command": config.command,
                **{k: prov.get(k) for k in ("torch_version", "transformers_version", "host", "git_commit")}}

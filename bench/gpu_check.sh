@@ -111,7 +111,7 @@ run() {
     step "A generation's rounds against its passes; the host's hottest calls" 120 python3 bench/loop_profile.py \
         --device cuda --dtype bfloat16 --tokens 32 --drafts ngram,ngram-tree:nodes=16,layerskip:24
     step "Family matrix, CUDA bfloat16" 80 env SPECDASH_FAMILY_DEVICE=cuda SPECDASH_FAMILY_DTYPE=bfloat16 \
-        python3 -m pytest -q -p no:cacheprovider tests/test_families.py -k sweeps
+        python3 -m pytest -q -p no:cacheprovider tests/engine/test_families.py -k sweeps
     step "Host syncs per round (CUDA sync debug mode)" 45 python3 bench/sync_count.py --device cuda
     step "Numeric-tie tolerance, bfloat16" 50 python3 bench/tie_tolerance.py --device cuda --dtype bfloat16
     step "Sweep of the default pair, bfloat16" 60 python3 -m runner sweep --device cuda --dtype bfloat16 \

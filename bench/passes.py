@@ -8,9 +8,10 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from runner.engine import kernels, models, trees
-from runner.engine.clock import Clock
-from runner.engine.drafters import crop_to, new_cache
+from runner.engine.round import trees
+from runner.engine.round.clock import Clock
+from runner.engine.round.draft import crop_to, new_cache
+from runner.engine.weights import kernels, models
 from runner.prompts import load_prompts
 
 # The verify curve, by the rows of one target pass: a chain (the last committed token and k drafts), a tree (the root

@@ -35,13 +35,13 @@ import psutil  # noqa: E402
 import torch  # noqa: E402
 from rich.console import Console  # noqa: E402
 
-from runner.engine import models  # noqa: E402
-from runner.engine.pair import parse_draft  # noqa: E402
-from runner.engine.sampling import Decoding  # noqa: E402
+from runner.engine.drafters.registry import parse_draft  # noqa: E402
+from runner.engine.round.decoding_rule import Decoding  # noqa: E402
+from runner.engine.weights import models  # noqa: E402
 from runner.prompts import Prompt, load_prompts, select_prompts  # noqa: E402
+from runner.sweep.loop import run_sweep  # noqa: E402
 from runner.sweep.plan import SweepConfig  # noqa: E402
 from runner.sweep.ray_cells import run_sweep_on_ray  # noqa: E402
-from runner.sweep.run import run_sweep  # noqa: E402
 
 GREEDY = Decoding("greedy", 0.0, 1.0)
 console = Console(stderr=True)

@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from bench.engines import PLAIN_CELL, Cell, Sample
 from bench.passes import CHAIN, Curves
-from runner.engine.kernels import SKINNY, STOCK
-from runner.engine.policies import FIXED
+from bench.side_by_side import PLAIN_CELL, Cell, Sample
+from runner.engine.round.policies import FIXED
+from runner.engine.weights.kernels import SKINNY, STOCK
 from runner.store import metrics
 from runner.store.bench_rows import UNITS, goal_for
 from runner.store.runs import in_scratch
@@ -32,7 +32,7 @@ class Row:
     c: float | None = None
     threads: int | None = None  # the row's own CPU thread count, where it is not the bench's
     judged: bool = True  # False: shown for comparison, not held to the metric's goal
-    k_policy: str = "fixed"  # how ours chose each round's k from k (runner/engine/policies.py); 'best: …' see below
+    k_policy: str = "fixed"  # how ours chose each round's k from k (engine/round/policies.py); 'best: …' see below
     ratios: list[float] | None = field(init=False)
 
     def __post_init__(self) -> None:

@@ -16,9 +16,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from runner.engine import decode, models  # noqa: E402
-from runner.engine.pair import PLAIN, Pair, parse_draft  # noqa: E402
-from runner.engine.sampling import Decoding  # noqa: E402
+from runner.engine.drafters.registry import parse_draft
+from runner.engine.drafters.spec import PLAIN
+from runner.engine.pair import Pair  # noqa: E402
+from runner.engine.round import decode
+from runner.engine.round.decoding_rule import Decoding  # noqa: E402
+from runner.engine.weights import models  # noqa: E402
 from runner.prompts import load_prompts  # noqa: E402
 
 

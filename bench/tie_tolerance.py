@@ -1,6 +1,6 @@
 """How far a target's logits at one position move when the same text is verified in passes of different widths
 (1 token against k+1 tokens, as plain decoding and a verify pass do): the measurement behind the numeric-tie
-tolerance of `runner/engine/lossless.py`.
+tolerance of `runner/engine/round/lossless.py`.
 
 For every position it compares the two logit vectors and reports the largest |Δ logit| relative to the
 position's largest |logit|, in units of the dtype's unit roundoff u, and the argmax flips with their top-2 gaps.
@@ -17,8 +17,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from runner.engine import lossless, models  # noqa: E402
-from runner.engine.drafters import new_cache  # noqa: E402
+from runner.engine.round import lossless
+from runner.engine.round.draft import new_cache  # noqa: E402
+from runner.engine.weights import models  # noqa: E402
 from runner.prompts import load_prompts  # noqa: E402
 
 

@@ -18,8 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repositor
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from runner.engine import kernels, models  # noqa: E402
-from runner.engine.drafters import crop_to, new_cache  # noqa: E402
+from runner.engine.round.draft import crop_to, new_cache  # noqa: E402
+from runner.engine.weights import kernels, models  # noqa: E402
 
 
 def _median_ms(fn, repeats: int, device: torch.device) -> float:

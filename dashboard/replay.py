@@ -7,7 +7,7 @@ import functools
 import pandas as pd
 import streamlit as st
 
-from dashboard import charts, common, fates, queries, tokenizer, trees
+from dashboard import charts, common, fates, queries, tokenizer, tree_layout
 
 RUNS_SHOWN = 1000  # runs the picker offers, newest first (and the picked one)
 PICKER_COLUMNS = ["run_id", "started_at", "category", "prompt_id", "draft", "k", "mode", "status"]
@@ -171,7 +171,7 @@ def _tree(run: pd.Series, rounds: pd.DataFrame, decode: fates.Decode) -> None:
                           help="the rounds that drafted a tree (a round whose nodes formed one chain is shown above)")
     row = rounds.set_index("round").loc[picked].to_dict()
     root = fates.roots(fates.text_tokens(list(run["output_tokens"]), rounds)).get(picked)
-    st.altair_chart(charts.tree_round(trees.layout(row, decode, root)))
+    st.altair_chart(charts.tree_round(tree_layout.layout(row, decode, root)))
     st.caption(f"Round {picked}: {int(row['k'])} nodes, {int(row['accepted'])} accepted, "
                f"{int(row['rejected'])} rejected, {int(row['thrown'])} thrown. The root is the newest committed "
                "token; the target followed the thick path, and where it stopped either every child was refused "

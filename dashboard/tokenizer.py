@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dashboard.fates import Decode
-from runner.engine import sources
+from runner.engine.weights import sources
 
 
 def load(spec: str) -> Decode:
@@ -12,13 +12,13 @@ def load(spec: str) -> Decode:
     Where the spec's files hold a plain `tokenizer.json` (the default model once converted, most local
     directories), the `tokenizers` library reads it in a fraction of a second; otherwise transformers loads the
     tokenizer, after importing itself and torch (seconds on a small machine). Both decode a token alike, special
-    tokens included (tests/test_dashboard_tokenizer.py checks every id of the default model)."""
+    tokens included (tests/dashboard/test_dashboard_tokenizer.py checks every id of the default model)."""
     if (plain := sources.plain_tokenizer_file(spec)) is not None:
         from tokenizers import Tokenizer
 
         fast = Tokenizer.from_file(str(plain))
         return lambda token_id: fast.decode([token_id], skip_special_tokens=False)
-    from runner.engine import models
+    from runner.engine.weights import models
 
     full = models.load_tokenizer(spec)
     return lambda token_id: full.decode([token_id])

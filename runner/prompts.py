@@ -17,6 +17,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from runner import speed_bench_files
+
 BUILTIN_PATH = Path(__file__).parent / "builtin_prompts.jsonl"
 FIELDS = ("id", "category", "prompt")
 SPEC_BENCH_FIELDS = ("question_id", "category", "turns", "reference")
@@ -52,15 +54,16 @@ class PromptError(ValueError):
 def load_prompts(path: Path | None = None, splits: list[str] | None = None) -> list[Prompt]:
     """Read every prompt of `path` (the built-in suite if None), or raise on the first bad line. `splits` chooses
     files of a SPEED-Bench directory (None: all of them)."""
-    from runner import speed_bench_files  # here: it builds on this module's Prompt
-
     path = BUILTIN_PATH if path is None else path
     try:
         if path.is_dir() or splits is not None or _first_is_speed_bench(path):
-            return _checked(speed_bench_files.load(path, splits), path)
+            return _checked([Prompt(id=line.id, category=line.category, text=line.text, split=line.split)
+                             for line in speed_bench_files.load(path, splits)], path)
         lines = path.read_text(encoding="utf-8").splitlines()
     except FileNotFoundError:
         raise PromptError(f"{path.name}: no such file") from None
+    except speed_bench_files.SpeedBenchError as e:
+        raise PromptError(str(e)) from None
     prompts: list[Prompt] = []
     first_line: dict[str, int] = {}  # id -> line it first appeared on
     parse = None
@@ -81,8 +84,6 @@ def load_prompts(path: Path | None = None, splits: list[str] | None = None) -> l
 
 def _first_is_speed_bench(path: Path) -> bool:
     """SPEED-Bench's format: a first non-blank line that is an object with `category` and `messages`."""
-    from runner import speed_bench_files
-
     with path.open(encoding="utf-8") as lines:
         first = next((line for line in lines if line.strip()), "")
     try:

@@ -25,7 +25,7 @@ class Round:
     # greedy: the target's argmax at all k+1 positions (a tree: at the root and each node, in node order); sample: the
     # accepted drafts + the correction or bonus
     target_tokens: tuple[int, ...]
-    # A tree's drafts (runner/engine/trees.py): each node's parent (-1: the newest committed token); None for a chain.
+    # A tree's drafts (engine/round/trees.py): each node's parent (-1: the newest committed token); None for a chain.
     # Then k counts the nodes, accepted the accepted path's length, rejected is 1 when the path stopped where the tree
     # still had children to judge, and bonus means it stopped at a leaf.
     draft_parents: tuple[int, ...] | None = None
@@ -38,7 +38,7 @@ class Round:
     draft_q: tuple[float, ...] | None = None
     draft_u: tuple[float, ...] | None = None
     from_residual: bool | None = None  # sampling: the round's own token was drawn from norm(max(0, p − q))
-    batch_seqs: int = 1  # the sequences whose drafts the round's target pass verified (runner/engine/batch.py)
+    batch_seqs: int = 1  # the sequences whose drafts the round's target pass verified (runner/engine/round/batch.py)
     extra_rows: int = 0  # rows the verify pass carried past the root and the drafts, never judged (lookahead's window)
 
     @property
@@ -92,7 +92,7 @@ class Divergence:
 
     at: int  # index into output_tokens
     gap: float  # the target's top-1 minus top-2 logit there, recomputed
-    tolerance: float  # logits: the dtype's tolerance (runner/engine/lossless.py) · the position's max |logit|
+    tolerance: float  # logits: the dtype's tolerance (runner/engine/round/lossless.py) · the position's max |logit|
     kind: str  # 'tie': both contested tokens within the tolerance of the best logit; else 'real'
 
 
@@ -114,7 +114,7 @@ class RunRecord:
     started_at: str  # ISO-8601, UTC
     target: str  # the target's model spec, as given
     draft: str  # drafter spec; 'none' for a plain-decoding baseline
-    draft_kind: str  # 'baseline' | 'model' | 'ngram' | 'layerskip' | 'eagle' | 'medusa' | a tree (`pair.TREE_KINDS`)
+    draft_kind: str  # 'baseline' | 'model' | 'ngram' | 'layerskip' | 'eagle' | 'medusa' | a tree (drafters/registry.py)
     category: str
     prompt_id: str
     prompt_text: str
@@ -135,7 +135,7 @@ class RunRecord:
     kernels: str | None = None  # the linears' path: 'skinny' (measured per shape) or 'stock'; None: not recorded
     threads: int | None = None  # torch's CPU threads during the run
     provenance: dict[str, str] = field(default_factory=dict)  # torch/transformers/python versions, host, git commit
-    # where a greedy output first differs from its baseline's (runner/engine/lossless.py): index, the target's
+    # where a greedy output first differs from its baseline's (runner/engine/round/lossless.py): index, the target's
     # top-2 logit gap there, the tolerance in logits, and 'tie' | 'real'; all None when lossless or not judged
     divergence_at: int | None = None
     divergence_gap: float | None = None
@@ -143,10 +143,10 @@ class RunRecord:
     divergence: str | None = None
     # The sweep's workers on this run's host while it ran, itself included: 1 alone; more share the memory bandwidth.
     concurrent_workers: int = 1
-    k_policy: str | None = None  # how each round's k was chosen from k (runner/engine/policies.py); None for baselines
+    k_policy: str | None = None  # how each round's k was chosen from k (engine/round/policies.py); None for baselines
     turn: int = 1  # 1-based turn of its conversation: turn n's prompt holds the earlier turns and their answers
     conversation: str | None = None  # the question the turn belongs to (Spec-Bench's question_id); else prompt_id
-    batch_size: int = 1  # the sequences decoded together with it, itself included (runner/engine/batch.py)
+    batch_size: int = 1  # the sequences decoded together with it, itself included (runner/engine/round/batch.py)
     batch_slot: int = 0  # its place in that batch
     batch_id: str | None = None  # shared by the runs of one batch; None at batch 1
     tree_nodes: int | None = None  # a tree's nodes per round at most (`:nodes=N`, or its pair's measured best)

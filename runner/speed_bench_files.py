@@ -11,9 +11,22 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
-from runner.prompts import Prompt, PromptError
+
+class SpeedBenchError(ValueError):
+    """A file or a choice of splits that cannot be read; the message is one line."""
+
+
+@dataclass(frozen=True)
+class Line:
+    """One prompt of a split, as the file gives it."""
+
+    id: str  # <split>-<line>
+    category: str
+    text: str  # the first message's content
+    split: str
 
 QUALITATIVE = "qualitative"
 # A split's file name: qualitative.jsonl or throughput_<n>k.jsonl (n thousand tokens of input, roughly)
@@ -30,17 +43,17 @@ def split_name(path: Path) -> str:
     return path.name.removesuffix(".jsonl")
 
 
-def parse_line(obj: dict, split: str, number: int, where: str) -> Prompt:
+def parse_line(obj: dict, split: str, number: int, where: str) -> Line:
     """One line: its category kept, the first message's content the prompt."""
     category, messages = obj["category"], obj["messages"]
     if not isinstance(category, str) or not category.strip():
-        raise PromptError(f'{where}: "category" must be a non-empty string')
+        raise SpeedBenchError(f'{where}: "category" must be a non-empty string')
     if not isinstance(messages, list) or not messages or not isinstance(messages[0], dict):
-        raise PromptError(f'{where}: "messages" must be a non-empty list of objects')
+        raise SpeedBenchError(f'{where}: "messages" must be a non-empty list of objects')
     content = messages[0].get("content")
     if not isinstance(content, str) or not content.strip():
-        raise PromptError(f'{where}: the first message has no "content" text')
-    return Prompt(id=f"{split}-{number}", category=category, text=content, split=split)
+        raise SpeedBenchError(f'{where}: the first message has no "content" text')
+    return Line(f"{split}-{number}", category, content, split)
 
 
 def split_files(directory: Path) -> dict[str, Path]:
@@ -58,27 +71,27 @@ def chosen_files(path: Path, splits: list[str] | None) -> list[Path]:
     """The files to read: a directory's splits (those named, in its order), or the one file given."""
     if not path.is_dir():
         if splits is not None:
-            raise PromptError(f"--splits chooses files of a SPEED-Bench directory; {path.name} is one file")
+            raise SpeedBenchError(f"--splits chooses files of a SPEED-Bench directory; {path.name} is one file")
         return [path]
     files = split_files(path)
     if not files:
-        raise PromptError(f"{path.name}: no qualitative.jsonl or throughput_<n>k.jsonl in the directory")
+        raise SpeedBenchError(f"{path.name}: no qualitative.jsonl or throughput_<n>k.jsonl in the directory")
     for split in splits or []:
         if split not in files:
-            raise PromptError(f'no split "{split}" in {path.name}; available: {", ".join(files)}')
+            raise SpeedBenchError(f'no split "{split}" in {path.name}; available: {", ".join(files)}')
     return [files[s] for s in files if splits is None or s in splits]
 
 
-def load(path: Path, splits: list[str] | None) -> list[Prompt]:
+def load(path: Path, splits: list[str] | None) -> list[Line]:
     """Every prompt of the chosen files, in file and line order."""
-    prompts: list[Prompt] = []
+    lines: list[Line] = []
     for file in chosen_files(path, splits):
         split = split_name(file)
         for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), 1):
             if line.strip():
                 where = f"{file.name} line {number}"
-                prompts.append(parse_line(read_line(line, where), split, number, where))
-    return prompts
+                lines.append(parse_line(read_line(line, where), split, number, where))
+    return lines
 
 
 def read_line(line: str, where: str) -> dict:
@@ -86,7 +99,7 @@ def read_line(line: str, where: str) -> dict:
     try:
         obj = json.loads(line)
     except json.JSONDecodeError as e:
-        raise PromptError(f"{where}: not valid JSON ({e.msg})") from None
+        raise SpeedBenchError(f"{where}: not valid JSON ({e.msg})") from None
     if not is_speed_bench_line(obj):
-        raise PromptError(f'{where}: expected SPEED-Bench\'s object with "category" and "messages"')
+        raise SpeedBenchError(f'{where}: expected SPEED-Bench\'s object with "category" and "messages"')
     return obj

@@ -14,10 +14,10 @@ import sys
 
 import typer
 
-from runner.cli import common
+from runner.cli import shared
 
-GROUPS = {"generate": "decoding", "sweep": "decoding", "merge": "data", "sql": "data", "list": "data",
-          "serve": "data", "write-prompts": "training", "train-draft": "training", "check-head": "check_head",
+GROUPS = {"generate": "decoding", "sweep": "decoding", "merge": "recorded", "sql": "recorded", "list": "recorded",
+          "serve": "recorded", "write-prompts": "training", "train-draft": "training", "check-head": "check_head",
           "report": "reports"}
 
 
@@ -26,7 +26,7 @@ def loaded(command: str | None = None) -> typer.Typer:
     groups = [GROUPS[command]] if command in GROUPS else dict.fromkeys(GROUPS.values())
     for group in groups:
         importlib.import_module(f"runner.cli.{group}")
-    return common.app
+    return shared.app
 
 
 def __getattr__(name: str) -> typer.Typer:

@@ -7,10 +7,10 @@ from typing import Annotated
 
 import typer
 
-from runner.cli.common import Target, TrustRemoteCode, app, fail, stdout
-from runner.engine import head_files, medusa_files, models
-from runner.engine.head_files import EMBEDDING, HeadFile
-from runner.engine.medusa_files import MedusaFile
+from runner.cli.shared import Target, TrustRemoteCode, app, fail, stdout
+from runner.engine.weights import head_files, medusa_files, models
+from runner.engine.weights.head_files import EMBEDDING, HeadFile
+from runner.engine.weights.medusa_files import MedusaFile
 
 
 @app.command("check-head")

@@ -10,8 +10,9 @@ from typing import Annotated
 import torch
 import typer
 
-from runner.cells import Cell, PromptIds, RunContext, check_fit, judge
-from runner.cli.common import (
+from runner.cells import Cell, check_fit, judge
+from runner.cli.inputs import batch_sizes, check_run, csv, decoding_for, ints, parse_drafts
+from runner.cli.shared import (
     POLICY_HELP,
     Device,
     Dtype,
@@ -26,20 +27,23 @@ from runner.cli.common import (
     stderr,
     stdout,
 )
-from runner.cli.inputs import batch_sizes, check_run, csv, decoding_for, ints, parse_drafts
-from runner.engine import models, tree_size
-from runner.engine.kernels import SKINNY
-from runner.engine.pair import PLAIN, DraftSpec, Pair, check_drafts
-from runner.engine.policies import FIXED, PolicySpec, warm_ks
+from runner.engine import tree_size
+from runner.engine.drafters import registry
+from runner.engine.drafters.registry import check_drafts
+from runner.engine.round.policies import FIXED, warm_ks
+from runner.engine.weights import models
+from runner.engine.weights.kernels import SKINNY
+from runner.engines import RunContext, Workload
+from runner.pair_engine import PairEngine
 from runner.prompts import Prompt, load_prompts, select_prompts
 from runner.records import Generation, RunRecord
 from runner.report import print_divergences, print_generation, sweep_table
 from runner.store.runs import in_scratch, list_sweeps, sweep_summary
 from runner.store.schema import StoreError
 from runner.sweep import progress
+from runner.sweep.loop import run_sweep
 from runner.sweep.plan import SweepConfig, skipped
-from runner.sweep.record import Recorder
-from runner.sweep.run import run_sweep
+from runner.sweep.recorder import Recorder
 
 
 @app.command()
@@ -54,10 +58,7 @@ def generate(
                                                       "a SPEED-Bench directory or one of its files")]
     = None,
     target: Target = models.DEFAULT_MODEL,
-    draft: Annotated[str, typer.Option(help="ngram[:n[:match]], layerskip:<L>, model:<spec>, "
-                                            "eagle:<head>, medusa:<head>, or a tree: ngram-tree[:n], "
-                                            "eagle-tree:<head>, hybrid:<head>, recycling, medusa-tree:<head> "
-                                            "(each [:nodes=N]), lookahead[:W,N,G]")] = "ngram",
+    draft: Annotated[str, typer.Option(help=registry.usage())] = "ngram",
     k: Annotated[int, typer.Option(help="drafts per round (where a policy starts; a tree's depth)")] = 4,
     k_policy: Annotated[str, typer.Option(help=POLICY_HELP)] = FIXED.text,
     mode: Mode = "greedy",
@@ -81,16 +82,16 @@ def generate(
         decoding = decoding_for(mode, temperature, top_p)
         chosen = _chosen_prompt(prompt, prompt_id, prompts)
         check_drafts(target, [spec], trust_remote_code)
-        pair = Pair(models.load(target, device, dtype, trust_remote_code), [spec], kernels)
+        engine = PairEngine.load(target, [spec], kernels, max_new_tokens, seed, device, dtype, trust_remote_code)
         (size,) = batch_sizes(str(batch))
         cell = Cell(chosen, decoding, spec, k, policy, batch=(chosen,) * size if size > 1 else ())
-        records = _generate(pair, target, cell, seed, max_new_tokens)
+        records = _generate(engine, target, cell, seed, max_new_tokens)
     except ValueError as exc:  # ModelError, UsageError and the engine's checks are all ValueErrors
         fail(str(exc))
     baseline, run = records
     summary = in_scratch(list(records), lambda con: con.execute(
         "SELECT * FROM run_stats WHERE run_id = ?", [run.run_id]).df()).iloc[0]
-    tokenizer = pair.target.tokenizer
+    tokenizer = engine.pair.target.tokenizer
     text = tokenizer.decode(list(run.generation.output_tokens), skip_special_tokens=True)
     print_generation(stdout, text, run.generation, baseline.generation, summary, tokenizer)
     if run.mismatch is not None:
@@ -113,30 +114,32 @@ def _chosen_prompt(prompt: str | None, prompt_id: str | None, prompts: Path | No
     return found[prompt_id]
 
 
-def _generate(pair: Pair, target: str, cell: Cell, seed: int, max_new_tokens: int) -> tuple[RunRecord, RunRecord]:
+def _generate(engine: PairEngine, target: str, cell: Cell, seed: int,
+              max_new_tokens: int) -> tuple[RunRecord, RunRecord]:
     """The cell and its baseline, warmed up, run and recorded as a sweep would (in no file): (baseline, run). A later
     turn is asked after the target's answers to the earlier ones, as in a sweep."""
-    ids = PromptIds(pair, max_new_tokens, seed)(cell.prompt)
-    check_fit([(cell.prompt.id, len(ids))], max_new_tokens, pair.target.max_context)
-    pair.warm_up([PLAIN, cell.draft], ids, warm_ks([cell.k], [cell.policy]), cell.decoding, max_new_tokens,
-                 (cell.batch_size,))
-    for (text, k, size), trials in pair.tree_trials.items():
+    ids, context_size = engine.prompt_ids(cell.prompt), engine.pair.target.max_context
+    check_fit([(cell.prompt.id, len(ids))], max_new_tokens, context_size)
+    engine.prepare(Workload((cell.prompt,), (cell.draft,), warm_ks([cell.k], [cell.policy]), (cell.decoding,),
+                            (cell.batch_size,)))
+    for (text, k, size), trials in engine.pair.tree_trials.items():
         if trials:
             stderr.print(tree_size.line(text, k, size, trials), markup=False, highlight=False, soft_wrap=True)
-    context = RunContext(pair, target, "generate", seed, max_new_tokens, provenance={})
+    context = RunContext(engine, target, "generate", seed, max_new_tokens)
     started = datetime.now(UTC).isoformat()
 
-    def first(spec: DraftSpec, k: int | None, policy: PolicySpec) -> Generation:
+    def first(one: Cell) -> Generation:
         """Alone, or the first sequence of its batch; a batch's throughput is said on stdout."""
-        if not cell.batch:
-            return pair.run(spec, ids, k, cell.decoding, max_new_tokens, seed, policy)
-        batch = pair.run_batch(spec, [ids] * cell.batch_size, k, cell.decoding, max_new_tokens, seed, policy)
+        if not one.batch:
+            return engine.run(one, ids)
+        batch = engine.run_batch([one.mate(slot) for slot in range(one.batch_size)], [ids] * one.batch_size)
         rate = sum(len(g.output_tokens) for g in batch) / max(g.wall_s for g in batch)
-        stdout.print(f"{spec.text}, {cell.batch_size} sequences together: {rate:.1f} tokens/s in all", highlight=False)
+        stdout.print(f"{one.draft.text}, {one.batch_size} sequences together: {rate:.1f} tokens/s in all",
+                     highlight=False)
         return batch[0]
-    baseline = context.record(cell.baseline, first(PLAIN, None, FIXED), None, started)
-    run = context.record(cell, first(cell.draft, cell.k, cell.policy), None, started)
-    return baseline, judge(run, (baseline.run_id, baseline.generation.output_tokens), context.classify)
+    baseline = context.make_record(cell.baseline, first(cell.baseline), None, started)
+    run = context.make_record(cell, first(cell), None, started)
+    return baseline, judge(run, (baseline.run_id, baseline.generation.output_tokens), engine.classify)
 
 
 @app.command()

@@ -3,11 +3,12 @@ drafts and policies, and the comma-separated lists. Bad input raises `UsageError
 
 from __future__ import annotations
 
-from runner.cli.common import UsageError
-from runner.engine.kernels import all_cores
-from runner.engine.pair import DraftSpec, parse_draft, parse_kernels
-from runner.engine.policies import PolicySpec, parse_policy
-from runner.engine.sampling import Decoding
+from runner.cli.shared import UsageError
+from runner.engine.drafters.registry import applies, parse_draft, refusal
+from runner.engine.drafters.spec import DraftSpec
+from runner.engine.round.decoding_rule import Decoding
+from runner.engine.round.policies import PolicySpec, parse_policy
+from runner.engine.weights.kernels import all_cores, parse_kernels
 
 K_MAX = 64  # more drafts than this per round only burns draft calls
 
@@ -39,8 +40,8 @@ def parse_drafts(drafts: list[str], ks: list[int], policies: list[str],
         if not 1 <= k <= K_MAX:
             raise UsageError(f"k must be between 1 and {K_MAX}, got {k}")
     parsed = tuple(parse_policy(p) for p in dict.fromkeys(policies))
-    if not any(p.applies_to(s.kind) for p in parsed for s in specs):
-        raise UsageError(parsed[0].refusal(specs[0].text))
+    if not any(applies(p, s.kind) for p in parsed for s in specs):
+        raise UsageError(refusal(parsed[0], specs[0].text))
     return specs, parsed
 
 

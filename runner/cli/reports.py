@@ -10,7 +10,7 @@ from typing import Annotated
 import duckdb
 import typer
 
-from runner.cli.common import app, fail, stderr
+from runner.cli.shared import app, fail, stderr
 from runner.store import doc_tables, spec_bench, speed_bench
 from runner.store.connect import reading, upgrade
 from runner.store.schema import StoreError

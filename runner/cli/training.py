@@ -10,12 +10,12 @@ import torch
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from runner.cli.common import Device, Target, app, fail, stderr, stdout
-from runner.engine import models
+from runner.cli.shared import Device, Target, app, fail, stderr, stdout
+from runner.engine.weights import models
 from runner.store.schema import StoreError
 from runner.train.conversations import DataError
 from runner.train.fit import TrainConfig
-from runner.train.run import default_prompts, epoch_table, train_draft
+from runner.train.pipeline import default_prompts, epoch_table, train_draft
 from runner.train.write_prompts import write_prompts
 
 

@@ -14,14 +14,12 @@ that drafter, depth and batch size, greedy or sampled, and recorded with each ru
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
-from runner.engine.sampling import Decoding
-
-if TYPE_CHECKING:
-    from runner.engine.pair import DraftSpec, Pair
-    from runner.records import Generation
+from runner.engine.drafters.spec import DraftSpec
+from runner.engine.round.decoding_rule import Decoding
+from runner.records import Generation
 
 CANDIDATES = (4, 8, 16, 32, 63)  # nodes per round tried: verify passes of 5 to 64 rows
 TOKENS = 32  # new tokens per trial: about a dozen rounds at τ ≈ 2.5
@@ -54,20 +52,20 @@ def best(trials: list[Trial]) -> int:
     return max(gaining, key=lambda t: (t.rate, -t.nodes)).nodes
 
 
-def measure(pair: Pair, spec: DraftSpec, prompt: list[int], k: int, tokens: int = TOKENS,
-            batch: int = 1) -> list[Trial]:
-    """Each candidate N: one untimed round (the new verify width's one-time costs), then `tokens` new tokens timed;
-    at a batch size above 1, `batch` copies of the prompt decoded together, so that the pass is as wide as a batch's."""
-    def run(sized: DraftSpec, n: int) -> list[Generation]:
-        if batch == 1:
-            return [pair.run(sized, prompt, k, GREEDY, n, seed=0)]
-        return pair.run_batch(sized, [prompt] * batch, k, GREEDY, n, seed=0)
+# What is measured: the draft at N nodes decoding `tokens` new tokens -> the generations of that decoding, one alone
+# or a batch's members (decoded together, so that the pass is as wide as a batch's); the caller binds the prompt, the
+# depth and the batch size
+Decode = Callable[[DraftSpec, Decoding, int], list[Generation]]
 
+
+def measure(decode: Decode, spec: DraftSpec, tokens: int = TOKENS) -> list[Trial]:
+    """Each candidate N: one untimed round (the new verify width's one-time costs), then `tokens` new tokens timed,
+    greedy."""
     trials = []
     for nodes in CANDIDATES:
         sized = replace(spec, nodes=nodes)
-        run(sized, min(2, tokens))
-        members = [g.rounds for g in run(sized, tokens)]
+        decode(sized, GREEDY, min(2, tokens))
+        members = [g.rounds for g in decode(sized, GREEDY, tokens)]
         rounds = [(sum(r.emitted for r in shared), sum(r.draft_s for r in shared) + shared[0].verify_s)
                   for shared in zip(*members, strict=False)]  # round j of every member: one shared pass
         if rounds:

@@ -23,7 +23,7 @@ recorded, on the prompts that every compared cell of the setup × category ran (
 A round at k then emits 1 + p·Σ_{i≤k} s_i tokens in d·p·Σ_{i≤k} w_i + v(1) + Σ_{i≤k} p·w_i·(v(i + 1) − v(i)) + l
 seconds.
 
-At batch size B (part of the setup, like the kernels: `runner/engine/batch.py`) the baseline is plain decoding at B
+At batch size B (part of the setup, like the kernels: `engine/round/batch.py`) the baseline is plain decoding at B
 and v(r) comes from the batch's shared passes (one per batch and round). A pass with L sequences live carries
 L · (W + 1) rows, every member's padded to the widest member's W drafts, so it is at least i wide when any of them
 drafted that far: 1 − (1 − p·w_i)^L of the passes, members drafting independently, in place of p·w_i, with v read at

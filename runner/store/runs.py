@@ -33,7 +33,7 @@ _PROVENANCE = ("torch_version", "transformers_version", "python_version", "host"
 
 
 def run_row(record: RunRecord) -> dict[str, object]:
-    """The run's row of `runs`, by column name (`tests/test_store.py` holds the names to the schema)."""
+    """The run's row of `runs`, by column name (`tests/store/test_store.py` holds the names to the schema)."""
     gen = record.generation
     fields = ("run_id", "sweep_id", "target", "draft", "draft_kind", "category", "prompt_id", "prompt_text", "k",
               "mode", "temperature", "top_p", "seed", "max_new_tokens", "device", "dtype", "output_text",

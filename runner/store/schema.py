@@ -123,7 +123,7 @@ def _define_metrics(con: duckdb.DuckDBPyConnection) -> None:
 
 
 def _add_k_policy(con: duckdb.DuckDBPyConnection) -> None:
-    # How each round's k was chosen (runner/engine/policies.py); every run before policies drafted a fixed k.
+    # How each round's k was chosen (runner/engine/round/policies.py); every run before policies drafted a fixed k.
     con.execute("ALTER TABLE runs ADD COLUMN k_policy TEXT")
     con.execute("UPDATE runs SET k_policy = 'fixed' WHERE draft <> 'none'")
     con.execute(RUN_STATS.format(more=", k_policy"))

@@ -9,9 +9,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from runner.cells import Cell
-from runner.engine.pair import PLAIN, DraftSpec, check_drafts
-from runner.engine.policies import FIXED, PolicySpec
-from runner.engine.sampling import Decoding
+from runner.engine.drafters.registry import applies, check_drafts, refusal
+from runner.engine.drafters.spec import PLAIN, DraftSpec
+from runner.engine.round.decoding_rule import Decoding
+from runner.engine.round.policies import FIXED, PolicySpec, warm_ks
+from runner.engines import Workload
 from runner.prompts import Prompt
 from runner.store.connect import check_db
 from runner.store.runs import recorded_runs
@@ -71,7 +73,7 @@ def plan(config: SweepConfig) -> Iterator[Cell]:
             for decoding in config.decodings:
                 yield from _batch(Cell(prompts[0], decoding, PLAIN, None), prompts)
                 for draft in config.drafts:
-                    for policy in (p for p in config.policies if p.applies_to(draft.kind)):
+                    for policy in (p for p in config.policies if applies(p, draft.kind)):
                         for k in config.ks:
                             yield from _batch(Cell(prompts[0], decoding, draft, k, policy), prompts)
 
@@ -99,8 +101,8 @@ def batches_of(prompts: tuple[Prompt, ...], size: int) -> list[tuple[Prompt, ...
 
 def skipped(config: SweepConfig) -> list[str]:
     """Why some draft × policy pairs are not in the plan, one line each."""
-    return [policy.refusal(draft.text) for draft in config.drafts for policy in config.policies
-            if not policy.applies_to(draft.kind)]
+    return [refusal(policy, draft.text) for draft in config.drafts for policy in config.policies
+            if not applies(policy, draft.kind)]
 
 
 def new_sweep_id() -> str:
@@ -115,3 +117,9 @@ def cells_to_run(config: SweepConfig) -> tuple[str, list[Cell]]:
     check_drafts(config.target, list(config.drafts), config.trust_remote_code)
     done = recorded_runs(config.db, sweep_id) if config.sweep_id else set()
     return sweep_id, [c for c in plan(config) if c.key(config.seed) not in done]
+
+
+def workload(config: SweepConfig) -> Workload:
+    """What the sweep's engine is prepared for: every prompt, draft, k (and policy cap), decoding and batch size."""
+    return Workload(config.prompts, config.drafts, warm_ks(config.ks, config.policies), config.decodings,
+                    config.batches)

@@ -1,8 +1,8 @@
 """A sweep's cells on Ray actors, one per device; the driver stays the only writer of the database.
 
-Each actor (`CellWorker`) loads the target and its drafts once, like a local sweep, and runs the cells it is
-handed with the local sweep's `CellRunner`. `RaySource` is the sweep's source of results: the driver records them
-in the sweep's one loop (`run.py`): one transaction per run, the same lock handling, the same `--resume` (stale
+Each actor (`CellWorker`) loads its engine (the target and its drafts) once, like a local sweep, and runs the cells
+it is handed with the local sweep's `CellRunner`. `RaySource` is the sweep's source of results: the driver records them
+in the sweep's one loop (`loop.py`): one transaction per run, the same lock handling, the same `--resume` (stale
 baselines re-run), the same stop on a device error. A cell whose actor dies is handed to another actor, and a new
 actor is started in the dead one's place.
 """
@@ -24,10 +24,10 @@ from rich.console import Console
 
 from runner.cells import Cell
 from runner.records import Divergence
-from runner.sweep.local import Identity, Result, load_pair
+from runner.sweep.local import Identity, Result, load_engine
+from runner.sweep.loop import run_sweep
 from runner.sweep.plan import SweepConfig
-from runner.sweep.record import Recorder
-from runner.sweep.run import run_sweep
+from runner.sweep.recorder import Recorder
 
 IN_FLIGHT = 2  # cells queued on an actor at once, so it never waits for the driver between two cells
 MAX_ATTEMPTS = 3  # a cell that was running when its actor died this often is left to --resume: it may be the cause
@@ -37,14 +37,14 @@ ROOT = Path(__file__).resolve().parents[2]  # actors on this machine import spec
 
 @ray.remote(max_restarts=0)  # the driver itself replaces a dead actor and hands its cells to the others
 class CellWorker:
-    """One device's share of a sweep: the pair loaded once, then cells in, results out."""
+    """One device's share of a sweep: the engine loaded once, then cells in, results out."""
 
     def __init__(self, config: SweepConfig, sweep_id: str, threads: int | None) -> None:
         if threads:
             torch.set_num_threads(threads)
         self.problem: ValueError | None = None
         try:
-            self.runner = load_pair(config, sweep_id)
+            self.runner = load_engine(config, sweep_id)
         except ValueError as error:  # bad input (a model, a prompt too long): `ready` hands it to the driver
             self.problem = error
 
@@ -61,7 +61,7 @@ class CellWorker:
         return self.runner.run(cell)
 
     def classify(self, prompt: tuple[int, ...], baseline: tuple[int, ...], ours: tuple[int, ...]) -> Divergence | None:
-        return self.runner.context.classify(prompt, baseline, ours)
+        return self.runner.engine.classify(prompt, baseline, ours)
 
 
 def connect(address: str) -> bool:

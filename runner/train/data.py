@@ -24,7 +24,8 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 from transformers import DynamicCache
 
-from runner.engine import hidden_states, models, sources
+from runner.engine.round import hidden_states
+from runner.engine.weights import models, sources
 from runner.train.conversations import Conversation
 
 FEATURE_DTYPE = torch.bfloat16  # half the memory of fp32 for (tokens × 3 layers × H) features; training upcasts

@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 from transformers import PretrainedConfig
 
-from runner.engine import head_files, models
-from runner.engine.head_config import HeadConfig
-from runner.engine.heads import EagleHead
+from runner.engine.weights import head_files, models
+from runner.engine.weights.head_config import HeadConfig
+from runner.engine.weights.heads import EagleHead
 from runner.store.trainings import pooled
 from runner.train.conversations import Conversation, Read, data_name, read_all
 from runner.train.data import Sample

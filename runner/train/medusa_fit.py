@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from runner.engine import medusa_files, models
-from runner.engine.medusa import MedusaHeads
+from runner.engine.weights import medusa_files, models
+from runner.engine.weights.medusa_heads import MedusaHeads
 from runner.train.data import Sample
 from runner.train.fit import Epoch, TrainConfig, schedule
 

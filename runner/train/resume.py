@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from runner.engine import sources
+from runner.engine.weights import sources
 from runner.train.conversations import Conversation
 
 STATE_VERSION = 1  # bump when what the file holds changes

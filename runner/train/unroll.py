@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from runner.engine.heads import Attend, EagleHead
+from runner.engine.weights.heads import Attend, EagleHead
 from runner.train.data import Sample
 
 STEP_WEIGHT = 0.8  # step j's loss is weighted STEP_WEIGHT**j (EAGLE-3)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from runner.engine import models
+from runner.engine.weights import models
 from runner.prompts import BUILTIN_PATH
 from runner.train import seeds
 from runner.train.conversations import read_data

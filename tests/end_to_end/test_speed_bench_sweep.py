@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from runner.cli import app
-from runner.engine import models
+from runner.engine.weights import models
 from runner.prompts import PromptError, load_prompts, select_prompts
 from runner.store import speed_bench
 from tests.store import speed_bench_fixture

@@ -1,0 +1,284 @@
+"""CPU matrix products for the 1-64 rows a decode pass carries (a chain, a tree, a batch), chosen per weight
+shape and row count from measurement.
+
+`F.linear(x, W)` with 2-16 rows takes a CPU BLAS path that streams W once per row, and with one row a
+matrix-vector path that leaves bandwidth unused; `W @ xᵀ` streams W once for all rows, and oneDNN's matmul on a
+weight reordered once into its blocked layout ("packed") computes wider passes closer to the machine's peak.
+Which product wins depends on the shape, the row count, the thread count and the library, so each candidate is
+timed on the model's own weights at a ladder of row counts and the fastest is used where it beats stock by a
+margin; a row count between two rungs takes the choice of the rung above it. Every nn.Linear of an
+attached model goes through `Kernels`, which runs stock outside `use()`: transformers' own `generate`
+on the same model object keeps the stock path. CUDA models are never attached (cuBLAS handles them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import platform
+import statistics
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from runner.engine.weights import attention
+from runner.engine.weights.sources import cache_dir, exclusive
+
+STOCK, SKINNY = "stock", "skinny"  # values of --kernels: torch's own F.linear, or the measured choice
+MAX_ROWS = 64  # the widest tree (63 nodes and the root) or a batch's B x (k+1); beyond it (prefill), stock
+RUNGS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64)  # the row counts measured; each covers those above the last
+MARGIN = 0.05  # a candidate replaces stock only when its median is this much faster, so noise alone never does
+REPEATS = 5  # timed sweeps over the weights per candidate, shape and row count; the median is kept
+
+Shape = tuple[int, int]  # (out_features, in_features)
+Table = dict[Shape, tuple[str, ...]]  # the candidate per row count 1..MAX_ROWS
+Timings = dict[Shape, dict[int, dict[str, list[float]]]]  # shape -> rung -> candidate -> seconds per product
+
+
+def parse_kernels(text: str) -> str:
+    """A `--kernels` value; ValueError otherwise."""
+    if text not in (STOCK, SKINNY):
+        raise ValueError(f'unknown kernels "{text}"; use {SKINNY} or {STOCK}')
+    return text
+
+
+def _transposed(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
+    # (N, K) @ (K, M): one pass over W for all M rows; contiguous like F.linear's, so any model's views work.
+    out = torch.mm(w, x.T) if b is None else torch.addmm(b[:, None], w, x.T)
+    return out.T.contiguous()
+
+
+def _two_columns(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
+    # One row as a 2-column product: a matrix-matrix kernel where stock takes a matrix-vector one. The row is
+    # doubled by `cat`, which dispatches in a fraction of `repeat`'s time.
+    return _transposed(torch.cat((x, x)), w, b)[:1]
+
+
+_PACKED: dict[int, tuple[weakref.ref, Tensor]] = {}  # id(weight) -> (the weight, its blocked copy)
+
+
+def packed_weight(w: Tensor) -> Tensor:
+    """oneDNN's blocked copy of `w` for passes of up to MAX_ROWS rows, made on first use and kept while `w` lives.
+    A model's weights are taken as fixed once packed: decoding never changes them."""
+    key = id(w)
+    entry = _PACKED.get(key)
+    if entry is None or entry[0]() is not w:  # an id can be reused once its tensor is gone
+        def forget(ref: weakref.ref, key: int = key) -> None:
+            if _PACKED.get(key, (None,))[0] is ref:
+                del _PACKED[key]
+
+        with torch.no_grad():
+            entry = (weakref.ref(w, forget), torch.ops.mkldnn._reorder_linear_weight(w, MAX_ROWS))
+        _PACKED[key] = entry
+    return entry[1]
+
+
+def unpack(w: Tensor) -> None:
+    """Drop `w`'s blocked copy (its memory) if it has one."""
+    entry = _PACKED.get(id(w))
+    if entry is not None and entry[0]() is w:
+        del _PACKED[id(w)]
+
+
+def _packed(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, packed_weight(w), b, "none", [None], "")
+
+
+PACKED = "packed"
+CANDIDATES: dict[str, Callable[[Tensor, Tensor, Tensor | None], Tensor]] = {
+    STOCK: F.linear, "transposed": _transposed, "two_columns": _two_columns,
+    **({PACKED: _packed} if torch.backends.mkldnn.is_available() else {}),
+}
+
+
+# Row counts a candidate is tried at (default: all).
+_ROWS = {"two_columns": range(1, 2)}
+
+
+def candidates(rows: int) -> list[str]:
+    return [name for name in CANDIDATES if rows in _ROWS.get(name, range(1, MAX_ROWS + 1))]
+
+
+def rung(rows: int) -> int:
+    """The measured row count whose choice serves `rows`: the smallest rung at or above it."""
+    return next(r for r in RUNGS if r >= rows)
+
+
+def choose(medians: dict[str, float]) -> str:
+    """The fastest candidate if it beats stock by MARGIN, else stock."""
+    best = min(medians, key=lambda name: (medians[name], name != STOCK))
+    return best if medians[best] < (1 - MARGIN) * medians[STOCK] else STOCK
+
+
+def relative(times: dict[str, list[float]]) -> dict[str, float]:
+    """Each candidate's median, over the sweeps, of its time over stock's in the same sweep: a load that comes or
+    goes between sweeps slows both sides of a pair, so it does not decide."""
+    return {name: statistics.median(t / s for t, s in zip(series, times[STOCK], strict=True))
+            for name, series in times.items()}
+
+
+def table_from(timings: Timings) -> Table:
+    """The choices the timings call for, per row count 1..MAX_ROWS (each from its rung): a pure function, so a
+    cached measurement always gives the same table."""
+    table = {}
+    for shape, by_rung in timings.items():
+        chosen = {r: choose(relative(by_rung[r])) for r in RUNGS}
+        table[shape] = tuple(chosen[rung(rows)] for rows in range(1, MAX_ROWS + 1))
+    return table
+
+
+def measure(linears: list[nn.Linear], repeats: int = REPEATS) -> Timings:
+    """Seconds per product of every candidate, shape and rung, each timed over ALL the weights of its shape in
+    turn, the shapes taking turns: in a pass the weights come from memory, not from cache, and so they do here.
+    The packed candidate's copies are made before its first (untimed) sweep."""
+    groups: dict[Shape, list[nn.Linear]] = {}
+    for linear in linears:
+        groups.setdefault(tuple(linear.weight.shape), []).append(linear)
+    generator = torch.Generator().manual_seed(0)
+    timings: Timings = {shape: {rows: {} for rows in RUNGS} for shape in groups}
+    unsupported: set[tuple[str, Shape, int]] = set()  # e.g. oneDNN has no float16 inner product on most CPUs
+    with torch.inference_mode():
+        for repeat in range(repeats + 1):  # the first sweep warms the allocator and the libraries up
+            for rows in RUNGS:
+                for name in candidates(rows):
+                    for shape, group in groups.items():
+                        if (name, shape, rows) in unsupported:
+                            continue
+                        weight = group[0].weight
+                        x = torch.randn(rows, shape[1], generator=generator).to(weight.dtype)
+                        start = time.perf_counter()
+                        try:
+                            for linear in group:
+                                CANDIDATES[name](x, linear.weight, linear.bias)
+                        except RuntimeError:
+                            if name == STOCK:
+                                raise
+                            unsupported.add((name, shape, rows))
+                            continue
+                        if repeat:
+                            timings[shape][rows].setdefault(name, []).append((time.perf_counter() - start) / len(group))
+    return timings
+
+
+def cpu_name() -> str:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor() or "unknown CPU"
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "unknown CPU")
+
+
+def all_cores() -> int:
+    """The default thread count: OMP_NUM_THREADS when set, else every core this process may run on."""
+    env = os.environ.get("OMP_NUM_THREADS", "")
+    return int(env) if env.isdigit() and int(env) > 0 else len(os.sched_getaffinity(0))
+
+
+class Kernels:
+    """The switch on one model's linears and grouped attention: stock, except inside `use()`, where each linear
+    takes its shape's choice and a masked pass's attention reads grouped key/value heads in place (attention.py)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+        self.tables: dict[int, Table] = {}  # per thread count
+        self.active: Table | None = None
+        for linear in self.linears:
+            linear.forward = self._forward(linear)  # an instance attribute: the class stays torch's
+        attention.follow(model, lambda: self.active is not None)
+
+    def _forward(self, linear: nn.Linear) -> Callable[[Tensor], Tensor]:
+        shape = tuple(linear.weight.shape)
+
+        def forward(x: Tensor) -> Tensor:
+            rows = x.numel() // shape[1]
+            if self.active is None or not 1 <= rows <= MAX_ROWS:
+                return F.linear(x, linear.weight, linear.bias)
+            out = CANDIDATES[self.active[shape][rows - 1]](x.reshape(rows, shape[1]), linear.weight, linear.bias)
+            return out.view(*x.shape[:-1], shape[0])
+
+        return forward
+
+    def _key(self, threads: int) -> dict:
+        dtypes = sorted({str(m.weight.dtype) for m in self.linears})
+        shapes = sorted({tuple(m.weight.shape) for m in self.linears})
+        return {"cpu": cpu_name(), "threads": threads, "torch": torch.__version__, "dtypes": dtypes,
+                "shapes": shapes, "candidates": list(CANDIDATES), "rungs": list(RUNGS)}
+
+    def table(self, remeasure: bool = False) -> Table:
+        """The choices at the current thread count: from the disk cache, else (or when asked to remeasure)
+        measured, which takes seconds to a minute, and cached."""
+        threads = torch.get_num_threads()
+        if remeasure or threads not in self.tables:
+            key = self._key(threads)
+            path = cache_dir() / "kernels" / f"{hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]}.json"
+            timings = None if remeasure else _cached(path)
+            if timings is None:
+                # One process measures, the others wait and read its table: measured side by side, each would
+                # time the other's load and choose from that.
+                with exclusive(path.with_suffix(".lock")):
+                    timings = None if remeasure else _cached(path)
+                    if timings is None:
+                        timings = measure(self.linears)
+                        temp = path.with_suffix(f".{os.getpid()}.tmp")
+                        temp.write_text(json.dumps({"key": key, "timings": _timings_to_json(timings)}))
+                        temp.replace(path)  # atomic: a reader finds a whole file or none
+            self.tables[threads] = table_from(timings)
+            self._unpack_unused()
+        return self.tables[threads]
+
+    def _unpack_unused(self) -> None:
+        """Keep a blocked copy only for the shapes whose table (at some thread count) takes the packed product."""
+        packed = {shape for table in self.tables.values() for shape, names in table.items() if PACKED in names}
+        for linear in self.linears:
+            if tuple(linear.weight.shape) not in packed:
+                unpack(linear.weight)
+
+    @contextlib.contextmanager
+    def use(self) -> Iterator[None]:
+        before, self.active = self.active, self.table()
+        try:
+            yield
+        finally:
+            self.active = before
+
+
+def _cached(path: Path) -> Timings | None:
+    try:
+        return _timings_from_json(json.loads(path.read_text())["timings"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _timings_to_json(timings: Timings) -> dict:
+    return {f"{n}x{k}": {str(rows): names for rows, names in by_rows.items()} for (n, k), by_rows in timings.items()}
+
+
+def _timings_from_json(data: dict) -> Timings:
+    return {tuple(int(d) for d in shape.split("x")): {int(rows): names for rows, names in by_rows.items()}
+            for shape, by_rows in data.items()}
+
+
+_ATTACHED: weakref.WeakKeyDictionary[nn.Module, Kernels] = weakref.WeakKeyDictionary()
+
+
+def attach(model: nn.Module) -> Kernels:
+    """The model's switch, made on first use; a model is patched once however many pairs load it."""
+    if model not in _ATTACHED:
+        _ATTACHED[model] = Kernels(model)
+    return _ATTACHED[model]
+
+
+@contextlib.contextmanager
+def using(switches: list[Kernels]) -> Iterator[None]:
+    """Our kernels on these models for the duration."""
+    with contextlib.ExitStack() as stack:
+        for switch in switches:
+            stack.enter_context(switch.use())
+        yield
