@@ -38,6 +38,7 @@ class Cell:
     # A batch (runner/engine/batch.py): its prompts in order, this cell's at `slot`; () for a run alone
     batch: tuple[Prompt, ...] = ()
     slot: int = 0
+    repeat: int = 0  # which repetition of the cell (`sweep --repeats N`); its baseline is the same repetition's
 
     @property
     def batch_size(self) -> int:
@@ -57,7 +58,7 @@ class Cell:
         d = self.decoding
         values = {"prompt_id": self.prompt.id, "draft": self.draft.text, "k": self.k, "mode": d.mode,
                   "temperature": d.temperature, "top_p": d.top_p, "seed": seed, "k_policy": self.k_policy,
-                  "batch_size": self.batch_size, "batch_slot": self.slot}
+                  "batch_size": self.batch_size, "batch_slot": self.slot, "repeat": self.repeat}
         return tuple(values[name] for name in CELL_KEY)
 
     def baseline_key(self, seed: int, prompt_ids: tuple[int, ...], device: str, dtype: str) -> tuple:
@@ -66,20 +67,21 @@ class Cell:
         d = self.decoding
         values = {"prompt_id": self.prompt.id, "mode": d.mode, "temperature": d.temperature, "top_p": d.top_p,
                   "seed": seed, "prompt_tokens": tuple(prompt_ids), "device": device, "dtype": dtype,
-                  "batch_size": self.batch_size, "batch_slot": self.slot}
+                  "batch_size": self.batch_size, "batch_slot": self.slot, "repeat": self.repeat}
         return tuple(values[name] for name in BASELINE_KEY)
 
     @property
     def baseline(self) -> Cell:
         """The plain-decoding cell this one is checked and timed against (itself for a baseline)."""
-        return Cell(self.prompt, self.decoding, PLAIN, None, batch=self.batch, slot=self.slot)
+        return Cell(self.prompt, self.decoding, PLAIN, None, batch=self.batch, slot=self.slot, repeat=self.repeat)
 
     @property
     def label(self) -> str:
         """The cell as progress and reports name it."""
         policy = "" if self.k_policy in (None, FIXED.text) else f" {self.k_policy}"
         batch = f" batch={self.batch_size}" if self.batch else ""
-        return f"{self.prompt.id} {self.draft.text} k={self.k}{policy} {self.decoding.mode}{batch}"
+        repeat = f" repeat={self.repeat}" if self.repeat else ""
+        return f"{self.prompt.id} {self.draft.text} k={self.k}{policy} {self.decoding.mode}{batch}{repeat}"
 
 
 GREEDY = Decoding("greedy", 0.0, 1.0)
@@ -156,7 +158,7 @@ class RunContext:
             baseline_run_id=None, lossless=None, provenance=self.provenance, kernels=self.pair.kernels,
             threads=torch.get_num_threads(), turn=cell.prompt.turn, conversation=cell.prompt.thread,
             batch_size=cell.batch_size, batch_slot=cell.slot, batch_id=batch_id,
-            tree_nodes=self.pair.nodes_for(cell.draft, cell.k, cell.batch_size),
+            tree_nodes=self.pair.nodes_for(cell.draft, cell.k, cell.batch_size), repeat=cell.repeat,
         )
 
     def classify(self, prompt: tuple[int, ...], baseline: tuple[int, ...], ours: tuple[int, ...]) -> Divergence | None:

@@ -207,6 +207,11 @@ def _add_tree_nodes(con: duckdb.DuckDBPyConnection) -> None:
         WHERE draft_kind = 'lookahead'""")
 
 
+def _add_repeat(con: duckdb.DuckDBPyConnection) -> None:
+    # Which repetition of its cell a run is (`sweep --repeats N`): 0 for every run recorded before repeats.
+    con.execute("ALTER TABLE runs ADD COLUMN repeat INTEGER DEFAULT 0")
+
+
 MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     _create_runs_and_rounds,
     _create_run_stats,
@@ -232,6 +237,7 @@ MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     _add_tree_nodes,
     add_pass_rows,
     add_learn_context,
+    _add_repeat,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
