@@ -133,7 +133,8 @@ def test_runs_and_rounds_have_the_documented_columns(db):
         (13, "add_bench_k_policy"), (14, "add_tree_columns"), (15, "add_depth"), (16, "add_turns"),
         (17, "add_training_categories"), (18, "add_sampling_test"), (19, "add_batches"), (20, "count_rounds"),
         (21, "create_run_facts"), (22, "add_tree_nodes"), (23, "add_pass_rows"),
-            (24, "add_learn_context"), (25, "add_repeat")]
+            (24, "add_learn_context"), (25, "add_repeat"),
+            (26, "create_comparable_runs")]
 
 
 @pytest.mark.parametrize("table, row", [("runs", run_row), ("rounds", round_columns), ("run_totals", totals_row),

@@ -156,7 +156,23 @@ def run_query(db_path: str | os.PathLike, sql: str, max_rows: int = 10_000, time
 
 # The pooled numbers read the macros that define them once (README, "Metrics"), so these give exactly what the
 # Overview and `runner sweep` show for the same cell.
+# The Overview's table with no filter, by its rule (`runner.store.spread`): per setup × category × draft × k × policy,
+# over the prompts every compared cell ran (`comparable_runs`), a prompt's repeats pooled first, then the geometric
+# mean over prompts. The SQL page's placeholder: run on an empty editor.
+OVERVIEW = """\
+WITH per_prompt AS (
+    SELECT target, mode, device, kernels, threads, batch_size, category, draft, k, k_policy, prompt_id,
+           geomean(measured_speedup) AS speedup, sum(accepted) AS accepted, sum(rejected) AS rejected
+    FROM run_stats WHERE draft <> 'none' AND run_id IN (SELECT run_id FROM comparable_runs)
+    GROUP BY ALL)
+SELECT * EXCLUDE (speedup, accepted, rejected, prompt_id), count(*) AS prompts,
+       round(geomean(speedup), 3) AS speedup, round(min(speedup), 3) AS prompt_min,
+       round(max(speedup), 3) AS prompt_max,
+       round(alpha(sum(accepted), sum(rejected)), 3) AS alpha
+FROM per_prompt GROUP BY ALL ORDER BY category, speedup DESC"""
+
 EXAMPLES: dict[str, str] = {
+    "the Overview's table (its pooling rule)": OVERVIEW,
     "α per category × draft × k": """\
 SELECT target, mode, category, draft, k, k_policy, count(*) AS runs,
        round(alpha(sum(accepted), sum(rejected)), 3) AS alpha, round(avg(tau), 2) AS tau,
