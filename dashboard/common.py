@@ -15,7 +15,7 @@ import duckdb
 import pandas as pd
 import streamlit as st
 
-from dashboard import queries
+from dashboard import queries, words
 from runner.store.connect import READ_BOUND_S, open_db, upgrade
 from runner.store.metrics import Filters
 from runner.store.schema import StoreError
@@ -142,30 +142,70 @@ def unknown_in_url(key: str, options: Sequence[object]) -> list[str]:
     return [value for value in st.query_params.get_all(key) if value not in known]
 
 
-def filter_widgets(options: dict[str, list], names: Sequence[str]) -> Filters:
+# Every page offers the same filters under the same URL keys, so a view's selection travels from page to page.
+FILTERS = ("target", "draft", "category", "k", "k_policy", "mode", "device", "kernels", "threads", "batch_size",
+           "sweep_id", "host", "concurrent_workers")
+_KEPT = "_filters"  # session state: the filters picked on any page, carried to the next page's URL
+
+
+def _label(name: str) -> Callable[[object], str]:
+    """How a filter's options read: drafts by technique and spec, sweeps by what they ran and when."""
+    if name == "draft":
+        return lambda spec: words.draft_name(str(spec))
+    if name == "sweep_id":
+        names = {row["sweep_id"]: words.sweep_label(row) for _, row in load(queries.sweeps).iterrows()}
+        return lambda sweep: names.get(sweep, str(sweep))
+    return str
+
+
+def _unknown_warning(key: str, missing: list[str]) -> None:
+    """Name each URL value that matches nothing; a technique's name given for its spec says which spec it is."""
+    specs = {technique: kind for kind, technique in words.TECHNIQUES.items()}
+    hints = [f"“{value}”" + (f" (that is the technique; its spec is `{specs[value]}`)" if value in specs else "")
+             for value in missing]
+    st.warning(f"{key}: no speculative run has {', '.join(hints)}; that filter value was left out.")
+
+
+def filter_widgets(options: dict[str, list], names: Sequence[str] = FILTERS) -> Filters:
     """Sidebar multiselects bound to the URL, so a copied URL carries them; none picked means all. A URL value
-    that matches nothing is named in a warning, not dropped silently."""
+    that matches nothing is named in a warning, not dropped silently. A filter picked on another page is picked
+    here too (the URL of a page opened from the sidebar starts empty)."""
+    kept = st.session_state.setdefault(_KEPT, {})
     picked = {}
     for name in names:
         key = _URL_KEYS.get(name, name)
         if missing := unknown_in_url(key, options[name]):
-            st.warning(f"{key}: no speculative run has {', '.join(f'“{value}”' for value in missing)}; "
-                       "that filter value was left out.")
-        picked[name] = tuple(st.sidebar.multiselect(key, options[name], key=key, bind="query-params",
-                                                    placeholder="all"))
+            _unknown_warning(key, missing)
+        if key not in st.query_params and kept.get(key):
+            st.session_state[key] = [v for v in kept[key] if v in options[name]]
+        picked[name] = tuple(st.sidebar.multiselect(
+            words.FILTER_TITLES.get(name, key), options[name], key=key, bind="query-params", placeholder="all",
+            format_func=_label(name), help=words.GLOSSARY.get(name)))
+        kept[key] = list(picked[name])
     return Filters(**picked)
 
 
-def filtered(title: str, names: Sequence[str], query: Callable[..., pd.DataFrame]) -> tuple[Filters,
-                                                                                             pd.DataFrame] | None:
+def filtered(title: str, query: Callable[..., pd.DataFrame]) -> tuple[Filters, pd.DataFrame] | None:
     """A filtered page's start: its title, the sidebar filters and its first query. None, with the reason shown,
-    when there is no data or no speculative run matches."""
+    when there is no data or nothing matches (which filter emptied it, `queries.emptied_by`)."""
     st.title(title)
     if not require_data(db_path()):
         return None
-    filters = filter_widgets(load(queries.filter_options), names)
+    filters = filter_widgets(load(queries.filter_options))
     frame = load(query, filters)
     if frame.empty:
-        st.info("No speculative run matches these filters.")
+        st.info(empty_reason(filters))
         return None
     return filters, frame
+
+
+def empty_reason(filters: Filters) -> str:
+    """Which filter emptied the selection, in words."""
+    reason = load(queries.emptied_by, filters)
+    if reason is None:
+        return "No run with a baseline to measure against matches these filters."
+    name, values, before = reason
+    shown = ", ".join(f"“{_label(name)(v)}”" for v in values)
+    return (f"Nothing matches: {before:,} speculative run{'s' * (before != 1)} matched the filters before "
+            f"{words.FILTER_TITLES.get(name, name)} = {shown}, and none after it. Clear that filter, or pick "
+            "another value.")
