@@ -146,6 +146,7 @@ def unknown_in_url(key: str, options: Sequence[object]) -> list[str]:
 FILTERS = ("target", "draft", "category", "k", "k_policy", "mode", "device", "kernels", "threads", "batch_size",
            "sweep_id", "host", "concurrent_workers")
 _KEPT = "_filters"  # session state: the filters picked on any page, carried to the next page's URL
+_SYNCED = "_filters_synced_on"  # session state: the page last run again to put carried filters in its URL
 
 
 def _label(name: str) -> Callable[[object], str]:
@@ -166,23 +167,51 @@ def _unknown_warning(key: str, missing: list[str]) -> None:
     st.warning(f"{key}: no speculative run has {', '.join(hints)}; that filter value was left out.")
 
 
-def filter_widgets(options: dict[str, list], names: Sequence[str] = FILTERS) -> Filters:
+def _seed(key: str, options: list, label: Callable[[object], str], kept: dict) -> bool:
+    """Give the widget of `key` its value before it is drawn, where the URL does not: the values the URL names by
+    their raw form (`?draft=ngram`; the widget's URL holds the label it shows), else those picked on the page
+    before. Names a URL value that matches nothing. True when it set a value the URL does not show yet."""
+    by_label = {label(option): option for option in options}
+    raw = {str(option): option for option in options}
+    asked = st.query_params.get_all(key)
+    if missing := [value for value in asked if value not in by_label and value not in raw]:
+        _unknown_warning(key, missing)
+    if any(value not in by_label and value in raw for value in asked):
+        st.session_state[key] = [by_label.get(value, raw.get(value)) for value in asked
+                                 if value in by_label or value in raw]
+        return True
+    if not asked and kept.get(key):
+        st.session_state[key] = [value for value in kept[key] if value in options]
+        return True
+    return False
+
+
+def filter_widgets(options: dict[str, list], page: str, names: Sequence[str] = FILTERS) -> Filters:
     """Sidebar multiselects bound to the URL, so a copied URL carries them; none picked means all. A URL value
     that matches nothing is named in a warning, not dropped silently. A filter picked on another page is picked
-    here too (the URL of a page opened from the sidebar starts empty)."""
+    here too: a page opened from the sidebar starts with an empty URL, and a value set before its widget is drawn
+    reaches the URL on the page's next run, so the page runs once more."""
     kept = st.session_state.setdefault(_KEPT, {})
-    picked = {}
+    picked, seeded = {}, False
     for name in names:
-        key = _URL_KEYS.get(name, name)
-        if missing := unknown_in_url(key, options[name]):
-            _unknown_warning(key, missing)
-        if key not in st.query_params and kept.get(key):
-            st.session_state[key] = [v for v in kept[key] if v in options[name]]
+        key, label = _URL_KEYS.get(name, name), _label(name)
+        seeded |= _seed(key, options[name], label, kept)
         picked[name] = tuple(st.sidebar.multiselect(
             words.FILTER_TITLES.get(name, key), options[name], key=key, bind="query-params", placeholder="all",
-            format_func=_label(name), help=words.GLOSSARY.get(name)))
+            format_func=label, help=words.GLOSSARY.get(name)))
         kept[key] = list(picked[name])
+    if seeded and st.session_state.get(_SYNCED) != page:
+        st.session_state[_SYNCED] = page
+        st.rerun()
     return Filters(**picked)
+
+
+def carried() -> dict[str, list[str]]:
+    """The filters picked so far, as URL parameters (each value as its widget writes it): the sidebar's links to
+    the other pages carry them, so every page opens on the same selection."""
+    kept = st.session_state.get(_KEPT, {})
+    names = {_URL_KEYS.get(name, name): name for name in FILTERS}
+    return {key: [_label(names[key])(value) for value in values] for key, values in kept.items() if values}
 
 
 def filtered(title: str, query: Callable[..., pd.DataFrame]) -> tuple[Filters, pd.DataFrame] | None:
@@ -191,7 +220,7 @@ def filtered(title: str, query: Callable[..., pd.DataFrame]) -> tuple[Filters, p
     st.title(title)
     if not require_data(db_path()):
         return None
-    filters = filter_widgets(load(queries.filter_options))
+    filters = filter_widgets(load(queries.filter_options), title)
     frame = load(query, filters)
     if frame.empty:
         st.info(empty_reason(filters))

@@ -43,15 +43,16 @@ CELL_COLUMNS = {
     "lossless_failures": st.column_config.NumberColumn("lossless ✗", help="greedy runs whose output differs"),
 }
 HEADLINE_COLUMNS = {
+    "setup": st.column_config.TextColumn("setup", help="mode, kernels, threads, device and batch: never pooled"),
     "category": st.column_config.TextColumn("category"),
     "name": st.column_config.TextColumn("best draft at k · policy", help=G["draft"]),
     "speedup": CELL_COLUMNS["speedup"], "low": CELL_COLUMNS["low"], "high": CELL_COLUMNS["high"],
-    "speedup_min": CELL_COLUMNS["speedup_min"], "speedup_max": CELL_COLUMNS["speedup_max"],
-    "prompts": CELL_COLUMNS["prompts"], "alpha": CELL_COLUMNS["alpha"], "alpha_min": CELL_COLUMNS["alpha_min"],
-    "alpha_max": CELL_COLUMNS["alpha_max"],
     "tied": st.column_config.CheckboxColumn("tie", help=G["tie"]),
-    "runner_up": st.column_config.TextColumn("runner-up"),
+    "runner_up": st.column_config.TextColumn("runner-up (any draft, k, policy)"),
     "runner_up_speedup": st.column_config.NumberColumn("runner-up ×", format="%.3f"),
+    "prompts": CELL_COLUMNS["prompts"], "speedup_min": CELL_COLUMNS["speedup_min"],
+    "speedup_max": CELL_COLUMNS["speedup_max"], "alpha": CELL_COLUMNS["alpha"], "alpha_min": CELL_COLUMNS["alpha_min"],
+    "alpha_max": CELL_COLUMNS["alpha_max"],
 }
 
 RUNS_SHOWN = 1000  # a table of every run would ship 100k rows to the browser on a large database
@@ -64,9 +65,8 @@ def _headline(cells, filters: metrics.Filters) -> None:
     as the table below and the Compare page's leaderboard (`comparable.cells`)."""
     st.subheader("Which draft, which k, which policy")
     top = frames.best_per_category(cells)
-    for setup, rows in top.groupby("setup", sort=False):
-        st.markdown(f"**{setup}**")
-        st.dataframe(rows, hide_index=True, column_config=HEADLINE_COLUMNS, column_order=list(HEADLINE_COLUMNS))
+    st.dataframe(top, hide_index=True, column_config=HEADLINE_COLUMNS, column_order=list(HEADLINE_COLUMNS),
+                 key="headline")
     st.caption("Each setup (mode, kernels, threads, device, batch) is judged on its own. " + frames.rule_caption(cells)
                + " " + frames.left_out_note(common.load(comparable.left_out, filters)))
 
