@@ -95,7 +95,7 @@ def test_overview_theory_chart_holds_the_curve_and_the_runs(monkeypatch, db):
     assert [layer["mark"]["type"] for layer in spec["spec"]["layer"]] == ["line", "rule", "circle"]
     curve = data[data["source"] == "theory"].set_index(["series", "alpha"])["speedup"]
     # k = 4, c = 0.05: α = 0.5 → (1 − 0.5⁵) / (0.5 · 1.2)
-    assert curve[("ngram · greedy", 0.5)] == pytest.approx((1 - 0.5**5) / 0.6)
+    assert curve[("prompt lookup (ngram) · greedy", 0.5)] == pytest.approx((1 - 0.5**5) / 0.6)
     dots = data[data["source"] == "measured"].set_index("run_id")
     assert sorted(dots.index) == ["c1-ls-k4", "c1-ng-k4", "p1-ls-k4", "p1-ng-k4"]
     assert dots.loc["c1-ng-k4", ["alpha", "speedup"]].tolist() == pytest.approx([0.9, 2.4])
@@ -131,7 +131,7 @@ def test_compare_leaderboard_and_head_to_head(monkeypatch, db):
     assert duel.loc[("poem", 4), ["α · ngram", "α · layerskip:2", "speedup · ngram", "speedup · layerskip:2"]
                     ].tolist() == pytest.approx([0.0, 0.8, 0.75, 1.0])
     spec, data = chart_data(at.get("vega_lite_chart")[0])
-    assert set(data["series"]) == {"ngram · greedy", "layerskip:2 · greedy"}
+    assert set(data["series"]) == {"prompt lookup (ngram) · greedy", "layer skip (layerskip:2) · greedy"}
     assert set(data["source"]) == {"measured", "theory", "formula's best k"}
 
 
@@ -154,7 +154,7 @@ def test_compare_says_which_k(monkeypatch, db):
                                       ("ngram", "code"): "k=4 · fixed", ("ngram", "poem"): "k=2 · fixed"}
     assert at.metric[0].value == "2 of 2"
     _, positions = chart_data(at.get("vega_lite_chart")[1])
-    ngram_code = positions[(positions["series"] == "ngram · greedy") & (positions["category"] == "code")]
+    ngram_code = positions[(positions["series"] == "prompt lookup (ngram) · greedy") & (positions["category"] == "code")]
     # ngram on code, accepted per round 2 1 2 2 (0: no room left to draft) | 4 2 3 | 2 2 2 2: all 11 rounds that
     # drafted accepted d1, and 10 of them accepted d2
     assert ngram_code["rate"].tolist()[:2] == pytest.approx([1.0, 10 / 11])
@@ -202,7 +202,7 @@ def test_overview_and_compare_show_a_trees_nodes_per_round(monkeypatch, tree_db)
                "on code." in caption.value for caption in at.caption)
     spec, positions = chart_data(at.get("vega_lite_chart")[1])
     assert spec["spec"]["layer"][0]["encoding"]["x"]["title"] == "draft position / tree depth"  # chains and a tree
-    tree = positions[positions["series"] == "ngram-tree · greedy"]
+    tree = positions[positions["series"] == "prompt lookup tree (ngram-tree) · greedy"]
     assert tree[["position", "reached", "accepted"]].values.tolist() == [[1, 4, 3], [2, 3, 3], [3, 2, 1]]
 
 
