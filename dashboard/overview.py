@@ -131,6 +131,7 @@ def render() -> None:
     if (start := common.filtered("Overview", queries.comparable_cells)) is None:
         return
     filters, cells = start
+    st.metric("speculative runs", f"{common.load(queries.run_total, filters):,}", help="baselines not counted")
     _headline(cells, filters)
     _cells_table(cells)
     drafts = _speedup_by_k(cells, filters)

@@ -78,9 +78,9 @@ def _schema() -> None:
         picked = st.selectbox("table or view", tables, index=tables.index("run_stats") if "run_stats" in tables
                               else 0, key="schema_table")
         rows = columns[columns["table_name"] == picked][["column_name", "data_type"]]
-        st.dataframe(rows, hide_index=True, column_config={"column_name": "column", "data_type": "type"})
+        st.table(rows.rename(columns={"column_name": "column", "data_type": "type"}).set_index("column"))
         st.markdown("**Metric macros** (every page computes its numbers with these)")
-        st.dataframe(common.load(queries.macros), hide_index=True)
+        st.table(common.load(queries.macros).set_index("macro"))
 
 
 def render() -> None:
