@@ -15,7 +15,7 @@ import duckdb
 import pandas as pd
 import streamlit as st
 
-from dashboard import queries, words
+from dashboard import filter_queries, queries, words
 from runner.store.connect import READ_BOUND_S, open_db, upgrade
 from runner.store.metrics import Filters
 from runner.store.schema import StoreError
@@ -154,7 +154,7 @@ def _label(name: str) -> Callable[[object], str]:
     if name == "draft":
         return lambda spec: words.draft_name(str(spec))
     if name == "sweep_id":
-        names = {row["sweep_id"]: words.sweep_label(row) for _, row in load(queries.sweeps).iterrows()}
+        names = {row["sweep_id"]: words.sweep_label(row) for _, row in load(filter_queries.sweeps).iterrows()}
         return lambda sweep: names.get(sweep, str(sweep))
     return str
 
@@ -216,11 +216,11 @@ def carried() -> dict[str, list[str]]:
 
 def filtered(title: str, query: Callable[..., pd.DataFrame]) -> tuple[Filters, pd.DataFrame] | None:
     """A filtered page's start: its title, the sidebar filters and its first query. None, with the reason shown,
-    when there is no data or nothing matches (which filter emptied it, `queries.emptied_by`)."""
+    when there is no data or nothing matches (which filter emptied it, `filter_queries.emptied_by`)."""
     st.title(title)
     if not require_data(db_path()):
         return None
-    filters = filter_widgets(load(queries.filter_options), title)
+    filters = filter_widgets(load(filter_queries.filter_options), title)
     frame = load(query, filters)
     if frame.empty:
         st.info(empty_reason(filters))
@@ -230,7 +230,7 @@ def filtered(title: str, query: Callable[..., pd.DataFrame]) -> tuple[Filters, p
 
 def empty_reason(filters: Filters) -> str:
     """Which filter emptied the selection, in words."""
-    reason = load(queries.emptied_by, filters)
+    reason = load(filter_queries.emptied_by, filters)
     if reason is None:
         return "No run with a baseline to measure against matches these filters."
     name, values, before = reason

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dashboard import charts, common, frames, queries, words
+from dashboard import charts, common, filter_queries, frames, queries, words
 from runner.store import advisor, comparable, metrics
 
 G = words.GLOSSARY
@@ -131,7 +131,7 @@ def render() -> None:
     if (start := common.filtered("Overview", queries.comparable_cells)) is None:
         return
     filters, cells = start
-    st.metric("speculative runs", f"{common.load(queries.run_total, filters):,}", help="baselines not counted")
+    st.metric("speculative runs", f"{common.load(filter_queries.run_total, filters):,}", help="baselines not counted")
     _headline(cells, filters)
     _cells_table(cells)
     drafts = _speedup_by_k(cells, filters)
@@ -141,7 +141,7 @@ def render() -> None:
     st.caption("The explainer assumes one target pass costs the same for 1 and for k+1 tokens. Each point is "
                "the mean verify time of passes k rows wider than the newest token (k drafts for a chain, a tree's "
                "nodes, lookahead's window too), over the baselines' one-token pass.")
-    _runs_table(filters, common.load(queries.run_total, filters))
+    _runs_table(filters, common.load(filter_queries.run_total, filters))
 
 
 if __name__ == "__main__":  # st.navigation runs each page file as __main__

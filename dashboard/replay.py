@@ -7,7 +7,7 @@ import functools
 import pandas as pd
 import streamlit as st
 
-from dashboard import charts, common, fates, queries, tokenizer, trees, words
+from dashboard import charts, common, fates, filter_queries, queries, tokenizer, trees, words
 
 RUNS_SHOWN = 1000  # runs the picker offers, newest first (and the picked one)
 PICKER_COLUMNS = ["run_id", "started_at", "category", "prompt_id", "draft", "k", "k_policy", "mode", "kernels",
@@ -40,7 +40,7 @@ def _picker() -> str | None:
     # The newest runs, and the one the URL or a button asks for however old: a million options would take seconds
     # to send and to search.
     asked = (*st.query_params.get_all("run"), *([st.session_state["run"]] if st.session_state.get("run") else []))
-    filters = common.filter_widgets(common.load(queries.filter_options), "replay")
+    filters = common.filter_widgets(common.load(filter_queries.filter_options), "replay")
     choices = common.load(queries.run_choices, RUNS_SHOWN, tuple(dict.fromkeys(asked)), filters)
     for missing in common.unknown_in_url("run", choices["run_id"].tolist()):
         st.warning(f"No run “{missing}” in this database: pick one below.")

@@ -9,9 +9,8 @@ code-02, fixed k = 2 gives 2.4 / 0.6 = 4.0× against auto's 2.4 / 0.8 = 3.0×; l
 
 from __future__ import annotations
 
-import math
-
 import dataclasses
+import math
 from pathlib import Path
 
 import duckdb

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
 import subprocess
 import sys
@@ -158,7 +157,8 @@ def test_compare_says_which_k(monkeypatch, db):
                                       ("ngram", "code"): "k=4 · fixed", ("ngram", "poem"): "k=2 · fixed"}
     assert at.metric[0].value == "2 of 2"
     _, positions = chart_data(at.get("vega_lite_chart")[1])
-    ngram_code = positions[(positions["series"] == "prompt lookup (ngram) · greedy") & (positions["category"] == "code")]
+    ngram_code = positions[(positions["series"] == "prompt lookup (ngram) · greedy")
+                           & (positions["category"] == "code")]
     # ngram on code, accepted per round 2 1 2 2 (0: no room left to draft) | 4 2 3 | 2 2 2 2: all 11 rounds that
     # drafted accepted d1, and 10 of them accepted d2
     assert ngram_code["rate"].tolist()[:2] == pytest.approx([1.0, 10 / 11])

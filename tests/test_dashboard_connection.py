@@ -7,10 +7,10 @@ import pytest
 import streamlit as st
 from dashboard_fixtures import build
 
-from dashboard import common, queries
+from dashboard import common, filter_queries, queries
 from runner.store import comparable, metrics
 
-READS = [(queries.run_count, ()), (queries.filter_options, ()), (queries.cells, (metrics.Filters(),)),
+READS = [(queries.run_count, ()), (filter_queries.filter_options, ()), (queries.cells, (metrics.Filters(),)),
          (comparable.best_cells, (metrics.Filters(),)), (metrics.formula_over_k, (metrics.Filters(),))]
 
 

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 from dashboard_fixtures import add_trees, build
 
-from dashboard import charts, fates, frames, queries, trees
+from dashboard import charts, fates, filter_queries, frames, queries, trees
 from runner.store import advisor, comparable, metrics
 from runner.store.metrics import Filters
 
@@ -83,7 +83,7 @@ def test_filters_pick_rows_by_parameters(db):
 
 def test_filter_options_come_from_runs_with_statistics(db):
     # The failed k=8 run has no statistics, so k=8 is no option.
-    assert queries.read(db, queries.filter_options) == {
+    assert queries.read(db, filter_queries.filter_options) == {
         "target": ["tiny-target"], "draft": ["layerskip:2", "ngram"], "category": ["code", "poem"], "k": [2, 4],
         "mode": ["greedy"], "device": ["cpu"], "sweep_id": ["s1"], "host": [], "concurrent_workers": [1],
         "kernels": ["skinny"], "threads": [2], "k_policy": ["fixed"], "batch_size": [1]}
@@ -104,7 +104,8 @@ def every_run(db: Path, filters: Filters) -> pd.DataFrame:
     with duckdb.connect(str(db), read_only=True) as con:
         return con.execute(f"""
             SELECT s.run_id, r.started_at, s.target, s.mode, s.category, s.prompt_id, s.draft, s.k, s.k_policy,
-                s.kernels, s.threads, s.batch_size, s.alpha, s.tau, s.thrown_share, s.c, s.measured_speedup, s.theoretical_speedup, s.lossless
+                s.kernels, s.threads, s.batch_size, s.alpha, s.tau, s.thrown_share, s.c, s.measured_speedup,
+                s.theoretical_speedup, s.lossless
             FROM run_stats s JOIN runs r USING (run_id)
             WHERE s.draft <> 'none' AND {where} ORDER BY r.started_at DESC, s.run_id""", params).df()
 
@@ -244,7 +245,8 @@ def test_theory_frame_and_chart_hold_the_curve_and_the_runs(db):
     data = pd.DataFrame(spec["datasets"][spec["data"]["name"]])
     curve = data[(data["source"] == "theory")].set_index(["series", "alpha"])["speedup"]
     # At c = 0.05, k = 2: α=0 → 1/1.1; α=0.5 → 0.875/(0.5·1.1); α=1 → 3/1.1. At c = 0.4: α=0.5 → 0.875/0.9.
-    assert [curve[("prompt lookup (ngram) · greedy", a)] for a in (0.0, 0.5, 1.0)] == pytest.approx([1 / 1.1, 0.875 / 0.55, 3 / 1.1])
+    assert [curve[("prompt lookup (ngram) · greedy", a)] for a in (0.0, 0.5, 1.0)] == \
+        pytest.approx([1 / 1.1, 0.875 / 0.55, 3 / 1.1])
     assert curve[("layer skip (layerskip:2) · greedy", 0.5)] == pytest.approx(0.875 / 0.9)
     assert len(data[data["source"] == "measured"]) == 5
 
