@@ -144,8 +144,9 @@ def test_compare_says_which_k(monkeypatch, db):
     at = app(monkeypatch, db, "compare.py")
     assert not at.exception
     advice = at.dataframe[2].value
+    skip, ngram = "layer skip (layerskip:2)", "prompt lookup (ngram)"
     assert sorted(zip(advice["draft"], advice["category"], strict=True)) == [
-        ("layerskip:2", "code"), ("layerskip:2", "poem"), ("ngram", "code"), ("ngram", "poem")]
+        (skip, "code"), (skip, "poem"), (ngram, "code"), (ngram, "poem")]
     assert set(advice["recommended_policy"]) == {"fixed"}
     assert advice["recommended_k"].tolist() == advice["predicted_best_k"].tolist()
     # Only k = 2 and 4 were recorded: two cells' advisor k is another one, so only the other two are judged (hits)
@@ -153,8 +154,8 @@ def test_compare_says_which_k(monkeypatch, db):
                                       for k in advice["predicted_best_k"]]
     # The measured answer is the leaderboard's, k and policy named
     assert dict(zip(zip(advice["draft"], advice["category"], strict=True), advice["measured_choice"],
-                    strict=True)) == {("layerskip:2", "code"): "k=2 · fixed", ("layerskip:2", "poem"): "k=4 · fixed",
-                                      ("ngram", "code"): "k=4 · fixed", ("ngram", "poem"): "k=2 · fixed"}
+                    strict=True)) == {(skip, "code"): "k=2 · fixed", (skip, "poem"): "k=4 · fixed",
+                                      (ngram, "code"): "k=4 · fixed", (ngram, "poem"): "k=2 · fixed"}
     assert at.metric[0].value == "2 of 2"
     _, positions = chart_data(at.get("vega_lite_chart")[1])
     ngram_code = positions[(positions["series"] == "prompt lookup (ngram) · greedy")
