@@ -168,7 +168,7 @@ def test_the_compare_page_keeps_each_batch_size_its_own_setup(monkeypatch, db):
     setups = sorted(set(leaderboard["setup"]))
     alone = "greedy · skinny kernels · 2 threads · cpu"
     assert setups == [alone, f"{alone} · batch 2", f"{alone} · batch 4"]
-    ngram = advice[(advice["draft"] == "ngram") & (advice["category"] == "code")]
+    ngram = advice[(advice["draft"] == "prompt lookup (ngram)") & (advice["category"] == "code")]
     assert sorted(ngram["setup"]) == setups  # the advisor's answer per batch size, beside the leaderboard's
     # alone, on code-01 (the prompt every compared cell ran), k=4's 2.4× beats k=2's 2.0×
     assert list(ngram.sort_values("setup")["measured_choice"]) == ["k=4 · fixed", "k=2 · fixed", "k=2 · fixed"]
