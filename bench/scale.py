@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))  # `python bench/scale.py` puts bench/, not the re
 
 import duckdb  # noqa: E402
 
-from dashboard import overview, queries, replay  # noqa: E402
+from dashboard import filter_queries, overview, queries, replay  # noqa: E402
 from runner.store import advisor, comparable, metrics, schema_facts  # noqa: E402
 from runner.store.connect import init_db, upgrade  # noqa: E402
 from runner.store.schema import FILL_RUN_TOTALS  # noqa: E402
@@ -153,13 +153,13 @@ def page_queries(newest_run: str, drafts: list[str]) -> dict[str, list[tuple[Cal
     everything = metrics.Filters()
     head_to_head = metrics.Filters(draft=tuple(drafts[:2]))  # Compare's draft A and B: the first two, sorted
     return {
-        "overview": [(queries.run_count, ()), (queries.filter_options, ()), (queries.cells, (everything,)),
+        "overview": [(queries.run_count, ()), (filter_queries.filter_options, ()), (queries.cells, (everything,)),
                      (comparable.best_cells, (everything,)), (comparable.left_out, (everything,)),
                      (queries.runs, (everything, overview.THEORY_DOTS, min(KS))),
                      (queries.runs, (everything, overview.RUNS_SHOWN)),
                      (metrics.formula_over_alpha, (everything, min(KS))),
                      (metrics.formula_over_k, (everything,)), (queries.verify_growth, (everything,))],
-        "compare": [(queries.run_count, ()), (queries.filter_options, ()), (queries.cells, (everything,)),
+        "compare": [(queries.run_count, ()), (filter_queries.filter_options, ()), (queries.cells, (everything,)),
                     (comparable.lossless_by_setup, (everything,)), (comparable.best_cells, (everything,)),
                     (comparable.left_out, (everything,)), (metrics.formula_over_k, (head_to_head,)),
                     (advisor.positions, (everything,)), (queries.tree_drafts, ()),

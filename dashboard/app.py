@@ -21,7 +21,7 @@ from dashboard import common, login  # noqa: E402
 st.set_page_config(page_title="specdash", page_icon="⚡", layout="wide")
 may_read = login.gate()
 # Behind the gate too the navigation is made, hidden, so the URL keeps the page it names until after the login.
-page = st.navigation([
+PAGES = [
     st.Page("overview.py", title="Overview", icon=":material/monitoring:", url_path="overview", default=True),
     st.Page("compare.py", title="Compare drafts", icon=":material/leaderboard:", url_path="compare"),
     st.Page("replay.py", title="Run replay", icon=":material/replay:", url_path="replay"),
@@ -31,8 +31,16 @@ page = st.navigation([
     st.Page("spec_bench_page.py", title="Spec-Bench · SPEED-Bench", icon=":material/table_chart:",
             url_path="spec-bench"),
     st.Page("batches_page.py", title="Batches", icon=":material/stacks:", url_path="batches"),
-], position="sidebar" if may_read else "hidden")
+]
+# The navigation is drawn as links that carry the filters picked so far (`common.carried`): Streamlit's own opens a
+# page with an empty URL. They are drawn after the page, so they carry what it picked, in a box above it.
+page = st.navigation(PAGES, position="hidden")
 if may_read:
+    links = st.sidebar.container()
     st.sidebar.caption(f"database: `{common.db_path()}`")
     common.recording_banner()
     page.run()
+    with links:
+        for target in PAGES:
+            st.page_link(target, query_params=common.carried())
+        st.divider()

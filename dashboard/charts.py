@@ -11,7 +11,7 @@ import colorsys
 import altair as alt
 import pandas as pd
 
-from dashboard.frames import BEST_K, MEASURED, PREDICTED, THEORY
+from dashboard.frames import MEASURED, PREDICTED, THEORY
 
 FACET_COLUMNS = 3
 PANEL = {"width": 240, "height": 200}  # three panels and their axes fit the wide layout's main column
@@ -80,28 +80,43 @@ def speedup_vs_theory(frame: pd.DataFrame, k: int) -> alt.FacetChart:
 
 
 def speedup_by_k(frame: pd.DataFrame) -> alt.FacetChart:
-    """Per category (per series when there are many, `panels`): measured speedup (solid) and the formula's
-    (dashed) against k; ◆ the formula's best k."""
+    """Per category, a colour per series: the measured speedup against k (dots, the bar its 95% interval over
+    prompts), the advisor's prediction (solid) and the flat formula (dotted), both only over the ks measured."""
     base = alt.Chart(frame)
-    panel, series = panels(frame, "draft · mode")
-    lines = base.transform_filter(alt.FieldOneOfPredicate(field="source", oneOf=[THEORY, MEASURED])).mark_line(
-    ).encode(_K, _SPEEDUP, series, strokeDash=alt.StrokeDash("source:N", title=None,
-                                                             sort=[MEASURED, THEORY]))
-    points = base.transform_filter(_is(MEASURED)).mark_circle(size=70).encode(
-        _K, _SPEEDUP, series, tooltip=["series:N", "category:N", "k:Q", "runs:Q",
-                                       alt.Tooltip("speedup:Q", format=".2f", title="measured speedup"),
-                                       alt.Tooltip("alpha:Q", format=".3f", title="α"),
-                                       alt.Tooltip("tau:Q", format=".2f", title="τ")])
-    best = base.transform_filter(_is(BEST_K)).mark_point(shape="diamond", size=160, filled=True).encode(
-        _K, _SPEEDUP, series, tooltip=["series:N", alt.Tooltip("k:Q", title="formula's best k"),
-                                       alt.Tooltip("speedup:Q", format=".2f", title="formula's speedup"),
-                                       alt.Tooltip("alpha:Q", format=".3f", title="pooled α"),
-                                       alt.Tooltip("c:Q", format=".3f")])
-    layered = alt.layer(lines, _rule_at_one(base, [panel]), points, best).properties(**PANEL)
-    # Independent k axes: a formula's best k far beyond the recorded ones must not squash other panels.
-    faceted = layered.facet(facet=alt.Facet(f"{panel}:N", title=None), columns=FACET_COLUMNS)
-    return faceted.resolve_scale(x="independent").properties(
-        title=f"speedup against k per {panel} (◆ the formula's best k at the pooled α and c)")
+    series = colour(frame, "series", title="draft · mode (· policy)")
+    series = series.legend(orient="bottom", columns=1, labelLimit=LABEL_LIMIT)
+    lines = base.transform_filter(alt.FieldOneOfPredicate(field="source", oneOf=[PREDICTED, THEORY])).mark_line(
+    ).encode(_K, _SPEEDUP, series, strokeDash=alt.StrokeDash(
+        "source:N", title=None, sort=[PREDICTED, THEORY], scale=alt.Scale(domain=[PREDICTED, THEORY],
+                                                                           range=[[1, 0], [2, 3]])),
+        tooltip=["series:N", "source:N", "k:Q", alt.Tooltip("speedup:Q", format=".2f")])
+    measured = base.transform_filter(_is(MEASURED))
+    bars = measured.mark_rule(opacity=0.6).encode(_K, alt.Y("low:Q"), alt.Y2("high:Q"), series)
+    points = measured.mark_circle(size=70, opacity=1).encode(
+        _K, _SPEEDUP, series, tooltip=["series:N", "category:N", "k:Q", "prompts:Q",
+                                       alt.Tooltip("speedup:Q", format=".3f", title="measured speedup"),
+                                       alt.Tooltip("low:Q", format=".2f", title="95% low"),
+                                       alt.Tooltip("high:Q", format=".2f", title="95% high"),
+                                       alt.Tooltip("speedup_min:Q", format=".2f", title="slowest prompt"),
+                                       alt.Tooltip("speedup_max:Q", format=".2f", title="fastest prompt"),
+                                       alt.Tooltip("alpha:Q", format=".3f", title="α")])
+    layered = alt.layer(lines, _rule_at_one(base, ["category"]), bars, points).properties(**PANEL)
+    return layered.facet(facet=alt.Facet("category:N", title=None), columns=FACET_COLUMNS).properties(
+        title="speedup against k per category (dots measured, bars 95% intervals; lines over the measured ks)")
+
+
+def head_to_head(frame: pd.DataFrame) -> alt.FacetChart:
+    """Two drafts overlaid per category: measured speedup against k, A and B in two colours, a policy's cells
+    its own line (`frames.head_to_head_chart`), each dot's bar its 95% interval."""
+    base = alt.Chart(frame)
+    series = colour(frame, "series", title=None).legend(orient="bottom", columns=1, labelLimit=LABEL_LIMIT)
+    tooltip = ["series:N", "category:N", "k:Q", "prompts:Q", alt.Tooltip("speedup:Q", format=".3f"),
+               alt.Tooltip("low:Q", format=".2f", title="95% low"), alt.Tooltip("high:Q", format=".2f",
+                                                                                  title="95% high")]
+    line = base.mark_line(point=True).encode(_K, _SPEEDUP, series, tooltip=tooltip)
+    bars = base.mark_rule(opacity=0.5).encode(_K, alt.Y("low:Q"), alt.Y2("high:Q"), series)
+    return alt.layer(line, bars, _rule_at_one(base, ["category"])).properties(**PANEL).facet(
+        facet=alt.Facet("category:N", title=None), columns=FACET_COLUMNS)
 
 
 def _setup(row: dict) -> str:
@@ -230,7 +245,7 @@ _TREE_FATES = alt.Scale(domain=["root", "accepted", "rejected", "thrown"],
 
 
 def tree_round(frame: pd.DataFrame) -> alt.LayerChart:
-    """One tree round (`trees.layout`): root at the left, a column per depth; edges and nodes coloured by fate,
+    """One tree round (`tree_layout.layout`): root at the left, a column per depth; edges and nodes coloured by fate,
     the accepted path drawn thick, thrown nodes grey; a ring on the node where the path stopped."""
     base = alt.Chart(frame)
     # The edges' layer spells out the same scales: layers whose x or y scales differ fail to draw in Streamlit.
@@ -266,16 +281,20 @@ def position_title(drafts: set[str], trees: set[str]) -> str:
 
 
 def by_batch_size(frame: pd.DataFrame, y: str, title: str) -> alt.FacetChart:
-    """Per category (per series when there are many, `panels`): `y` against batch size, a line per series
-    (draft · k · policy, and plain decoding)."""
+    """Per category, a line per series (draft · k · policy, and plain decoding): `y` against batch size."""
     base = alt.Chart(frame)
     x = alt.X("batch_size:Q", title="batch size (sequences decoded together)",
               scale=alt.Scale(type="log", base=2), axis=alt.Axis(format="d"))
-    tips = ["series:N", "category:N", "batch_size:Q", "runs:Q", "batches:Q",
-            alt.Tooltip("speedup:Q", format=".2f"), alt.Tooltip("tokens_per_s_per_seq:Q", format=".1f"),
-            alt.Tooltip("tokens_per_s_per_batch:Q", format=".1f")]
-    panel, series = panels(frame, "draft · k · policy")
+    tips = [alt.Tooltip(f"{name}:{kind}", format=fmt) if fmt else f"{name}:{kind}" for name, kind, fmt in (
+        ("series", "N", ""), ("category", "N", ""), ("batch_size", "Q", ""), ("runs", "Q", ""),
+        ("prompts", "Q", ""), ("batches", "Q", ""), ("speedup", "Q", ".3f"), ("low", "Q", ".2f"),
+        ("high", "Q", ".2f"), ("tokens_per_s_per_seq", "Q", ".1f"), ("tokens_per_s_per_batch", "Q", ".1f"))
+        if name in frame]
+    series = colour(frame, "series", title="draft · k · policy").legend(orient="bottom", columns=1,
+                                                                       labelLimit=LABEL_LIMIT)
     lines = base.mark_line(point=True).encode(x, alt.Y(f"{y}:Q", title=title), series, tooltip=tips)
-    layers = [lines, _rule_at_one(base, [panel])] if y == "speedup" else [lines]
-    return alt.layer(*layers).properties(**PANEL).facet(facet=alt.Facet(f"{panel}:N", title=None),
+    layers = [lines, _rule_at_one(base, ["category"])] if y == "speedup" else [lines]
+    if "low" in frame:  # a cell's 95% interval over prompts
+        layers.append(base.mark_rule(opacity=0.5).encode(x, alt.Y("low:Q"), alt.Y2("high:Q"), series))
+    return alt.layer(*layers).properties(**PANEL).facet(facet=alt.Facet("category:N", title=None),
                                                         columns=FACET_COLUMNS)

@@ -15,7 +15,7 @@ import duckdb
 import pandas as pd
 import streamlit as st
 
-from dashboard import queries
+from dashboard import filter_queries, queries, words
 from runner.store.connect import READ_BOUND_S, open_db, upgrade
 from runner.store.metrics import Filters
 from runner.store.schema import StoreError
@@ -142,30 +142,99 @@ def unknown_in_url(key: str, options: Sequence[object]) -> list[str]:
     return [value for value in st.query_params.get_all(key) if value not in known]
 
 
-def filter_widgets(options: dict[str, list], names: Sequence[str]) -> Filters:
+# Every page offers the same filters under the same URL keys, so a view's selection travels from page to page.
+FILTERS = ("target", "draft", "category", "k", "k_policy", "mode", "device", "kernels", "threads", "batch_size",
+           "sweep_id", "host", "concurrent_workers")
+_KEPT = "_filters"  # session state: the filters picked on any page, carried to the next page's URL
+_SYNCED = "_filters_synced_on"  # session state: the page last run again to put carried filters in its URL
+
+
+def _label(name: str) -> Callable[[object], str]:
+    """How a filter's options read: drafts by technique and spec, sweeps by what they ran and when."""
+    if name == "draft":
+        return lambda spec: words.draft_name(str(spec))
+    if name == "sweep_id":
+        names = {row["sweep_id"]: words.sweep_label(row) for _, row in load(filter_queries.sweeps).iterrows()}
+        return lambda sweep: names.get(sweep, str(sweep))
+    return str
+
+
+def _unknown_warning(key: str, missing: list[str]) -> None:
+    """Name each URL value that matches nothing; a technique's name given for its spec says which spec it is."""
+    specs = {technique: kind for kind, technique in words.TECHNIQUES.items()}
+    hints = [f"“{value}”" + (f" (that is the technique; its spec is `{specs[value]}`)" if value in specs else "")
+             for value in missing]
+    st.warning(f"{key}: no speculative run has {', '.join(hints)}; that filter value was left out.")
+
+
+def _seed(key: str, options: list, label: Callable[[object], str], kept: dict) -> bool:
+    """Give the widget of `key` its value before it is drawn, where the URL does not: the values the URL names by
+    their raw form (`?draft=ngram`; the widget's URL holds the label it shows), else those picked on the page
+    before. Names a URL value that matches nothing. True when it set a value the URL does not show yet."""
+    by_label = {label(option): option for option in options}
+    raw = {str(option): option for option in options}
+    asked = st.query_params.get_all(key)
+    if missing := [value for value in asked if value not in by_label and value not in raw]:
+        _unknown_warning(key, missing)
+    if any(value not in by_label and value in raw for value in asked):
+        st.session_state[key] = [by_label.get(value, raw.get(value)) for value in asked
+                                 if value in by_label or value in raw]
+        return True
+    if not asked and kept.get(key):
+        st.session_state[key] = [value for value in kept[key] if value in options]
+        return True
+    return False
+
+
+def filter_widgets(options: dict[str, list], page: str, names: Sequence[str] = FILTERS) -> Filters:
     """Sidebar multiselects bound to the URL, so a copied URL carries them; none picked means all. A URL value
-    that matches nothing is named in a warning, not dropped silently."""
-    picked = {}
+    that matches nothing is named in a warning, not dropped silently. A filter picked on another page is picked
+    here too: a page opened from the sidebar starts with an empty URL, and a value set before its widget is drawn
+    reaches the URL on the page's next run, so the page runs once more."""
+    kept = st.session_state.setdefault(_KEPT, {})
+    picked, seeded = {}, False
     for name in names:
-        key = _URL_KEYS.get(name, name)
-        if missing := unknown_in_url(key, options[name]):
-            st.warning(f"{key}: no speculative run has {', '.join(f'“{value}”' for value in missing)}; "
-                       "that filter value was left out.")
-        picked[name] = tuple(st.sidebar.multiselect(key, options[name], key=key, bind="query-params",
-                                                    placeholder="all"))
+        key, label = _URL_KEYS.get(name, name), _label(name)
+        seeded |= _seed(key, options[name], label, kept)
+        picked[name] = tuple(st.sidebar.multiselect(
+            words.FILTER_TITLES.get(name, key), options[name], key=key, bind="query-params", placeholder="all",
+            format_func=label, help=words.GLOSSARY.get(name)))
+        kept[key] = list(picked[name])
+    if seeded and st.session_state.get(_SYNCED) != page:
+        st.session_state[_SYNCED] = page
+        st.rerun()
     return Filters(**picked)
 
 
-def filtered(title: str, names: Sequence[str], query: Callable[..., pd.DataFrame]) -> tuple[Filters,
-                                                                                             pd.DataFrame] | None:
+def carried() -> dict[str, list[str]]:
+    """The filters picked so far, as URL parameters (each value as its widget writes it): the sidebar's links to
+    the other pages carry them, so every page opens on the same selection."""
+    kept = st.session_state.get(_KEPT, {})
+    names = {_URL_KEYS.get(name, name): name for name in FILTERS}
+    return {key: [_label(names[key])(value) for value in values] for key, values in kept.items() if values}
+
+
+def filtered(title: str, query: Callable[..., pd.DataFrame]) -> tuple[Filters, pd.DataFrame] | None:
     """A filtered page's start: its title, the sidebar filters and its first query. None, with the reason shown,
-    when there is no data or no speculative run matches."""
+    when there is no data or nothing matches (which filter emptied it, `filter_queries.emptied_by`)."""
     st.title(title)
     if not require_data(db_path()):
         return None
-    filters = filter_widgets(load(queries.filter_options), names)
+    filters = filter_widgets(load(filter_queries.filter_options), title)
     frame = load(query, filters)
     if frame.empty:
-        st.info("No speculative run matches these filters.")
+        st.info(empty_reason(filters))
         return None
     return filters, frame
+
+
+def empty_reason(filters: Filters) -> str:
+    """Which filter emptied the selection, in words."""
+    reason = load(filter_queries.emptied_by, filters)
+    if reason is None:
+        return "No run with a baseline to measure against matches these filters."
+    name, values, before = reason
+    shown = ", ".join(f"“{_label(name)(v)}”" for v in values)
+    return (f"Nothing matches: {before:,} speculative run{'s' * (before != 1)} matched the filters before "
+            f"{words.FILTER_TITLES.get(name, name)} = {shown}, and none after it. Clear that filter, or pick "
+            "another value.")

@@ -2,25 +2,42 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pandas as pd
 import streamlit as st
 
-from dashboard import charts, common, frames, k_advice, queries
-from runner.store import comparable, metrics
+from dashboard import charts, common, frames, k_advice, queries, words
+from runner.store import comparable
 
-FILTERS = ("target", "category", "mode", "device", "host", "concurrent_workers", "kernels", "threads", "sweep_id")
+HEAD_TO_HEAD = {
+    "category": st.column_config.TextColumn("category"),
+    "k": st.column_config.NumberColumn("k", help=words.GLOSSARY["k"]),
+    "k_policy": st.column_config.TextColumn("policy", help=words.GLOSSARY["k_policy"]),
+    "speedup_a": st.column_config.NumberColumn("A ×", format="%.3f", help=words.GLOSSARY["speedup"]),
+    "speedup_b": st.column_config.NumberColumn("B ×", format="%.3f"),
+    "b_over_a": st.column_config.NumberColumn("B / A", format="%.3f", help="> 1: B is faster"),
+    "tie": st.column_config.CheckboxColumn("tie", help=words.GLOSSARY["tie"]),
+    "low_a": st.column_config.NumberColumn("A 95% low", format="%.2f"),
+    "high_a": st.column_config.NumberColumn("A 95% high", format="%.2f"),
+    "low_b": st.column_config.NumberColumn("B 95% low", format="%.2f"),
+    "high_b": st.column_config.NumberColumn("B 95% high", format="%.2f"),
+    "alpha_a": st.column_config.NumberColumn("A α", format="%.3f", help=words.GLOSSARY["alpha"]),
+    "alpha_b": st.column_config.NumberColumn("B α", format="%.3f"),
+    "prompts_a": st.column_config.NumberColumn("prompts", help=words.GLOSSARY["prompts"]),
+    "setup": st.column_config.TextColumn("setup"),
+}
 
 
 def _leaderboard_config(table: pd.DataFrame) -> dict:
     """Formats by the metric each column ends with ('code α', 'code best', …)."""
-    formats = {" α": "%.3f", " τ": "%.2f", " speedup": "%.2f×", " (geo-mean)": "%.2f×"}
+    formats = {" α": "%.3f", " τ": "%.2f", " speedup": "%.3f×", " (geo-mean)": "%.2f×"}
     config = {column: st.column_config.NumberColumn(column, format=fmt)
               for column in table.columns for suffix, fmt in formats.items() if column.endswith(suffix)}
     config |= {column: st.column_config.TextColumn(column, help="the k and draft-length policy with the best "
                                                    "measured speedup") for column in table.columns
                if column.endswith(" best")}
+    config |= {column: st.column_config.TextColumn(column, help=words.GLOSSARY["tie"]) for column in table.columns
+               if column.endswith(" tie")}
+    config["draft"] = st.column_config.TextColumn("draft", help=words.GLOSSARY["draft"])
     config["setup"] = st.column_config.TextColumn("setup", help="mode, kernels, threads and device: rows of "
                                                   "different setups are never pooled")
     config["prompts"] = st.column_config.NumberColumn(
@@ -40,24 +57,27 @@ def _lossless(rate: float, ties: int, real: int) -> str:
     return f"{rate:.0%}" + (f" ({', '.join(notes)})" if notes else "")
 
 
-def _head_to_head(cells: pd.DataFrame, drafts: list[str], filters: metrics.Filters) -> None:
+def _head_to_head(cells: pd.DataFrame, drafts: list[str]) -> None:
     st.subheader("Head to head")
     left, right = st.columns(2)
-    a = left.selectbox("draft A", drafts, index=0, key="a", bind="query-params")
-    b = right.selectbox("draft B", drafts, index=min(1, len(drafts) - 1), key="b", bind="query-params")
+    a = left.selectbox("draft A", drafts, index=0, key="a", bind="query-params", format_func=words.draft_name)
+    b = right.selectbox("draft B", drafts, index=min(1, len(drafts) - 1), key="b", bind="query-params",
+                        format_func=words.draft_name)
     if a == b:
         st.info("Pick two different drafts.")
         return
     table = frames.head_to_head(cells, a, b)
-    st.dataframe(table, hide_index=True, column_config={
-        column: st.column_config.NumberColumn(column, format="%.3f" if column.startswith("α") else "%.2f")
-        for column in table.columns if "·" in column})
-    curves = common.load(metrics.formula_over_k, dataclasses.replace(filters, draft=(a, b)))
-    st.altair_chart(charts.speedup_by_k(frames.speedup_by_k(cells[cells["draft"].isin([a, b])], curves)))
+    if table.empty:
+        st.info("The two drafts share no setup, category, k and policy: nothing to put side by side.")
+    else:
+        st.dataframe(table.assign(setup=comparable.labelled(table)), hide_index=True, column_config=HEAD_TO_HEAD,
+                     column_order=list(HEAD_TO_HEAD))
+    st.altair_chart(charts.head_to_head(frames.head_to_head_chart(cells, a, b)))
+    st.caption("Each cell as the leaderboard has it: " + frames.rule_caption(cells))
 
 
 def render() -> None:
-    if (start := common.filtered("Compare drafts", FILTERS, queries.cells)) is None:
+    if (start := common.filtered("Compare drafts", queries.comparable_cells)) is None:
         return
     filters, cells = start
     st.subheader("Leaderboard")
@@ -65,17 +85,13 @@ def render() -> None:
     rates["lossless_rate"] = [_lossless(*row) for row in
                               rates[["lossless_rate", "numeric_ties", "real_divergences"]].itertuples(index=False)]
     best = common.load(comparable.best_cells, filters)
-    if best.empty:
-        st.info("No category has a prompt that every selected draft, k and policy ran with a baseline.")
-    else:
-        table = frames.best_leaderboard(best, rates)
-        st.dataframe(table, hide_index=True, column_config=_leaderboard_config(table))
-    st.caption("One row per setup × draft: setups (mode, kernels, threads, device) are never pooled. Per category "
-               "the k and policy with the best measured speedup (geometric mean over its runs), with that cell's "
-               "α and τ; every cell is measured on the same prompts, those that all compared cells ran. Ranked "
-               "within a setup by the geometric mean of the best speedups. "
+    table = frames.best_leaderboard(best, rates)
+    st.dataframe(table, hide_index=True, column_config=_leaderboard_config(table))
+    st.caption("One row per setup × draft: setups (mode, kernels, threads, device, batch) are never pooled. Per "
+               "category the k and policy with the best measured speedup, its 95% interval, and \"≈ …\" where the "
+               "draft's next-best k and policy ties it. " + frames.rule_caption(cells) + " "
                + frames.left_out_note(common.load(comparable.left_out, filters)))
-    _head_to_head(cells, sorted(cells["draft"].unique()), filters)
+    _head_to_head(cells, sorted(cells["draft"].unique()))
     k_advice.render(filters)
 
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from runner.store import comparable
+from dashboard import words
+from runner.store import comparable, spread
 
 THEORY, MEASURED, BEST_K = "theory", "measured", "formula's best k"
 PREDICTED = "advisor"
@@ -19,7 +20,7 @@ PREDICTED = "advisor"
 def series_label(frame: pd.DataFrame) -> pd.Series:
     """What one line or colour stands for: draft · mode (· its draft-length policy unless fixed), with the target
     when several are shown."""
-    label = frame["draft"].astype(str).map(short_draft) + " · " + frame["mode"].astype(str)
+    label = frame["draft"].astype(str).map(words.draft_name) + " · " + frame["mode"].astype(str)
     if "k_policy" in frame:
         adaptive = frame["k_policy"].notna() & (frame["k_policy"] != "fixed")
         label = label.where(~adaptive, label + " · " + frame["k_policy"].astype(str))
@@ -35,13 +36,6 @@ def series_label(frame: pd.DataFrame) -> pd.Series:
     return label
 
 
-def short_draft(draft: str) -> str:
-    """A draft's name without its head's folder ('eagle:heads/smollm2-135m' -> 'eagle:smollm2-135m'), for legends
-    and headlines; tables keep the full spec."""
-    kind, _, spec = draft.partition(":")
-    return f"{kind}:{spec.rsplit('/', 1)[-1]}" if "/" in spec else draft
-
-
 def theory_vs_measured(runs: pd.DataFrame, curves: pd.DataFrame, k: int) -> pd.DataFrame:
     """For one k: each run as a dot at (α, measured speedup), and per series the formula's curve over α
     (`metrics.formula_over_alpha` at the same k and filters)."""
@@ -54,23 +48,33 @@ def theory_vs_measured(runs: pd.DataFrame, curves: pd.DataFrame, k: int) -> pd.D
                       measured.assign(source=MEASURED)], ignore_index=True)
 
 
-def speedup_by_k(cells: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
-    """Measured speedup against k per category and series, the formula's curve (`metrics.formula_over_k`: at the
-    α pooled over every k and the mean c) up to the largest recorded k or the formula's best k, and one row
-    marking that best k."""
+def speedup_by_k(cells: pd.DataFrame, curve: pd.DataFrame) -> pd.DataFrame:
+    """Per series × category × k: the measured speedup with its interval (`comparable.cells`), and, for fixed k, the
+    advisor's and the flat formula's predictions (`advisor.k_curve`, as speedups over plain decoding's decode
+    tokens/s) drawn only over the ks measured for that series and category."""
     labelled = cells.assign(series=series_label(cells)) if len(cells) else cells.assign(series=[])
-    measured = labelled.rename(columns={"measured_speedup": "speedup"})
-    parts = [measured[["series", "category", "k", "speedup", "alpha", "tau", "runs"]].assign(source=MEASURED)]
-    if len(curves) and len(cells):
-        curves = curves.assign(series=series_label(curves))
-        recorded = labelled.groupby(["series", "category"])["k"].max().rename("recorded_k")
-        curves = curves.join(recorded, on=["series", "category"], how="inner")
-        best_k = curves[curves["best"]].set_index(["series", "category"])["k"].rename("best_k")
-        curves = curves.join(best_k, on=["series", "category"])
-        shown = curves[curves["k"] <= curves[["recorded_k", "best_k"]].max(axis=1)]
-        columns = ["series", "category", "k", "speedup", "alpha", "c"]
-        parts += [shown[columns].assign(source=THEORY), shown[shown["best"]][columns].assign(source=BEST_K)]
+    columns = ["series", "category", "k", "speedup", "low", "high", "speedup_min", "speedup_max", "alpha", "prompts"]
+    parts = [labelled[columns].assign(source=MEASURED)]
+    if len(curve) and len(cells):
+        lines = curve.assign(k_policy="fixed")
+        lines = lines.assign(series=series_label(lines))
+        measured = labelled.groupby(["series", "category"])["k"].agg(["min", "max"]).reset_index()
+        lines = lines.merge(measured, on=["series", "category"])
+        lines = lines[(lines["k"] >= lines["min"]) & (lines["k"] <= lines["max"])]
+        for column, source in (("predicted_tokens_per_s", PREDICTED), ("formula_tokens_per_s", THEORY)):
+            parts.append(lines.assign(speedup=lines[column] / lines["baseline_tokens_per_s"], source=source)[
+                ["series", "category", "k", "speedup", "alpha", "source"]])
     return pd.concat(parts, ignore_index=True)
+
+
+def default_series(frame: pd.DataFrame, x: str, most: int) -> list[str]:
+    """The series a chart draws before anyone picks: those measured at 2 or more values of `x` in some category
+    (a line, not a lone dot), the `most` fastest."""
+    measured = frame[frame["source"] == MEASURED] if "source" in frame else frame
+    points = measured.groupby(["series", "category"])[x].nunique()
+    lines = points[points >= 2].index.get_level_values("series").unique()
+    fastest = measured[measured["series"].isin(lines)].groupby("series")["speedup"].max()
+    return fastest.sort_values(ascending=False).index[:most].tolist()
 
 
 def leaderboard(per_category: pd.DataFrame, lossless: pd.DataFrame) -> pd.DataFrame:
@@ -94,16 +98,33 @@ def leaderboard(per_category: pd.DataFrame, lossless: pd.DataFrame) -> pd.DataFr
 
 
 def head_to_head(cells: pd.DataFrame, a: str, b: str) -> pd.DataFrame:
-    """Per target × mode × category × k × policy: α, nodes per round, τ and measured speedup of draft a next to
-    draft b."""
-    setup = ("device", "kernels", "threads", "batch_size")
-    keys = ["target", "mode", *(c for c in setup if c in cells), "category", "k", "k_policy"]
-    metrics = {"alpha": "α", "nodes_per_round": "nodes/round", "tau": "τ", "measured_speedup": "speedup"}
-    two = cells[cells["draft"].isin([a, b])].fillna({"kernels": "not recorded", "threads": 0})
-    wide = two.pivot(index=keys, columns="draft", values=list(metrics))
-    wide = wide.reindex(columns=[(metric, draft) for metric in metrics for draft in (a, b)])
-    wide.columns = [f"{metrics[metric]} · {draft}" for metric, draft in wide.columns]
-    return wide.reset_index()
+    """Per setup × category × k × policy both drafts ran: each one's speedup with its interval (`comparable.cells`)
+    and α, then B over A (`b_over_a`, > 1: B faster) and whether the two tie (`spread.TIE`)."""
+    keys = [*comparable.SETUP, "category", "k", "k_policy"]
+    metrics = ["speedup", "low", "high", "alpha", "prompts"]
+    one = cells[cells["draft"] == a].set_index(keys)[metrics]
+    two = cells[cells["draft"] == b].set_index(keys)[metrics]
+    both = one.join(two, how="inner", lsuffix="_a", rsuffix="_b").reset_index()
+    if both.empty:
+        return both.assign(b_over_a=[], tie=[])
+    both["b_over_a"] = both["speedup_b"] / both["speedup_a"]
+    both["tie"] = [_tie(row) for row in both.to_dict("records")]
+    return both
+
+
+def _tie(row: dict) -> bool:
+    """`spread.tied` on a head-to-head row: the faster of A and B against the other."""
+    first, second = ("a", "b") if row["speedup_a"] >= row["speedup_b"] else ("b", "a")
+    return spread.tied(pd.Series({"low": row[f"low_{first}"]}), pd.Series({"high": row[f"high_{second}"]}))
+
+
+def head_to_head_chart(cells: pd.DataFrame, a: str, b: str) -> pd.DataFrame:
+    """The two drafts' measured speedups against k in one frame, `series` naming the draft and its policy."""
+    two = cells[cells["draft"].isin([a, b])]
+    label = two["draft"].map({a: "A", b: "B"}) + ": " + two["draft"].map(words.draft_name)
+    adaptive = two["k_policy"] != "fixed"
+    label = label.where(~adaptive, label + " · " + two["k_policy"].astype(str))
+    return two.assign(series=label, source=MEASURED)
 
 
 def k_curve(curve: pd.DataFrame) -> pd.DataFrame:
@@ -117,12 +138,13 @@ def k_curve(curve: pd.DataFrame) -> pd.DataFrame:
 
 
 def best_leaderboard(best: pd.DataFrame, lossless: pd.DataFrame) -> pd.DataFrame:
-    """One row per setup × draft (`comparable.best_cells`): per category the best k and policy, its speedup, α and
-    τ; the lossless rate; ranked within each setup by the geometric mean of the best speedups over categories."""
+    """One row per setup × draft (`comparable.best_cells`): per category the best k and policy, its speedup with the
+    interval, whether the draft's runner-up (k, policy) ties it, and α; the lossless rate; ranked within each setup
+    by the geometric mean of the best speedups over categories."""
     keys = ["setup", "draft"]
-    best = best.assign(setup=comparable.labelled(best), best=[comparable.choice(k, p) for k, p in
-                                                              zip(best["k"], best["k_policy"], strict=True)])
-    metrics = {"best": "best", "speedup": "speedup", "alpha": "α", "tau": "τ"}
+    best = best.assign(setup=comparable.labelled(best), interval=[_interval(row) for _, row in best.iterrows()],
+                       tie=[f"≈ {row.runner_up}" if row.tied else "" for row in best.itertuples()])
+    metrics = {"choice": "best", "speedup": "speedup", "interval": "95%", "tie": "tie", "alpha": "α"}
     wide = best.pivot(index=keys, columns="category", values=list(metrics))
     categories = sorted(best["category"].unique())
     wide = wide[[(metric, category) for category in categories for metric in metrics]]
@@ -133,17 +155,23 @@ def best_leaderboard(best: pd.DataFrame, lossless: pd.DataFrame) -> pd.DataFrame
     rates = lossless.assign(setup=comparable.labelled(lossless)).set_index(keys)["lossless_rate"]
     table = wide.join(overall.rename("speedup (geo-mean)")).join(rates).join(prompts, on="setup")
     table = table[["speedup (geo-mean)", "lossless_rate", "prompts", *wide.columns]].reset_index()
-    return table.sort_values(["setup", "speedup (geo-mean)"], ascending=[True, False], ignore_index=True)
+    table = table.sort_values(["setup", "speedup (geo-mean)"], ascending=[True, False], ignore_index=True)
+    return table.assign(draft=table["draft"].map(words.draft_name))
 
 
-def best_per_category(best: pd.DataFrame) -> pd.DataFrame:
-    """Per setup × category the best draft (`comparable.best_cells`), with its k and policy: the Overview's
-    headline."""
-    if best.empty:
-        return best.assign(setup=[], choice=[])
-    top = best.sort_values("speedup", ascending=False).drop_duplicates([*comparable.SETUP, "category"])
-    top = top.assign(setup=comparable.labelled(top),
-                     choice=[comparable.choice(k, p) for k, p in zip(top["k"], top["k_policy"], strict=True)])
+def _interval(row: pd.Series) -> str:
+    return "1 prompt" if int(row["prompts"]) < 2 else f"{row['low']:.2f}–{row['high']:.2f}×"
+
+
+def best_per_category(cells: pd.DataFrame) -> pd.DataFrame:
+    """Per setup × category the best cell of every draft, k and policy (`comparable.cells`), its runner-up and
+    whether they tie (`spread.TIE`): the Overview's headline."""
+    if cells.empty:
+        return cells.assign(setup=[], choice=[], name=[], runner_up=[], runner_up_speedup=[], tied=[])
+    named = cells.assign(choice=[comparable.choice(k, p) for k, p in zip(cells["k"], cells["k_policy"], strict=True)])
+    named = named.assign(name=named["draft"].map(words.draft_name) + " at " + named["choice"])
+    top = spread.flag_ties(named, [*comparable.SETUP, "category"], "name")
+    top = top.assign(setup=comparable.labelled(top))
     return top.sort_values(["setup", "category"], ignore_index=True)
 
 
@@ -166,11 +194,19 @@ def advice_table(advice: pd.DataFrame, best: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
+def rule_caption(cells: pd.DataFrame) -> str:
+    """The pooling rule (`spread.POOLING`) and the tie rule, written beside every number they made."""
+    n = cells["prompts"] if len(cells) else pd.Series([0])
+    count = f"{n.min()}" if n.min() == n.max() else f"{n.min()}–{n.max()}"
+    return (f"Each speedup: {spread.POOLING.format(n=count)}. α: pooled over the same runs' drafts, with its "
+            f"prompts' min–max. A {spread.TIE}. The SQL page's placeholder query gives these numbers.")
+
+
 def left_out_note(left: pd.DataFrame) -> str:
     """The cells `comparable.left_out` names, in one line; empty when none was."""
     if left.empty:
         return ""
-    cells = [f"{short_draft(row.draft)} {comparable.choice(row.k, row.k_policy)} on {row.category}"
+    cells = [f"{words.draft_name(row.draft)} {comparable.choice(row.k, row.k_policy)} on {row.category}"
              for row in left.itertuples()]
     return (f"Left out, since they missed a prompt the other cells of their setup ran: {', '.join(cells[:8])}"
             + (f" and {len(cells) - 8} more" if len(cells) > 8 else "") + ".")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from dashboard import charts, common, frames, queries
+from dashboard import charts, common, frames, queries, words
 from runner.store import advisor, comparable
 from runner.store.metrics import Filters
 
@@ -52,6 +52,7 @@ def render(filters: Filters) -> None:
         return
     _headline(advice)
     table = frames.advice_table(advice, common.load(comparable.best_cells, filters))
+    table = table.assign(draft=table["draft"].map(words.draft_name))
     st.dataframe(table, hide_index=True, column_config=ADVICE_COLUMNS, column_order=list(ADVICE_COLUMNS))
     st.altair_chart(charts.k_advisor(frames.k_curve(curve)))
     st.caption("The advisor predicts each k's decode tokens/s from the measured acceptance at each draft position "

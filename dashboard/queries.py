@@ -9,19 +9,19 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import fields
 from typing import TypeVar
 
 import duckdb
 import pandas as pd
 
-from runner.store import advisor, metrics
+from runner.store import advisor, comparable, metrics
 from runner.store import trainings as trainings_store
 from runner.store.connect import READ_BOUND_S, reading
 from runner.store.metrics import CELL, PASS_SETUP, Filters
 from runner.store.schema import schema_version
 
 T = TypeVar("T")
+EVERYTHING = Filters()  # nothing filtered
 
 
 def read(db_path: str | os.PathLike, query: Callable[..., T], *args: object) -> T:
@@ -40,17 +40,6 @@ def run_count(con: duckdb.DuckDBPyConnection) -> int:
     return con.execute("SELECT count(*) FROM runs").fetchone()[0]
 
 
-def filter_options(con: duckdb.DuckDBPyConnection) -> dict[str, list]:
-    """The values each filter can take, from the speculative runs that have statistics."""
-    names = [field.name for field in fields(Filters)]
-    # NULL is no option: runs recorded before a column existed have none.
-    lists = ", ".join(f"list(DISTINCT {name} ORDER BY {name}) FILTER ({name} IS NOT NULL)" for name in names)
-    # Every filter is a column of runs, and run_stats holds exactly the 'ok' runs: read runs alone, not the view's
-    # joins (which grow with the runs).
-    row = con.execute(f"SELECT {lists} FROM runs WHERE status = 'ok' AND draft <> 'none'").fetchone()
-    return {name: values or [] for name, values in zip(names, row, strict=True)}
-
-
 def runs(con: duckdb.DuckDBPyConnection, filters: Filters, limit: int, k: int | None = None) -> pd.DataFrame:
     """The newest `limit` selected speculative runs, newest first; at `k`, only those with a measured speedup (a
     baseline) and an α. The newest are picked from `runs` alone (every filter is one of its columns, and run_stats
@@ -62,7 +51,8 @@ def runs(con: duckdb.DuckDBPyConnection, filters: Filters, limit: int, k: int | 
         WITH newest AS (
             SELECT run_id, started_at FROM runs WHERE status = 'ok' AND draft <> 'none' AND {where} {at_k}
             ORDER BY started_at DESC, run_id LIMIT ?)
-        SELECT s.run_id, n.started_at, s.target, s.mode, s.category, s.prompt_id, s.draft, s.k,
+        SELECT s.run_id, n.started_at, s.target, s.mode, s.category, s.prompt_id, s.draft, s.k, s.k_policy,
+            s.kernels, s.threads, s.batch_size,
             s.alpha, s.tau, s.thrown_share, s.c, s.measured_speedup, s.theoretical_speedup, s.lossless
         FROM newest n JOIN run_stats s USING (run_id) {measured}
         ORDER BY n.started_at DESC, s.run_id""", [*params, *([] if k is None else [k]), limit])
@@ -85,6 +75,16 @@ def cells(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
     pooling them makes a speedup curve zigzag), each with its nodes per round and whether it drafted trees."""
     keys = (*CELL, *PASS_SETUP)
     return metrics.cells(con, filters, keys).merge(nodes_per_round(con, filters, keys), on=list(keys), how="left")
+
+
+def comparable_cells(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
+    """Every kept cell by the one pooling rule (`comparable.cells`), with its nodes per round over the same runs'
+    cell (every run of the cell: a tree's size does not depend on the prompt set) and whether it drafted trees."""
+    cells = comparable.cells(con, filters)
+    keys = ("target", "mode", "category", "draft", "k", "k_policy", *PASS_SETUP)
+    nodes = nodes_per_round(con, filters, keys).fillna({"kernels": "not recorded", "threads": 0})
+    return cells.merge(nodes.astype({"threads": cells["threads"].dtype}) if len(cells) else nodes, on=list(keys),
+                       how="left")
 
 
 def draft_categories(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
@@ -141,13 +141,17 @@ def lossless_rates(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataF
         GROUP BY ALL ORDER BY target, mode, draft""", params)
 
 
-def run_choices(con: duckdb.DuckDBPyConnection, newest: int, also: tuple[str, ...] = ()) -> pd.DataFrame:
-    """The `newest` runs and those of `also` that exist, newest first, with what a picker needs to describe them."""
-    columns = "run_id, started_at, category, prompt_id, draft, k, mode, status"
+def run_choices(con: duckdb.DuckDBPyConnection, newest: int, also: tuple[str, ...] = (),
+                filters: Filters = EVERYTHING) -> pd.DataFrame:
+    """The `newest` runs the filters pick and those of `also` that exist, newest first, with what a picker needs
+    to describe them."""
+    columns = ("run_id, started_at, category, prompt_id, draft, k, k_policy, mode, kernels, threads, batch_size, "
+               "repeat, status")
+    where, params = filters.where()
     return _frame(con, f"""
-        (SELECT {columns} FROM runs ORDER BY started_at DESC, run_id LIMIT ?)
+        (SELECT {columns} FROM runs WHERE {where} ORDER BY started_at DESC, run_id LIMIT ?)
         UNION (SELECT {columns} FROM runs WHERE run_id IN (SELECT unnest(?::TEXT[])))
-        ORDER BY started_at DESC, run_id""", [newest, list(also)])
+        ORDER BY started_at DESC, run_id""", [*params, newest, list(also)])
 
 
 def run_detail(con: duckdb.DuckDBPyConnection, run_id: str) -> pd.DataFrame:
@@ -158,6 +162,7 @@ def run_detail(con: duckdb.DuckDBPyConnection, run_id: str) -> pd.DataFrame:
             r.kernels, r.threads, r.new_tokens, r.n_rounds, r.wall_s, r.draft_s, r.verify_s, r.output_tokens,
             r.output_text, r.stop_reason, r.baseline_run_id, r.lossless, r.status, r.error, r.divergence,
             r.divergence_at, r.divergence_gap, r.divergence_tolerance, r.host, r.concurrent_workers, r.k_policy,
+            r.tree_nodes, r.batch_size, r.repeat,
             s.accepted, s.rejected, s.thrown, s.drafted, s.alpha, s.tau, s.c, s.measured_speedup,
             s.theoretical_speedup, b.wall_s AS baseline_wall_s, b.output_tokens AS baseline_tokens
         FROM runs r LEFT JOIN run_stats s USING (run_id) LEFT JOIN runs b ON b.run_id = r.baseline_run_id
@@ -178,6 +183,15 @@ def schema(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
         SELECT table_name, column_name, data_type FROM duckdb_columns()
         WHERE database_name = current_database() AND schema_name = 'main'
         ORDER BY table_name, column_index""", [])
+
+
+def macros(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
+    """The metric macros stored in the file: name, parameters and definition."""
+    return _frame(con, """
+        SELECT function_name AS macro, array_to_string(parameters, ', ') AS parameters,
+            macro_definition AS definition
+        FROM duckdb_functions() WHERE function_type = 'macro' AND NOT internal
+            AND database_name = current_database() ORDER BY function_name""", [])
 
 
 def benches(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:

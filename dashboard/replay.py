@@ -7,10 +7,11 @@ import functools
 import pandas as pd
 import streamlit as st
 
-from dashboard import charts, common, fates, queries, tokenizer, tree_layout
+from dashboard import charts, common, fates, filter_queries, queries, tokenizer, tree_layout, words
 
 RUNS_SHOWN = 1000  # runs the picker offers, newest first (and the picked one)
-PICKER_COLUMNS = ["run_id", "started_at", "category", "prompt_id", "draft", "k", "mode", "status"]
+PICKER_COLUMNS = ["run_id", "started_at", "category", "prompt_id", "draft", "k", "k_policy", "mode", "kernels",
+                  "threads", "batch_size", "repeat", "status"]
 
 
 @st.cache_resource(show_spinner="loading the target's tokenizer…")
@@ -39,7 +40,8 @@ def _picker() -> str | None:
     # The newest runs, and the one the URL or a button asks for however old: a million options would take seconds
     # to send and to search.
     asked = (*st.query_params.get_all("run"), *([st.session_state["run"]] if st.session_state.get("run") else []))
-    choices = common.load(queries.run_choices, RUNS_SHOWN, tuple(dict.fromkeys(asked)))
+    filters = common.filter_widgets(common.load(filter_queries.filter_options), "replay")
+    choices = common.load(queries.run_choices, RUNS_SHOWN, tuple(dict.fromkeys(asked)), filters)
     for missing in common.unknown_in_url("run", choices["run_id"].tolist()):
         st.warning(f"No run “{missing}” in this database: pick one below.")
     # The URL holds the option's text, so options are bare run ids: ?run=<run_id>.
@@ -48,6 +50,8 @@ def _picker() -> str | None:
     total = common.load(queries.run_count)
     shown = f": the newest {RUNS_SHOWN:,} of {total:,} (an older run opens by its link, replay?run=<run_id>)" \
         if total > RUNS_SHOWN else ""
+    if filters != common.Filters():
+        shown += " (those the sidebar's filters pick)"
     with st.expander(f"find a run{shown}", expanded=run_id is None):
         st.dataframe(choices[PICKER_COLUMNS], hide_index=True, key="run_table", selection_mode="single-row",
                      on_select=functools.partial(_pick_from_table, choices["run_id"].tolist()))
@@ -80,9 +84,9 @@ def _cost_panel(run: pd.Series) -> None:
     top[0].metric("rounds", f"{run['n_rounds']}")
     top[1].metric("drafts accepted / rejected / thrown",
                   f"{_fmt(run['accepted'], '.0f')} / {_fmt(run['rejected'], '.0f')} / {_fmt(run['thrown'], '.0f')}")
-    top[2].metric("α", _fmt(run["alpha"], ".3f"), help="accepted / (accepted + rejected)")
-    top[3].metric("τ", _fmt(run["tau"], ".2f"), help="tokens per round")
-    bottom[0].metric("draft time", _seconds(run["draft_s"]), help=f"c = {_fmt(run['c'], '.3f')}: one drafted "
+    top[2].metric("α", _fmt(run["alpha"], ".3f"), help=words.GLOSSARY["alpha"])
+    top[3].metric("τ", _fmt(run["tau"], ".2f"), help=words.GLOSSARY["tau"])
+    bottom[0].metric("draft time", _seconds(run["draft_s"]), help=f"c = {words.number(run['c'])}: one drafted "
                      "token's time over one one-token target pass")
     bottom[1].metric("verify time", _seconds(run["verify_s"]), help=f"wall time {run['wall_s']:.2f} s")
     bottom[2].metric("measured speedup", _fmt(run["measured_speedup"], ".2f", "×"),
@@ -116,11 +120,19 @@ def _adaptive(run: pd.Series) -> bool:
     return isinstance(run["k_policy"], str) and run["k_policy"] != "fixed"
 
 
-def _header(run: pd.Series) -> None:
-    k = "" if pd.isna(run["k"]) else f" k={int(run['k'])}"
+def _k(run: pd.Series) -> str:
+    """The run's k as its rounds read it: a tree's k is its depth, its rounds' k its nodes."""
+    if pd.isna(run["k"]):
+        return ""
+    if not pd.isna(run["tree_nodes"]):
+        return f" depth k={int(run['k'])}, up to {int(run['tree_nodes'])} nodes a round"
     if _adaptive(run):
-        k = f" k from {int(run['k'])} · {run['k_policy']}"
-    st.subheader(f"{run['category']}/{run['prompt_id']} · {run['draft']}{k} · {run['mode']}")
+        return f" k from {int(run['k'])} · {run['k_policy']}"
+    return f" k={int(run['k'])}"
+
+
+def _header(run: pd.Series) -> None:
+    st.subheader(f"{run['category']}/{run['prompt_id']} · {words.draft_name(run['draft'])}{_k(run)} · {run['mode']}")
     st.caption(f"run {run['run_id']} · sweep {run['sweep_id']} · target {run['target']} on {run['device']} "
                f"({run['dtype']}, {_setup(run)}) · temperature {run['temperature']:g}, top-p {run['top_p']:g}, "
                f"seed {run['seed']}"
@@ -172,7 +184,8 @@ def _tree(run: pd.Series, rounds: pd.DataFrame, decode: fates.Decode) -> None:
     row = rounds.set_index("round").loc[picked].to_dict()
     root = fates.roots(fates.text_tokens(list(run["output_tokens"]), rounds)).get(picked)
     st.altair_chart(charts.tree_round(tree_layout.layout(row, decode, root)))
-    st.caption(f"Round {picked}: {int(row['k'])} nodes, {int(row['accepted'])} accepted, "
+    st.caption(f"Round {picked}: {int(row['k'])} nodes (the round's k; the run's k is the tree's depth), "
+               f"{int(row['accepted'])} accepted, "
                f"{int(row['rejected'])} rejected, {int(row['thrown'])} thrown. The root is the newest committed "
                "token; the target followed the thick path, and where it stopped either every child was refused "
                "(red) or it was a leaf (the bonus). Hover a node for its token and the target's.")
@@ -195,4 +208,5 @@ def render() -> None:
 
 
 if __name__ == "__main__":  # st.navigation runs each page file as __main__
-    render()
+    with common.one_connection():
+        render()

@@ -30,6 +30,7 @@ class Cell:
     # A batch (runner/engine/round/batch.py): its prompts in order, this cell's at `slot`; () for a run alone
     batch: tuple[Prompt, ...] = ()
     slot: int = 0
+    repeat: int = 0  # which repetition of the cell (`sweep --repeats N`); its baseline is the same repetition's
 
     @property
     def batch_size(self) -> int:
@@ -49,7 +50,7 @@ class Cell:
         d = self.decoding
         values = {"prompt_id": self.prompt.id, "draft": self.draft.text, "k": self.k, "mode": d.mode,
                   "temperature": d.temperature, "top_p": d.top_p, "seed": seed, "k_policy": self.k_policy,
-                  "batch_size": self.batch_size, "batch_slot": self.slot}
+                  "batch_size": self.batch_size, "batch_slot": self.slot, "repeat": self.repeat}
         return tuple(values[name] for name in CELL_KEY)
 
     def baseline_key(self, seed: int, prompt_ids: tuple[int, ...], device: str, dtype: str) -> tuple:
@@ -58,20 +59,21 @@ class Cell:
         d = self.decoding
         values = {"prompt_id": self.prompt.id, "mode": d.mode, "temperature": d.temperature, "top_p": d.top_p,
                   "seed": seed, "prompt_tokens": tuple(prompt_ids), "device": device, "dtype": dtype,
-                  "batch_size": self.batch_size, "batch_slot": self.slot}
+                  "batch_size": self.batch_size, "batch_slot": self.slot, "repeat": self.repeat}
         return tuple(values[name] for name in BASELINE_KEY)
 
     @property
     def baseline(self) -> Cell:
         """The plain-decoding cell this one is checked and timed against (itself for a baseline)."""
-        return Cell(self.prompt, self.decoding, PLAIN, None, batch=self.batch, slot=self.slot)
+        return Cell(self.prompt, self.decoding, PLAIN, None, batch=self.batch, slot=self.slot, repeat=self.repeat)
 
     @property
     def label(self) -> str:
         """The cell as progress and reports name it."""
         policy = "" if self.k_policy in (None, FIXED.text) else f" {self.k_policy}"
         batch = f" batch={self.batch_size}" if self.batch else ""
-        return f"{self.prompt.id} {self.draft.text} k={self.k}{policy} {self.decoding.mode}{batch}"
+        repeat = f" repeat={self.repeat}" if self.repeat else ""
+        return f"{self.prompt.id} {self.draft.text} k={self.k}{policy} {self.decoding.mode}{batch}{repeat}"
 
 
 def check_fit(lengths: Sequence[tuple[str, int]], max_new_tokens: int, context: int) -> None:

@@ -104,6 +104,6 @@ class RunContext:
             baseline_run_id=None, lossless=None, provenance=engine.provenance, kernels=engine.kernels,
             threads=engine.threads, turn=cell.prompt.turn, conversation=cell.prompt.thread,
             batch_size=cell.batch_size, batch_slot=cell.slot, batch_id=batch_id,
-            tree_nodes=engine.tree_nodes(cell),
+            tree_nodes=engine.tree_nodes(cell), repeat=cell.repeat,
         )
 

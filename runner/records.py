@@ -97,12 +97,14 @@ class Divergence:
 
 
 # The columns of `runs` that make a cell of a sweep: a resumed sweep records only the cells it has no 'ok' run for.
-CELL_KEY = ("prompt_id", "draft", "k", "mode", "temperature", "top_p", "seed", "k_policy", "batch_size", "batch_slot")
+CELL_KEY = ("prompt_id", "draft", "k", "mode", "temperature", "top_p", "seed", "k_policy", "batch_size", "batch_slot",
+            "repeat")
 # The columns a run shares with the plain-decoding run of its sweep it is checked and timed against: the same prompt
 # ids (a chat template that stamps the date changes them), decoding, seed, device and dtype, and its place in a batch
-# of the same size (the baseline at batch B decodes the same B prompts together, plainly).
+# of the same size (the baseline at batch B decodes the same B prompts together, plainly), and the same repeat (its
+# neighbour in time: a repeated cell's speedup is a ratio of runs made one after the other).
 BASELINE_KEY = ("prompt_id", "mode", "temperature", "top_p", "seed", "prompt_tokens", "device", "dtype", "batch_size",
-                "batch_slot")
+                "batch_slot", "repeat")
 
 
 @dataclass(frozen=True)
@@ -150,6 +152,7 @@ class RunRecord:
     batch_slot: int = 0  # its place in that batch
     batch_id: str | None = None  # shared by the runs of one batch; None at batch 1
     tree_nodes: int | None = None  # a tree's nodes per round at most (`:nodes=N`, or its pair's measured best)
+    repeat: int = 0  # which repetition of its cell (`sweep --repeats N`): 0 .. N-1
 
     def cell_key(self) -> tuple:
         return tuple(getattr(self, name) for name in CELL_KEY)

@@ -180,10 +180,14 @@ def sweep(
     = None,
     batch: Annotated[str, typer.Option(help="batch sizes, comma-separated: B > 1 decodes B prompts of a category "
                                             "together, against plain decoding at B")] = "1",
+    repeats: Annotated[int, typer.Option(help="record every cell N times, its baseline again before each "
+                                              "repetition, so each speedup's spread is measured")] = 1,
 ) -> None:
     """Record baseline and speculative runs for every prompt × draft × k into the database."""
     try:
         all_threads = check_run(kernels, threads, max_new_tokens)
+        if repeats < 1:
+            raise UsageError("--repeats must be >= 1")
         if workers is not None and (ray is None or workers < 1):
             raise UsageError("--workers needs --ray and must be >= 1")
         ks = ints(k, "k")
@@ -197,7 +201,7 @@ def sweep(
             decodings=tuple(dict.fromkeys(decoding_for(m, temperature, top_p) for m in mode)),
             prompts=tuple(chosen), max_new_tokens=max_new_tokens, seed=seed, db=db, device=device, dtype=dtype,
             sweep_id=resume, trust_remote_code=trust_remote_code, kernels=kernels, threads=all_threads,
-            policies=policies, batches=batch_sizes(batch),
+            policies=policies, batches=batch_sizes(batch), repeats=repeats,
         )
         if ray and config.batches != (1,):
             raise UsageError("--batch above 1 runs in this process only: drop --ray, or sweep --batch 1 on Ray")

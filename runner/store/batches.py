@@ -8,6 +8,8 @@ geometric mean, as every speedup does. A batch's throughput is its new tokens ov
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import duckdb
 import pandas as pd
 
@@ -22,18 +24,21 @@ CURVE = (*SETUP, "draft", "k", "k_policy", "category", "batch_size")
 def curve(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
     """Per `CURVE` key (plain decoding too, its k and k_policy NULL): runs, batches, the speedup's geometric mean,
     tokens/s per sequence (mean over runs) and per batch (mean over batches: each holds batch_size runs)."""
-    where, params = filters.where("r.", skip=("draft", "k", "k_policy", "batch_size"))
+    # The draft, k and policy filters pick speculative runs; plain decoding, the reference, stays.
+    where, params = filters.where("r.", skip=("draft", "k", "k_policy"))
+    drafts, more = filters.where("r.", skip=tuple(f.name for f in fields(Filters)
+                                                  if f.name not in ("draft", "k", "k_policy")))
     return con.execute(f"""
         WITH picked AS (
             SELECT {", ".join(f"r.{key}" for key in CURVE)}, coalesce(r.batch_id, r.run_id) AS batch,
                    s.measured_speedup, s.tokens_per_s,
                    sum(r.new_tokens) OVER batch / nullif(max(r.wall_s) OVER batch, 0) AS per_batch
-            FROM runs r JOIN run_stats s USING (run_id) WHERE {where}
+            FROM runs r JOIN run_stats s USING (run_id) WHERE {where} AND (r.draft = 'none' OR {drafts})
             WINDOW batch AS (PARTITION BY coalesce(r.batch_id, r.run_id)))
         SELECT {", ".join(CURVE)}, count(*) AS runs, count(DISTINCT batch) AS batches,
                geomean(measured_speedup) AS speedup, avg(tokens_per_s) AS tokens_per_s_per_seq,
                avg(per_batch) AS tokens_per_s_per_batch
-        FROM picked GROUP BY ALL ORDER BY ALL""", params).df()
+        FROM picked GROUP BY ALL ORDER BY ALL""", params + more).df()
 
 
 def crossovers(frame: pd.DataFrame) -> pd.DataFrame:
@@ -58,16 +63,17 @@ def crossovers(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def best_k_by_batch(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per setup × draft × category, a column per batch size: the k and policy with the best speedup there and that
-    speedup, e.g. 'k=2 · fixed (1.31×)': the table a serving engine's draft length per batch size takes."""
-    drafts = frame[frame["draft"] != "none"].dropna(subset=["speedup"])
-    if drafts.empty:
+def best_k_by_batch(best: pd.DataFrame) -> pd.DataFrame:
+    """Per setup × draft × category of `comparable.best_cells` (the leaderboard's cells, pooled by its rule), a
+    column per batch size: the best k and policy there, its speedup and interval, and '≈' where the draft's next
+    (k, policy) ties it, e.g. 'k=2 · fixed 1.31× (1.10–1.56) ≈ k=3 · fixed': the table a serving engine's draft
+    length per batch size takes."""
+    if best.empty:
         return pd.DataFrame()
-    best = drafts.sort_values("speedup", ascending=False).drop_duplicates([*SETUP, "draft", "category", "batch_size"])
-    best = best.assign(best=[f"{choice(k, policy)} ({s:.2f}×)" for k, policy, s in
-                             best[["k", "k_policy", "speedup"]].itertuples(index=False)])
-    return _by_batch_size(best, [*SETUP, "draft", "category"], "best")
+    text = [f"{choice(row.k, row.k_policy)} {row.speedup:.2f}×"
+            + (f" ({row.low:.2f}–{row.high:.2f})" if row.prompts > 1 else " (1 prompt)")
+            + (f" ≈ {row.runner_up}" if row.tied and row.runner_up else "") for row in best.itertuples()]
+    return _by_batch_size(best.assign(best=text), [*SETUP, "draft", "category"], "best")
 
 
 def advised_k_by_batch(advice: pd.DataFrame) -> pd.DataFrame:

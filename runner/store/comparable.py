@@ -15,6 +15,7 @@ from __future__ import annotations
 import duckdb
 import pandas as pd
 
+from runner.store import spread
 from runner.store.metrics import Filters
 
 SETUP = ("target", "device", "kernels", "threads", "mode", "temperature", "top_p", "batch_size")
@@ -60,24 +61,59 @@ def comparable_runs_sql(filters: Filters) -> tuple[str, list]:
         WHERE r.draft = 'none' OR kept""", params
 
 
-def best_cells(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
-    """Per setup × category × draft: its best (k, policy) among the kept cells by measured speedup (geometric mean
-    over its runs on the common prompts), with that cell's α, τ and runs, and how many common prompts there are."""
+# The cells' keys: a setup × category, then what is compared within it.
+CELL = (*SETUP, "category", "draft", "k", "k_policy")
+
+
+def cells(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
+    """Every kept cell of a setup × category, pooled by `spread.POOLING` over the common prompts: its speedup, the
+    interval and the prompts' min–max of it, α pooled over its runs' drafts with the prompts' min–max, τ and c (mean
+    over runs), the thrown share, the formula's speedup (geometric mean over runs), runs, prompts and lossless
+    failures. The Overview's table, the headline, the leaderboard and the Batches page read these numbers."""
+    sql, params = cells_sql(filters)
+    return spread.with_intervals(con.execute(sql, params).df())
+
+
+def cells_sql(filters: Filters) -> tuple[str, list]:
+    """`cells`' query and its parameters (the SQL page shows it: with no filter it has none)."""
     ctes, params = _ctes(filters)
     where, more = filters.where()
-    return con.execute(f"""
+    keys = ", ".join(CELL)
+    return f"""
         WITH {ctes},
         picked AS (SELECT * REPLACE ({_NORMALISED}) FROM run_stats
             WHERE draft <> 'none' AND measured_speedup IS NOT NULL AND {where}),
         kept AS (SELECT * FROM picked JOIN common USING ({_KEYS}, category, prompt_id)
             JOIN kept_cells USING ({_KEYS}, category, draft, k, k_policy)),
-        cell AS (SELECT {_KEYS}, category, draft, k, k_policy, count(*) AS runs,
-                count(DISTINCT prompt_id) AS prompts, alpha(sum(accepted), sum(rejected)) AS alpha, avg(tau) AS tau,
-                geomean(measured_speedup) AS speedup
+        per_prompt AS (SELECT {keys}, prompt_id, count(*) AS runs, ln(geomean(measured_speedup)) AS ln_speedup,
+                sum(accepted) AS accepted, sum(rejected) AS rejected, sum(thrown) AS thrown, sum(drafted) AS drafted,
+                sum(tau) AS tau_sum, sum(c) AS c_sum, count(c) AS c_runs, sum(ln(theoretical_speedup)) AS ln_theory,
+                count(theoretical_speedup) AS theory_runs, count(*) FILTER (lossless = false) AS lossless_failures
             FROM kept GROUP BY ALL)
-        SELECT * FROM cell
-        QUALIFY row_number() OVER (PARTITION BY {_KEYS}, category, draft ORDER BY speedup DESC, k, k_policy) = 1
-        ORDER BY {_KEYS}, category, speedup DESC, draft""", params + more).df()
+        SELECT {keys}, sum(runs)::BIGINT AS runs, count(*) AS prompts, exp(avg(ln_speedup)) AS speedup,
+            avg(ln_speedup) AS mean_ln, stddev_samp(ln_speedup) AS sd_ln,
+            exp(min(ln_speedup)) AS speedup_min, exp(max(ln_speedup)) AS speedup_max,
+            alpha(sum(accepted), sum(rejected)) AS alpha, min(alpha(accepted, rejected)) AS alpha_min,
+            max(alpha(accepted, rejected)) AS alpha_max, sum(tau_sum) / sum(runs) AS tau,
+            sum(c_sum) / nullif(sum(c_runs), 0) AS c, thrown_share(sum(thrown), sum(drafted)) AS thrown_share,
+            exp(sum(ln_theory) / nullif(sum(theory_runs), 0)) AS predicted_speedup,
+            sum(accepted)::BIGINT AS accepted, sum(rejected)::BIGINT AS rejected, sum(thrown)::BIGINT AS thrown,
+            sum(drafted)::BIGINT AS drafted, sum(lossless_failures)::BIGINT AS lossless_failures
+        FROM per_prompt GROUP BY ALL ORDER BY ALL""", params + more
+
+
+def best_cells(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
+    """Per setup × category × draft: its best (k, policy) among the kept cells (`cells`), with its spread, and the
+    draft's runner-up (k, policy) and whether the two tie (`spread.TIE`)."""
+    kept = cells(con, filters)
+    if kept.empty:
+        return kept.assign(choice=[], runner_up=[], runner_up_speedup=[], tied=[])
+    kept = kept.assign(choice=[choice(k, p) for k, p in zip(kept["k"], kept["k_policy"], strict=True)])
+    # Sorted first, so that equal speedups resolve to the smaller k, as they always did.
+    kept = kept.sort_values([*SETUP, "category", "draft", "k", "k_policy"], kind="stable")
+    best = spread.flag_ties(kept, [*SETUP, "category", "draft"], "choice")
+    return best.sort_values([*SETUP, "category", "speedup", "draft"], ascending=[True] * (len(SETUP) + 1)
+                            + [False, True], ignore_index=True)
 
 
 def left_out(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:

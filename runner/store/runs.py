@@ -39,7 +39,7 @@ def run_row(record: RunRecord) -> dict[str, object]:
               "mode", "temperature", "top_p", "seed", "max_new_tokens", "device", "dtype", "output_text",
               "baseline_run_id", "lossless", "status", "error", "divergence_at", "divergence_gap",
               "divergence_tolerance", "divergence", "kernels", "threads", "concurrent_workers", "k_policy", "turn",
-              "conversation", "batch_size", "batch_slot", "batch_id", "tree_nodes")
+              "conversation", "batch_size", "batch_slot", "batch_id", "tree_nodes", "repeat")
     row = {name: getattr(record, name) for name in fields}
     row["started_at"] = datetime.fromisoformat(record.started_at)
     row["conversation"] = record.conversation or record.prompt_id

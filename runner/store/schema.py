@@ -19,6 +19,7 @@ import duckdb
 
 from runner.records import tree_depth
 from runner.store.schema_batches import BATCH_STATS, batch_columns
+from runner.store.schema_comparable import create_comparable_runs
 from runner.store.schema_facts import RUN_STATS
 from runner.store.schema_rounds import OUTCOMES_OF_ROUNDS, POSITION_STATS, add_pass_rows, count_rounds
 from runner.store.schema_trainings import add_learn_context, add_training_categories, create_trainings
@@ -207,6 +208,11 @@ def _add_tree_nodes(con: duckdb.DuckDBPyConnection) -> None:
         WHERE draft_kind = 'lookahead'""")
 
 
+def _add_repeat(con: duckdb.DuckDBPyConnection) -> None:
+    # Which repetition of its cell a run is (`sweep --repeats N`): 0 for every run recorded before repeats.
+    con.execute("ALTER TABLE runs ADD COLUMN repeat INTEGER DEFAULT 0")
+
+
 MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     _create_runs_and_rounds,
     _create_run_stats,
@@ -232,6 +238,8 @@ MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     _add_tree_nodes,
     add_pass_rows,
     add_learn_context,
+    _add_repeat,
+    create_comparable_runs,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -9,6 +9,7 @@ sandbox.
 from __future__ import annotations
 
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +50,38 @@ class QueryResult:
     frame: pd.DataFrame  # at most max_rows rows
     truncated: bool  # the query had more rows than max_rows
     elapsed_s: float  # execution and fetch, not the connection
+    # When no row came back: each `column = 'value'` (or IN) condition on a column of runs that no run meets, with
+    # the values that column does hold (a few), so the page can say which condition emptied the result.
+    unmatched: tuple[tuple[str, str, tuple[str, ...]], ...] = ()
+
+
+# `name = 'text'` and `name IN ('a', 'b')`, the conditions an empty result is explained by.
+_EQUALS = re.compile(r"\b([a-z_][a-z0-9_]*)\s*=\s*'((?:[^']|'')*)'", re.IGNORECASE)
+_IN = re.compile(r"\b([a-z_][a-z0-9_]*)\s+IN\s*\(((?:\s*'(?:[^']|'')*'\s*,?)+)\)", re.IGNORECASE)
+SHOWN_VALUES = 12
+
+
+def _conditions(sql: str) -> list[tuple[str, str]]:
+    """(column, value) of every equality and IN condition on a quoted value in `sql`."""
+    found = [(m.group(1).lower(), m.group(2).replace("''", "'")) for m in _EQUALS.finditer(sql)]
+    for m in _IN.finditer(sql):
+        found += [(m.group(1).lower(), v.replace("''", "'")) for v in re.findall(r"'((?:[^']|'')*)'", m.group(2))]
+    return list(dict.fromkeys(found))
+
+
+def unmatched(con: duckdb.DuckDBPyConnection, sql: str) -> tuple[tuple[str, str, tuple[str, ...]], ...]:
+    """The conditions of `sql` on a column of runs that no run meets, each with some of the values it holds."""
+    columns = {name for (name,) in con.execute("SELECT column_name FROM duckdb_columns() WHERE table_name = 'runs' "
+                                               "AND database_name = current_database()").fetchall()}
+    reasons = []
+    for column, value in _conditions(sql):
+        if column not in columns:
+            continue
+        if con.execute(f"SELECT count(*) FROM runs WHERE {column}::TEXT = ?", [value]).fetchone()[0] == 0:
+            held = con.execute(f"SELECT DISTINCT {column}::TEXT FROM runs WHERE {column} IS NOT NULL ORDER BY 1 "
+                               f"LIMIT {SHOWN_VALUES}").fetchall()
+            reasons.append((column, value, tuple(v for (v,) in held)))
+    return tuple(reasons)
 
 
 def _words(sql: str) -> list[tuple[int, str]]:
@@ -146,17 +179,35 @@ def run_query(db_path: str | os.PathLike, sql: str, max_rows: int = 10_000, time
         cursor = con.execute(statement)
         rows = cursor.fetchmany(max_rows + 1)
         columns = [d[0] for d in cursor.description]
+        elapsed = time.perf_counter() - started
+        empty = unmatched(con, sql) if not rows else ()
     except duckdb.Error as error:
         raise _failure(error, timeout_ms) from None
     finally:
         con.close()
     frame = pd.DataFrame(rows[:max_rows], columns=columns)
-    return QueryResult(columns, frame, len(rows) > max_rows, time.perf_counter() - started)
+    return QueryResult(columns, frame, len(rows) > max_rows, elapsed, empty)
 
 
 # The pooled numbers read the macros that define them once (docs/reference.md, "Metric macros"), so these give
 # exactly what the Overview and `runner sweep` show for the same cell.
+# The Overview's table with no filter, by its rule (`runner.store.spread`): per setup × category × draft × k × policy,
+# over the prompts every compared cell ran (`comparable_runs`), a prompt's repeats pooled first, then the geometric
+# mean over prompts. The SQL page's placeholder: run on an empty editor.
+OVERVIEW = """\
+WITH per_prompt AS (
+    SELECT target, mode, device, kernels, threads, batch_size, category, draft, k, k_policy, prompt_id,
+           geomean(measured_speedup) AS speedup, sum(accepted) AS accepted, sum(rejected) AS rejected
+    FROM run_stats WHERE draft <> 'none' AND run_id IN (SELECT run_id FROM comparable_runs)
+    GROUP BY ALL)
+SELECT * EXCLUDE (speedup, accepted, rejected, prompt_id), count(*) AS prompts,
+       round(geomean(speedup), 3) AS speedup, round(min(speedup), 3) AS prompt_min,
+       round(max(speedup), 3) AS prompt_max,
+       round(alpha(sum(accepted), sum(rejected)), 3) AS alpha
+FROM per_prompt GROUP BY ALL ORDER BY category, speedup DESC"""
+
 EXAMPLES: dict[str, str] = {
+    "the Overview's table (its pooling rule)": OVERVIEW,
     "α per category × draft × k": """\
 SELECT target, mode, category, draft, k, k_policy, count(*) AS runs,
        round(alpha(sum(accepted), sum(rejected)), 3) AS alpha, round(avg(tau), 2) AS tau,

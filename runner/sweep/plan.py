@@ -40,6 +40,9 @@ class SweepConfig:
     threads: int | None = None  # torch CPU threads; None leaves torch's setting as it is
     policies: tuple[PolicySpec, ...] = (FIXED,)  # draft-length policies (--k-policy), each with every draft and k
     batches: tuple[int, ...] = (1,)  # batch sizes (--batch): B > 1 decodes B prompts of a category together
+    # Each cell recorded this many times (--repeats), the baseline again before each repetition of a prompt's cells:
+    # a speedup is then a ratio of runs made one after the other, and its spread over repetitions is measured.
+    repeats: int = 1
 
     def plan_id(self) -> str:
         """What the sweep records, as a short hash: a sweep is resumable by a later one with the same plan."""
@@ -48,9 +51,10 @@ class SweepConfig:
         texts = tuple(p.text for p in self.policies)
         policies = () if texts == (FIXED.text,) else (texts,)
         batches = () if self.batches == (1,) else (("batches", self.batches),)
+        repeats = () if self.repeats == 1 else (("repeats", self.repeats),)
         return progress.fingerprint(self.target, tuple(d.text for d in self.drafts), self.ks, self.decodings,
                                     self.prompts, self.max_new_tokens, self.seed, self.device, self.dtype, *policies,
-                                    *batches)
+                                    *batches, *repeats)
 
 
 def interleaved(prompts: tuple[Prompt, ...]) -> list[Prompt]:
@@ -66,16 +70,19 @@ def interleaved(prompts: tuple[Prompt, ...]) -> list[Prompt]:
 
 def plan(config: SweepConfig) -> Iterator[Cell]:
     """Baseline first, so each speculative run can be checked against it as soon as it finishes; at batch B, the B
-    plain runs of a batch first, then each draft's B runs. A policy a draft cannot follow (`skipped`) is left out
-    for that draft."""
+    plain runs of a batch first, then each draft's B runs. Each repetition records the baseline again, then every
+    speculative cell of the prompt, so a run's baseline is its neighbour in time. A policy a draft cannot follow
+    (`skipped`) is left out for that draft."""
     for size in config.batches:
         for prompts in [(p,) for p in interleaved(config.prompts)] if size == 1 else batches_of(config.prompts, size):
             for decoding in config.decodings:
-                yield from _batch(Cell(prompts[0], decoding, PLAIN, None), prompts)
-                for draft in config.drafts:
-                    for policy in (p for p in config.policies if applies(p, draft.kind)):
-                        for k in config.ks:
-                            yield from _batch(Cell(prompts[0], decoding, draft, k, policy), prompts)
+                for repeat in range(config.repeats):
+                    yield from _batch(Cell(prompts[0], decoding, PLAIN, None, repeat=repeat), prompts)
+                    for draft in config.drafts:
+                        for policy in (p for p in config.policies if applies(p, draft.kind)):
+                            for k in config.ks:
+                                yield from _batch(Cell(prompts[0], decoding, draft, k, policy, repeat=repeat),
+                                                  prompts)
 
 
 def _batch(cell: Cell, prompts: tuple[Prompt, ...]) -> Iterator[Cell]:

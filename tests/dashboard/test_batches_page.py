@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from runner.store import advisor, batches
+from runner.store import advisor, batches, comparable
 from runner.store.metrics import Filters
 from runner.store.runs import write_run
 from tests.helpers.dashboard_fixtures import baseline_record, build, speculative_record
@@ -84,12 +84,17 @@ def test_the_crossover_is_the_first_batch_size_below_one_after_paying(curve):
     assert math.isnan(cross.loc[("layerskip:2", 2), "crossover"])
 
 
-def test_the_best_k_table_has_a_column_per_batch_size(curve):
-    table = batches.best_k_by_batch(curve)
+def test_the_best_k_table_has_a_column_per_batch_size(db):
+    with duckdb.connect(str(db), read_only=True) as con:
+        table = batches.best_k_by_batch(comparable.best_cells(con, Filters(category=("code",))))
     ngram = table[table["draft"] == "ngram"].iloc[0]
-    # alone, k=2 (2.83×) beats k=4 (2.40×, code-01 only)
+    # Alone, on code-01 (the code prompt every cell ran): k=4 2.40× against k=2 2.00×, one prompt each: a tie. At
+    # batch 2, 1.5× and 1.25×: ln sd |ln 1.5 − ln 1.25| / √2, t(0.975, 1) = 12.706. At batch 4, 0.8× on both prompts.
+    half = 12.706204736 * abs(math.log(1.5 / 1.25)) / 2
+    low, high = math.sqrt(1.875) * math.exp(-half), math.sqrt(1.875) * math.exp(half)
     assert (ngram["batch 1"], ngram["batch 2"], ngram["batch 4"]) == (
-        "k=2 · fixed (2.83×)", "k=2 · fixed (1.37×)", "k=2 · fixed (0.80×)")
+        "k=4 · fixed 2.40× (1 prompt) ≈ k=2 · fixed", f"k=2 · fixed 1.37× ({low:.2f}–{high:.2f})",
+        "k=2 · fixed 0.80× (0.80–0.80)")
 
 
 def test_batch_stats_and_the_sql_example_agree_with_the_curve(db):
@@ -112,9 +117,9 @@ def test_the_batches_page_draws_both_curves_and_names_the_crossover(monkeypatch,
     assert titles == ["speedup over plain decoding at the same batch size", "tokens/s per batch"]
     tables = [t.value for t in at.dataframe]
     pays = tables[0].set_index(["draft", "k", "category"])["pays"]
-    assert pays[("ngram", 2, "code")] == "up to batch 2; below 1× at 4"
+    assert pays[("prompt lookup (ngram)", 2, "code")] == "up to batch 2; below 1× at 4"
     best = tables[1].set_index(["draft", "category"])
-    assert best.loc[("ngram", "code"), "batch 2"] == "k=2 · fixed (1.37×)"
+    assert best.loc[("prompt lookup (ngram)", "code"), "batch 2"].startswith("k=2 · fixed 1.37× (")
     # The advisor's k: at batch 2, k = 1 would emit 2 tokens in 2 · 0.0025 + 0.055 (v at 4 rows, between the plain
     # batch's 2 rows at 0.05 s and ngram's 6 at 0.06 s) + 0.18 s = 8.3/s against k = 2's 12/s; at batch 4, 2 / (0.01 +
     # 0.055 + 0.52) = 3.4/s against 3 / (0.02 + 0.06 + 0.52) = 5/s. Alone, k = 4, measured 27.5/s against k = 2's 22.
@@ -163,7 +168,7 @@ def test_the_compare_page_keeps_each_batch_size_its_own_setup(monkeypatch, db):
     setups = sorted(set(leaderboard["setup"]))
     alone = "greedy · skinny kernels · 2 threads · cpu"
     assert setups == [alone, f"{alone} · batch 2", f"{alone} · batch 4"]
-    ngram = advice[(advice["draft"] == "ngram") & (advice["category"] == "code")]
+    ngram = advice[(advice["draft"] == "prompt lookup (ngram)") & (advice["category"] == "code")]
     assert sorted(ngram["setup"]) == setups  # the advisor's answer per batch size, beside the leaderboard's
     # alone, on code-01 (the prompt every compared cell ran), k=4's 2.4× beats k=2's 2.0×
     assert list(ngram.sort_values("setup")["measured_choice"]) == ["k=4 · fixed", "k=2 · fixed", "k=2 · fixed"]

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
 import subprocess
 import sys
@@ -73,15 +72,19 @@ def test_overview_shows_the_hand_computed_numbers(monkeypatch, db):
     at = app(monkeypatch, db)
     assert not at.exception
     assert metrics(at) == {"speculative runs": "9"}
-    # The headline: per category the best cell on the prompts every cell ran (code: code-01 only, where ngram k=4
-    # takes 0.5 s against the baseline's 1.2 s and accepts 9 of 10 judged drafts), not a pool of everything.
-    headline = [m.value for m in at.markdown]
-    assert headline[headline.index("**greedy · skinny kernels · 2 threads · cpu**") + 1] == (
-        "- **code**: ngram at k=4 · fixed, **2.40×** (α 0.900, 1 prompt)\n"
-        "- **poem**: ngram at k=2 · fixed, **1.20×** (α 0.111, 1 prompt)")  # 1 accepted, 8 rejected
-    cells = at.dataframe[0].value.set_index(["category", "draft", "k"])
-    assert cells.loc[("code", "ngram", 2), ["alpha", "tau", "thrown_share", "measured_speedup"]].tolist() == \
-        pytest.approx([15 / 16, 2.7, 0.0, math.sqrt(8)])
+    # The answer: per category the best cell on the prompts every cell ran (code: code-01 only, where ngram k=4
+    # takes 0.5 s against the baseline's 1.2 s and accepts 9 of 10 judged drafts); one prompt gives no interval, so
+    # the runner-up (k=2, 2.0×) is not told apart from it: a tie.
+    head = at.dataframe[0].value.set_index("category")
+    assert head.loc["code", ["name", "speedup", "alpha", "prompts", "tied", "runner_up"]].tolist() == [
+        "prompt lookup (ngram) at k=4 · fixed", pytest.approx(2.4), pytest.approx(0.9), 1, True,
+        "prompt lookup (ngram) at k=2 · fixed"]
+    assert head.loc["poem", ["name", "speedup", "alpha"]].tolist() == [
+        "prompt lookup (ngram) at k=2 · fixed", pytest.approx(1.2), pytest.approx(1 / 9)]  # 1 accepted, 8 rejected
+    cells = at.dataframe[1].value.set_index(["category", "draft", "k"])
+    # code-01's run alone (code-02, which only this cell ran, is left out): 7 of 8 judged, 12 tokens in 5 rounds
+    assert cells.loc[("code", "ngram", 2), ["alpha", "tau", "thrown_share", "speedup"]].tolist() == \
+        pytest.approx([7 / 8, 2.4, 0.0, 2.0])
     assert cells.loc[("poem", "ngram", 4), ["thrown", "drafted", "thrown_share"]].tolist() == \
         pytest.approx([27, 38, 27 / 38])
     assert len(at.get("vega_lite_chart")) == 3
@@ -90,12 +93,12 @@ def test_overview_shows_the_hand_computed_numbers(monkeypatch, db):
 def test_overview_theory_chart_holds_the_curve_and_the_runs(monkeypatch, db):
     at = app(monkeypatch, db, chart_k="4")
     assert at.selectbox(key="chart_k").value == 4
-    spec, data = chart_data(at.get("vega_lite_chart")[0])
+    spec, data = chart_data(at.get("vega_lite_chart")[1])
     assert spec["title"].startswith("measured speedup against the formula's curve, k = 4")
     assert [layer["mark"]["type"] for layer in spec["spec"]["layer"]] == ["line", "rule", "circle"]
     curve = data[data["source"] == "theory"].set_index(["series", "alpha"])["speedup"]
     # k = 4, c = 0.05: α = 0.5 → (1 − 0.5⁵) / (0.5 · 1.2)
-    assert curve[("ngram · greedy", 0.5)] == pytest.approx((1 - 0.5**5) / 0.6)
+    assert curve[("prompt lookup (ngram) · greedy", 0.5)] == pytest.approx((1 - 0.5**5) / 0.6)
     dots = data[data["source"] == "measured"].set_index("run_id")
     assert sorted(dots.index) == ["c1-ls-k4", "c1-ng-k4", "p1-ls-k4", "p1-ng-k4"]
     assert dots.loc["c1-ng-k4", ["alpha", "speedup"]].tolist() == pytest.approx([0.9, 2.4])
@@ -109,30 +112,30 @@ def test_overview_filters_come_from_the_url_and_the_widgets(monkeypatch, db):
     at.multiselect(key="category").unselect("poem").select("code").run()
     at.multiselect(key="k").select(4).run()
     assert metrics(at)["speculative runs"] == "2"
-    assert at.dataframe[0].value[["draft", "k"]].values.tolist() == [["layerskip:2", 4], ["ngram", 4]]
+    assert at.dataframe[1].value[["draft", "k"]].values.tolist() == [["layerskip:2", 4], ["ngram", 4]]
 
 
 def test_compare_leaderboard_and_head_to_head(monkeypatch, db):
     at = app(monkeypatch, db, "compare.py")
     assert not at.exception
     board = at.dataframe[0].value.set_index("draft")
-    assert board.index.tolist() == ["ngram", "layerskip:2"]  # ranked by the geometric mean of best speedups
+    ngram, skip = "prompt lookup (ngram)", "layer skip (layerskip:2)"
+    assert board.index.tolist() == [ngram, skip]  # ranked by the geometric mean of best speedups
     # Judged on code-01, the one code prompt every cell ran: k=4 (2.4×) beats k=2 (2×), which only the easy code-02
-    # lifted to √8 ≈ 2.83× when pooled.
-    assert board.loc["ngram", ["code best", "code speedup", "code α", "prompts"]].tolist() == \
-        ["k=4 · fixed", pytest.approx(2.4), pytest.approx(0.9), "1"]
-    assert board.loc["layerskip:2", ["poem best", "poem speedup", "poem α"]].tolist() == \
+    # lifted to √8 ≈ 2.83× when pooled; one prompt each, so "≈" the runner-up: a tie.
+    assert board.loc[ngram, ["code best", "code speedup", "code α", "code 95%", "code tie", "prompts"]].tolist() == \
+        ["k=4 · fixed", pytest.approx(2.4), pytest.approx(0.9), "1 prompt", "≈ k=2 · fixed", "1"]
+    assert board.loc[skip, ["poem best", "poem speedup", "poem α"]].tolist() == \
         ["k=4 · fixed", pytest.approx(1.0), pytest.approx(0.8)]
     assert board["setup"].unique().tolist() == ["greedy · skinny kernels · 2 threads · cpu"]
-    assert board["lossless_rate"].to_dict() == {"ngram": "100%", "layerskip:2": "75%"}
+    assert board["lossless_rate"].to_dict() == {ngram: "100%", skip: "75%"}
     at.selectbox(key="a").select("ngram").run()
     at.selectbox(key="b").select("layerskip:2").run()
     duel = at.dataframe[1].value.set_index(["category", "k"])
-    assert duel.loc[("poem", 4), ["α · ngram", "α · layerskip:2", "speedup · ngram", "speedup · layerskip:2"]
-                    ].tolist() == pytest.approx([0.0, 0.8, 0.75, 1.0])
+    assert duel.loc[("poem", 4), ["alpha_a", "alpha_b", "speedup_a", "speedup_b", "b_over_a"]].tolist() == \
+        pytest.approx([0.0, 0.8, 0.75, 1.0, 1 / 0.75])
     spec, data = chart_data(at.get("vega_lite_chart")[0])
-    assert set(data["series"]) == {"ngram · greedy", "layerskip:2 · greedy"}
-    assert set(data["source"]) == {"measured", "theory", "formula's best k"}
+    assert set(data["series"]) == {f"A: {ngram}", f"B: {skip}"}  # one chart, both drafts in it
 
 
 def test_compare_says_which_k(monkeypatch, db):
@@ -141,8 +144,9 @@ def test_compare_says_which_k(monkeypatch, db):
     at = app(monkeypatch, db, "compare.py")
     assert not at.exception
     advice = at.dataframe[2].value
+    skip, ngram = "layer skip (layerskip:2)", "prompt lookup (ngram)"
     assert sorted(zip(advice["draft"], advice["category"], strict=True)) == [
-        ("layerskip:2", "code"), ("layerskip:2", "poem"), ("ngram", "code"), ("ngram", "poem")]
+        (skip, "code"), (skip, "poem"), (ngram, "code"), (ngram, "poem")]
     assert set(advice["recommended_policy"]) == {"fixed"}
     assert advice["recommended_k"].tolist() == advice["predicted_best_k"].tolist()
     # Only k = 2 and 4 were recorded: two cells' advisor k is another one, so only the other two are judged (hits)
@@ -150,11 +154,12 @@ def test_compare_says_which_k(monkeypatch, db):
                                       for k in advice["predicted_best_k"]]
     # The measured answer is the leaderboard's, k and policy named
     assert dict(zip(zip(advice["draft"], advice["category"], strict=True), advice["measured_choice"],
-                    strict=True)) == {("layerskip:2", "code"): "k=2 · fixed", ("layerskip:2", "poem"): "k=4 · fixed",
-                                      ("ngram", "code"): "k=4 · fixed", ("ngram", "poem"): "k=2 · fixed"}
+                    strict=True)) == {(skip, "code"): "k=2 · fixed", (skip, "poem"): "k=4 · fixed",
+                                      (ngram, "code"): "k=4 · fixed", (ngram, "poem"): "k=2 · fixed"}
     assert at.metric[0].value == "2 of 2"
     _, positions = chart_data(at.get("vega_lite_chart")[1])
-    ngram_code = positions[(positions["series"] == "ngram · greedy") & (positions["category"] == "code")]
+    ngram_code = positions[(positions["series"] == "prompt lookup (ngram) · greedy")
+                           & (positions["category"] == "code")]
     # ngram on code, accepted per round 2 1 2 2 (0: no room left to draft) | 4 2 3 | 2 2 2 2: all 11 rounds that
     # drafted accepted d1, and 10 of them accepted d2
     assert ngram_code["rate"].tolist()[:2] == pytest.approx([1.0, 10 / 11])
@@ -189,20 +194,20 @@ def test_replay_colours_every_token_by_its_fate(monkeypatch, db):
 def test_overview_and_compare_show_a_trees_nodes_per_round(monkeypatch, tree_db):
     # c2-tree-k3: 13 nodes in the 4 rounds that drafted, 12 tokens in 5 rounds (test_dashboard_queries.py)
     at = app(monkeypatch, tree_db)
-    cells = at.dataframe[0].value.set_index(["category", "draft", "k"])
-    assert cells.loc[("code", "ngram-tree", 3), ["alpha", "tau", "nodes_per_round"]].tolist() == pytest.approx(
-        [7 / 9, 12 / 5, 13 / 4])
-    assert cells["tree"].to_dict() == {cell: cell[1] == "ngram-tree" for cell in cells.index}
+    cells = at.dataframe[1].value.set_index(["category", "draft", "k"])
     assert cells.loc[("code", "ngram", 4), "nodes_per_round"] == pytest.approx(11 / 3)
+    # The tree ran code-02 alone, which the four cells on code-01 did not: every page leaves it out, by name.
+    assert "ngram-tree" not in set(cells.index.get_level_values("draft"))
+    left_out = ("Left out, since they missed a prompt the other cells of their setup ran: prompt lookup tree "
+                "(ngram-tree) k=3 · fixed on code.")
+    assert any(left_out in caption.value for caption in at.caption)
     at = app(monkeypatch, tree_db, "compare.py")
     assert not at.exception
-    # The tree ran code-02 alone, which the four cells on code-01 did not: the leaderboard leaves it out, by name.
-    assert "ngram-tree" not in set(at.dataframe[0].value["draft"])
-    assert any("Left out, since they missed a prompt the other cells of their setup ran: ngram-tree k=3 · fixed "
-               "on code." in caption.value for caption in at.caption)
+    assert "prompt lookup tree (ngram-tree)" not in set(at.dataframe[0].value["draft"])
+    assert any(left_out in caption.value for caption in at.caption)
     spec, positions = chart_data(at.get("vega_lite_chart")[1])
     assert spec["spec"]["layer"][0]["encoding"]["x"]["title"] == "draft position / tree depth"  # chains and a tree
-    tree = positions[positions["series"] == "ngram-tree · greedy"]
+    tree = positions[positions["series"] == "prompt lookup tree (ngram-tree) · greedy"]
     assert tree[["position", "reached", "accepted"]].values.tolist() == [[1, 4, 3], [2, 3, 3], [3, 2, 1]]
 
 
@@ -254,7 +259,7 @@ def test_replay_decodes_with_the_targets_tokenizer(monkeypatch, tmp_path):
 def test_sql_example_runs_on_a_click(monkeypatch, db):
     at = app(monkeypatch, db, "sql_page.py")
     assert not at.dataframe  # nothing runs before a click
-    at.button(key="example_0").click().run()
+    at.button(key=f"example_{list(EXAMPLES).index('α per category × draft × k')}").click().run()
     assert at.text_area(key="sql").value == EXAMPLES["α per category × draft × k"]
     result = at.dataframe[0].value
     assert result[["category", "draft", "k", "runs"]].values.tolist() == [
@@ -359,10 +364,14 @@ def test_a_page_waits_for_the_runners_write_lock(monkeypatch, tmp_path):
 
 
 def test_sql_says_when_it_cuts_the_result(monkeypatch, db):
-    at = app(monkeypatch, db, "sql_page.py", sql="SELECT range AS i FROM range(10001)")
+    at = app(monkeypatch, db, "sql_page.py", sql="SELECT range AS i FROM range(100001)")
     at.button(key="run_sql").click().run()
-    assert len(at.dataframe[0].value) == 10_000
-    assert at.warning[0].value.startswith("Showing the first 10,000 rows: the query returned more.")
+    assert at.warning[0].value.startswith("Showing the first 100,000 rows: the query returned more.")
+    # every row kept, shown a page at a time
+    assert at.dataframe[0].value["i"].tolist() == list(range(25))
+    at.number_input(key="sql_page").set_value(3).run()
+    assert at.dataframe[0].value["i"].tolist() == list(range(50, 75))
+    assert any(c.value == "rows 51–75 of 100,000" for c in at.caption)
 
 
 def test_benchmark_page_shows_each_bench_its_goals_and_its_verify_curve(monkeypatch, tmp_path):

@@ -6,11 +6,11 @@ import duckdb
 import pytest
 import streamlit as st
 
-from dashboard import common, queries
+from dashboard import common, filter_queries, queries
 from runner.store import comparable, metrics
 from tests.helpers.dashboard_fixtures import build
 
-READS = [(queries.run_count, ()), (queries.filter_options, ()), (queries.cells, (metrics.Filters(),)),
+READS = [(queries.run_count, ()), (filter_queries.filter_options, ()), (queries.cells, (metrics.Filters(),)),
          (comparable.best_cells, (metrics.Filters(),)), (metrics.formula_over_k, (metrics.Filters(),))]
 
 

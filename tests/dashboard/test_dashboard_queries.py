@@ -14,7 +14,7 @@ import duckdb
 import pandas as pd
 import pytest
 
-from dashboard import charts, fates, frames, queries, tree_layout
+from dashboard import charts, fates, filter_queries, frames, queries, tree_layout
 from runner.store import advisor, comparable, metrics
 from runner.store.metrics import Filters
 from tests.helpers.dashboard_fixtures import add_trees, build
@@ -83,7 +83,7 @@ def test_filters_pick_rows_by_parameters(db):
 
 def test_filter_options_come_from_runs_with_statistics(db):
     # The failed k=8 run has no statistics, so k=8 is no option.
-    assert queries.read(db, queries.filter_options) == {
+    assert queries.read(db, filter_queries.filter_options) == {
         "target": ["tiny-target"], "draft": ["layerskip:2", "ngram"], "category": ["code", "poem"], "k": [2, 4],
         "mode": ["greedy"], "device": ["cpu"], "sweep_id": ["s1"], "host": [], "concurrent_workers": [1],
         "kernels": ["skinny"], "threads": [2], "k_policy": ["fixed"], "batch_size": [1]}
@@ -103,8 +103,9 @@ def every_run(db: Path, filters: Filters) -> pd.DataFrame:
     where, params = filters.where(alias="s.")
     with duckdb.connect(str(db), read_only=True) as con:
         return con.execute(f"""
-            SELECT s.run_id, r.started_at, s.target, s.mode, s.category, s.prompt_id, s.draft, s.k,
-                s.alpha, s.tau, s.thrown_share, s.c, s.measured_speedup, s.theoretical_speedup, s.lossless
+            SELECT s.run_id, r.started_at, s.target, s.mode, s.category, s.prompt_id, s.draft, s.k, s.k_policy,
+                s.kernels, s.threads, s.batch_size, s.alpha, s.tau, s.thrown_share, s.c, s.measured_speedup,
+                s.theoretical_speedup, s.lossless
             FROM run_stats s JOIN runs r USING (run_id)
             WHERE s.draft <> 'none' AND {where} ORDER BY r.started_at DESC, s.run_id""", params).df()
 
@@ -206,31 +207,26 @@ def test_leaderboard_ranks_drafts_with_best_k_and_lossless_rate(db):
 
 
 def test_head_to_head_puts_two_drafts_side_by_side(db):
-    table = frames.head_to_head(queries.read(db, queries.cells, Filters()), "ngram", "layerskip:2")
-    assert table.columns.tolist() == [
-        "target", "mode", "device", "kernels", "threads", "batch_size", "category", "k", "k_policy", "α · ngram",
-        "α · layerskip:2",
-        "nodes/round · ngram", "nodes/round · layerskip:2", "τ · ngram", "τ · layerskip:2", "speedup · ngram",
-        "speedup · layerskip:2"]
+    table = frames.head_to_head(queries.read(db, queries.comparable_cells, Filters()), "ngram", "layerskip:2")
     code_k4 = table[(table["category"] == "code") & (table["k"] == 4)].iloc[0]
-    assert code_k4.iloc[9:].tolist() == pytest.approx([9 / 10, 6 / 11, 11 / 3, 4.0, 4.0, 2.0, 2.4, 0.6])
+    # code-01, the code prompt every cell ran: ngram 1.2 / 0.5 s, layerskip 1.2 / 2.0 s; one prompt: no interval,
+    # so no telling them apart (`spread.TIE`)
+    assert code_k4[["speedup_a", "speedup_b", "b_over_a", "alpha_a", "alpha_b", "prompts_a", "tie"]].tolist() == \
+        pytest.approx([2.4, 0.6, 0.25, 9 / 10, 6 / 11, 1, True])
+    assert len(table) == 4  # code and poem at k = 2 and 4
 
 
-def test_speedup_by_k_marks_the_formulas_best_k(db):
-    frame = frames.speedup_by_k(queries.read(db, metrics.cells, Filters()),
-                                queries.read(db, metrics.formula_over_k, Filters()))
-    best = frame[frame["source"] == frames.BEST_K].set_index(["series", "category"])
-    # Pooled α and c: layerskip code 10/22, c 0.4: k=1 gives (1 + α)/1.4 ≈ 1.04 > k=2's ≈ 0.92.
-    # ngram code 24/26, c 0.05: the curve still rises at k=16 (≈5.37 vs ≈5.36 at 15), the search's limit.
-    assert best["k"].to_dict() == {("layerskip:2 · greedy", "code"): 1, ("layerskip:2 · greedy", "poem"): 1,
-                                   ("ngram · greedy", "code"): 16, ("ngram · greedy", "poem"): 1}
-    assert best.loc[("layerskip:2 · greedy", "code"), "speedup"] == pytest.approx((1 + 10 / 22) / 1.4)
-    theory = frame[(frame["source"] == frames.THEORY) & (frame["series"] == "ngram · greedy")
-                   & (frame["category"] == "poem")]
-    assert theory["k"].tolist() == [1, 2, 3, 4]
-    assert theory["speedup"].tolist() == pytest.approx([formula(1 / 20, k, 0.05) for k in (1, 2, 3, 4)])
+def test_speedup_by_k_draws_the_predictions_only_over_the_measured_ks(db):
+    frame = frames.speedup_by_k(queries.read(db, queries.comparable_cells, Filters()),
+                                queries.read(db, advisor.k_curve, Filters()))
+    assert set(frame["source"]) == {frames.MEASURED, frames.PREDICTED, frames.THEORY}
+    for source in (frames.PREDICTED, frames.THEORY):
+        line = frame[(frame["source"] == source) & (frame["series"] == "prompt lookup (ngram) · greedy")
+                     & (frame["category"] == "poem")]
+        assert line["k"].tolist() == [2, 3, 4]  # measured at 2 and 4; nothing drawn past them
     measured = frame[frame["source"] == frames.MEASURED]
-    assert len(measured) == 8 and measured["speedup"].max() == pytest.approx(math.sqrt(8))
+    # code pools code-01 alone (the prompt every code cell ran): ngram k=4 at 2.4× is the fastest
+    assert len(measured) == 8 and measured["speedup"].max() == pytest.approx(2.4)
 
 
 def test_theory_frame_and_chart_hold_the_curve_and_the_runs(db):
@@ -249,8 +245,9 @@ def test_theory_frame_and_chart_hold_the_curve_and_the_runs(db):
     data = pd.DataFrame(spec["datasets"][spec["data"]["name"]])
     curve = data[(data["source"] == "theory")].set_index(["series", "alpha"])["speedup"]
     # At c = 0.05, k = 2: α=0 → 1/1.1; α=0.5 → 0.875/(0.5·1.1); α=1 → 3/1.1. At c = 0.4: α=0.5 → 0.875/0.9.
-    assert [curve[("ngram · greedy", a)] for a in (0.0, 0.5, 1.0)] == pytest.approx([1 / 1.1, 0.875 / 0.55, 3 / 1.1])
-    assert curve[("layerskip:2 · greedy", 0.5)] == pytest.approx(0.875 / 0.9)
+    assert [curve[("prompt lookup (ngram) · greedy", a)] for a in (0.0, 0.5, 1.0)] == \
+        pytest.approx([1 / 1.1, 0.875 / 0.55, 3 / 1.1])
+    assert curve[("layer skip (layerskip:2) · greedy", 0.5)] == pytest.approx(0.875 / 0.9)
     assert len(data[data["source"] == "measured"]) == 5
 
 

@@ -88,9 +88,10 @@ def test_every_page_shows_real_content(server, browser):
     expect(page.locator('[data-testid="stDataFrame"]').first).to_be_visible()
     # the 9 chain runs and the tree run c2-tree-k3; the headline's answer per category, on the prompts all cells ran
     assert _metric(page, "speculative runs") == "10"
-    expect(page.get_by_text("greedy · skinny kernels · 2 threads · cpu")).to_be_visible()
-    expect(page.locator("li").filter(has_text="code: ngram at k=4 · fixed, 2.40×")).to_be_visible()
-    expect(page.locator("li").filter(has_text="poem: ngram at k=2 · fixed, 1.20×")).to_be_visible()
+    # the answer is a table: its cells are the grid's accessible copy, drawn on a canvas
+    expect(page.get_by_text("greedy · skinny kernels · 2 threads · cpu").first).to_be_attached()
+    expect(page.get_by_text("prompt lookup (ngram) at k=4 · fixed").first).to_be_attached()  # code's answer
+    expect(page.get_by_text("prompt lookup (ngram) at k=2 · fixed").first).to_be_attached()  # poem's
     _screenshot(page, "overview")
 
     page = _open(browser, f"{server}/compare", '[data-testid="stVegaLiteChart"]')
@@ -107,7 +108,7 @@ def test_every_page_shows_real_content(server, browser):
     _screenshot(page, "bench")
 
     page = _open(browser, f"{server}/replay?run=p1-ls-k4", 'span[data-fate="bonus"]')
-    expect(page.get_by_text("poem/poem-01 · layerskip:2 k=4 · greedy")).to_be_visible()
+    expect(page.get_by_text("poem/poem-01 · layer skip (layerskip:2) k=4 · greedy")).to_be_visible()
     text = page.locator(".specdash-tokens").nth(1)  # the first one is the legend
     assert [span.get_attribute("data-fate") for span in text.locator("span").all()] == [
         "accepted", "accepted", "accepted", "correction", "correction", "accepted", "accepted", "accepted",
@@ -116,7 +117,7 @@ def test_every_page_shows_real_content(server, browser):
     _screenshot(page, "replay")
     page.get_by_role("button", name="open the baseline run poem-01-base").click()
     _wait_for_param(page, "run", "poem-01-base")
-    expect(page.get_by_text("poem/poem-01 · none · greedy")).to_be_visible()
+    expect(page.get_by_text("poem/poem-01 · plain decoding · greedy")).to_be_visible()
 
     page = _open(browser, f"{server}/replay?run=c2-tree-k3", '[data-testid="stVegaLiteChart"]')
     expect(page.get_by_text("A tree round")).to_be_visible()
@@ -144,7 +145,7 @@ def test_a_copied_url_reopens_the_same_view(server, browser):
     _pick(page, "run", "p1-ng-k2")
     _wait_for_param(page, "run", "p1-ng-k2")
     shared = _open(browser, page.url, 'span[data-fate="plain"]')
-    expect(shared.get_by_text("poem/poem-01 · ngram k=2 · greedy")).to_be_visible()
+    expect(shared.get_by_text("poem/poem-01 · prompt lookup (ngram) k=2 · greedy")).to_be_visible()
 
     query = "SELECT draft, count(*) AS runs FROM runs GROUP BY draft ORDER BY draft"
     page = _open(browser, f"{server}/sql", ".st-key-sql textarea")

@@ -268,15 +268,15 @@ def _run_forked(job: dict) -> None:
 
 def _dashboard_reads(db: Path, seen: dict) -> None:
     """What the Overview and the Replay pages read, one short connection per query function, as the app does."""
-    from dashboard import queries
+    from dashboard import filter_queries, queries
     from runner.store import metrics
 
     if queries.read(db, queries.run_count) == 0:
         return
     filters = metrics.Filters()
-    for fn in (queries.filter_options, metrics.cells, queries.verify_growth,
+    for fn in (filter_queries.filter_options, metrics.cells, queries.verify_growth,
                queries.lossless_rates, metrics.draft_categories, metrics.formula_over_k):
-        queries.read(db, fn, *([] if fn is queries.filter_options else [filters]))
+        queries.read(db, fn, *([] if fn is filter_queries.filter_options else [filters]))
         seen["queries"] += 1
     queries.read(db, queries.runs, filters, 1000)
     seen["queries"] += 1

@@ -118,7 +118,7 @@ def test_a_reader_holding_the_file_makes_the_runner_wait_then_write_everything(t
     prompts = write_prompts(tmp_path / "prompts.jsonl", prompt_count)
     # The sweep stops after its second write, so the hold lands mid-sweep whatever the machine's speed.
     writer = subprocess.Popen(
-        [sys.executable, str(ROOT / "tests" / "reliability_helpers.py"), "sweep", str(out), "--",
+        [sys.executable, str(ROOT / "tests" / "helpers" / "reliability_helpers.py"), "sweep", str(out), "--",
          *sweep_args(tiny_dir, db, prompts, drafts, ks)], cwd=ROOT,
         env={**child_env(), "PAUSE_AFTER": "2", "GO": str(go)},
         stdout=subprocess.DEVNULL, stderr=(tmp_path / "sweep.log").open("w"))

@@ -10,6 +10,7 @@ code-02, fixed k = 2 gives 2.4 / 0.6 = 4.0× against auto's 2.4 / 0.8 = 3.0×; l
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 
 import duckdb
@@ -74,15 +75,15 @@ def _page(monkeypatch: pytest.MonkeyPatch, db: Path, page: str | None = None) ->
 
 
 def test_the_overview_headline_and_the_leaderboard_give_one_answer(monkeypatch, db):
-    overview = [m.value for m in _page(monkeypatch, db).markdown]
-    skinny = overview[overview.index(f"**{SKINNY}**") + 1]
-    stock = overview[overview.index(f"**{STOCK}**") + 1]
-    assert skinny == "- **code**: ngram at k=2 · fixed, **4.00×** (α 1.000, 1 prompt)"
-    assert stock == "- **code**: layerskip:2 at k=2 · fixed, **8.49×** (α 1.000, 2 prompts)"
+    head = _page(monkeypatch, db).dataframe[0].value.set_index(["setup", "category"])
+    assert head.loc[(SKINNY, "code"), ["name", "speedup", "alpha", "prompts"]].tolist() == [
+        "prompt lookup (ngram) at k=2 · fixed", pytest.approx(4.0), pytest.approx(1.0), 1]
+    assert head.loc[(STOCK, "code"), ["name", "speedup", "alpha", "prompts"]].tolist() == [
+        "layer skip (layerskip:2) at k=2 · fixed", pytest.approx(math.sqrt(72)), pytest.approx(1.0), 2]
     board = _page(monkeypatch, db, "compare.py").dataframe[0].value.set_index(["setup", "draft"])
-    assert board.loc[(SKINNY, "ngram"), ["code best", "code speedup", "prompts"]].tolist() == \
+    assert board.loc[(SKINNY, "prompt lookup (ngram)"), ["code best", "code speedup", "prompts"]].tolist() == \
         ["k=2 · fixed", pytest.approx(4.0), "1"]
-    assert board.loc[(STOCK, "layerskip:2"), "code best"] == "k=2 · fixed"
+    assert board.loc[(STOCK, "layer skip (layerskip:2)"), "code best"] == "k=2 · fixed"
 
 
 def test_the_advisor_counts_positions_over_the_runs_it_compares(tmp_path):

@@ -8,7 +8,7 @@ import duckdb
 import pytest
 from typer.testing import CliRunner
 
-from dashboard import queries
+from dashboard import filter_queries, queries
 from runner.cli import app
 from runner.store import schema_facts
 from runner.store.connect import init_db
@@ -94,7 +94,7 @@ def test_merged_runs_keep_their_rows_and_the_dashboard_filters_them_by_host(sour
     picked = queries.read(into, queries.runs, queries.Filters(host=("host-b",)), 100)
     assert sorted(picked["run_id"]) == sorted(f"b-{run_id}" for run_id in (
         "c1-ng-k2", "c1-ng-k4", "c2-ng-k2", "c1-ls-k2", "c1-ls-k4", "p1-ng-k2", "p1-ng-k4", "p1-ls-k2", "p1-ls-k4"))
-    assert queries.read(into, queries.filter_options)["host"] == ["host-a", "host-b"]
+    assert queries.read(into, filter_queries.filter_options)["host"] == ["host-a", "host-b"]
 
 
 def test_an_older_file_is_upgraded_on_a_copy_and_merged(sources, tmp_path):
@@ -105,7 +105,7 @@ def test_an_older_file_is_upgraded_on_a_copy_and_merged(sources, tmp_path):
         con.execute(f"ATTACH '{a}' AS a (READ_ONLY)")
         con.execute("INSERT INTO runs BY NAME SELECT * EXCLUDE (concurrent_workers, divergence_at, divergence_gap, "
                     "divergence_tolerance, divergence, kernels, threads, k_policy, turn, conversation, batch_size, "
-                    "batch_slot, batch_id, tree_nodes) "
+                    "batch_slot, batch_id, tree_nodes, repeat) "
                     "REPLACE ('old-' || run_id AS run_id) FROM a.runs")
         con.execute("INSERT INTO rounds BY NAME SELECT * EXCLUDE (draft_parents, accepted_path, depth, draft_p, "
                     "draft_q, draft_u, from_residual, batch_seqs, pass_rows) "
