@@ -38,6 +38,7 @@ class Cell:
     # A batch (runner/engine/batch.py): its prompts in order, this cell's at `slot`; () for a run alone
     batch: tuple[Prompt, ...] = ()
     slot: int = 0
+    engine: str = "specdash"  # what decodes it: ours, or 'vllm' (runner/vllm/); part of its key and its baseline's
 
     @property
     def batch_size(self) -> int:
@@ -55,7 +56,7 @@ class Cell:
     def key(self, seed: int) -> tuple:
         """The cell's values of `CELL_KEY`, in its order."""
         d = self.decoding
-        values = {"prompt_id": self.prompt.id, "draft": self.draft.text, "k": self.k, "mode": d.mode,
+        values = {"engine": self.engine, "prompt_id": self.prompt.id, "draft": self.draft.text, "k": self.k, "mode": d.mode,
                   "temperature": d.temperature, "top_p": d.top_p, "seed": seed, "k_policy": self.k_policy,
                   "batch_size": self.batch_size, "batch_slot": self.slot}
         return tuple(values[name] for name in CELL_KEY)
@@ -64,7 +65,7 @@ class Cell:
         """The values of `BASELINE_KEY` that this cell's run and its baseline share, fed `prompt_ids` on that device
         and dtype: equal to `RunRecord.baseline_key` of the run it makes."""
         d = self.decoding
-        values = {"prompt_id": self.prompt.id, "mode": d.mode, "temperature": d.temperature, "top_p": d.top_p,
+        values = {"engine": self.engine, "prompt_id": self.prompt.id, "mode": d.mode, "temperature": d.temperature, "top_p": d.top_p,
                   "seed": seed, "prompt_tokens": tuple(prompt_ids), "device": device, "dtype": dtype,
                   "batch_size": self.batch_size, "batch_slot": self.slot}
         return tuple(values[name] for name in BASELINE_KEY)
@@ -72,14 +73,15 @@ class Cell:
     @property
     def baseline(self) -> Cell:
         """The plain-decoding cell this one is checked and timed against (itself for a baseline)."""
-        return Cell(self.prompt, self.decoding, PLAIN, None, batch=self.batch, slot=self.slot)
+        return Cell(self.prompt, self.decoding, PLAIN, None, batch=self.batch, slot=self.slot, engine=self.engine)
 
     @property
     def label(self) -> str:
         """The cell as progress and reports name it."""
         policy = "" if self.k_policy in (None, FIXED.text) else f" {self.k_policy}"
         batch = f" batch={self.batch_size}" if self.batch else ""
-        return f"{self.prompt.id} {self.draft.text} k={self.k}{policy} {self.decoding.mode}{batch}"
+        engine = "" if self.engine == "specdash" else f" on {self.engine}"
+        return f"{self.prompt.id} {self.draft.text} k={self.k}{policy} {self.decoding.mode}{batch}{engine}"
 
 
 GREEDY = Decoding("greedy", 0.0, 1.0)

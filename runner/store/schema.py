@@ -19,6 +19,7 @@ import duckdb
 
 from runner.records import tree_depth
 from runner.store.schema_batches import BATCH_STATS, batch_columns
+from runner.store.schema_engines import add_engines
 from runner.store.schema_facts import RUN_STATS
 from runner.store.schema_rounds import OUTCOMES_OF_ROUNDS, POSITION_STATS, add_pass_rows, count_rounds
 from runner.store.schema_trainings import add_learn_context, add_training_categories, create_trainings
@@ -232,6 +233,7 @@ MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     _add_tree_nodes,
     add_pass_rows,
     add_learn_context,
+    add_engines,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
