@@ -56,17 +56,17 @@ class Cell:
     def key(self, seed: int) -> tuple:
         """The cell's values of `CELL_KEY`, in its order."""
         d = self.decoding
-        values = {"engine": self.engine, "prompt_id": self.prompt.id, "draft": self.draft.text, "k": self.k, "mode": d.mode,
-                  "temperature": d.temperature, "top_p": d.top_p, "seed": seed, "k_policy": self.k_policy,
-                  "batch_size": self.batch_size, "batch_slot": self.slot}
+        values = {"engine": self.engine, "prompt_id": self.prompt.id, "draft": self.draft.text, "k": self.k,
+                  "mode": d.mode, "temperature": d.temperature, "top_p": d.top_p, "seed": seed,
+                  "k_policy": self.k_policy, "batch_size": self.batch_size, "batch_slot": self.slot}
         return tuple(values[name] for name in CELL_KEY)
 
     def baseline_key(self, seed: int, prompt_ids: tuple[int, ...], device: str, dtype: str) -> tuple:
         """The values of `BASELINE_KEY` that this cell's run and its baseline share, fed `prompt_ids` on that device
         and dtype: equal to `RunRecord.baseline_key` of the run it makes."""
         d = self.decoding
-        values = {"engine": self.engine, "prompt_id": self.prompt.id, "mode": d.mode, "temperature": d.temperature, "top_p": d.top_p,
-                  "seed": seed, "prompt_tokens": tuple(prompt_ids), "device": device, "dtype": dtype,
+        values = {"engine": self.engine, "prompt_id": self.prompt.id, "mode": d.mode, "temperature": d.temperature,
+                  "top_p": d.top_p, "seed": seed, "prompt_tokens": tuple(prompt_ids), "device": device, "dtype": dtype,
                   "batch_size": self.batch_size, "batch_slot": self.slot}
         return tuple(values[name] for name in BASELINE_KEY)
 

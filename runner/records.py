@@ -107,12 +107,13 @@ class Divergence:
 
 # The columns of `runs` that make a cell of a sweep: a resumed sweep records only the cells it has no 'ok' run for.
 # The engine is part of both: a resumed sweep is per engine, and a vLLM run is never judged against our baseline.
-CELL_KEY = ("engine", "prompt_id", "draft", "k", "mode", "temperature", "top_p", "seed", "k_policy", "batch_size", "batch_slot")
+CELL_KEY = ("engine", "prompt_id", "draft", "k", "mode", "temperature", "top_p", "seed", "k_policy", "batch_size",
+            "batch_slot")
 # The columns a run shares with the plain-decoding run of its sweep it is checked and timed against: the same prompt
 # ids (a chat template that stamps the date changes them), decoding, seed, device and dtype, and its place in a batch
 # of the same size (the baseline at batch B decodes the same B prompts together, plainly).
-BASELINE_KEY = ("engine", "prompt_id", "mode", "temperature", "top_p", "seed", "prompt_tokens", "device", "dtype", "batch_size",
-                "batch_slot")
+BASELINE_KEY = ("engine", "prompt_id", "mode", "temperature", "top_p", "seed", "prompt_tokens", "device", "dtype",
+                "batch_size", "batch_slot")
 
 
 @dataclass(frozen=True)
