@@ -26,6 +26,7 @@ from runner.cli.common import (
     stderr,
     stdout,
 )
+from runner.cli.engine_inputs import OURS, Engine, check_engine, vllm_drafts_for
 from runner.cli.inputs import batch_sizes, check_run, csv, decoding_for, ints, parse_drafts
 from runner.engine import models, tree_size
 from runner.engine.kernels import SKINNY
@@ -172,6 +173,7 @@ def sweep(
     = None,
     batch: Annotated[str, typer.Option(help="batch sizes, comma-separated: B > 1 decodes B prompts of a category "
                                             "together, against plain decoding at B")] = "1",
+    engine: Engine = OURS,
 ) -> None:
     """Record baseline and speculative runs for every prompt × draft × k into the database."""
     try:
@@ -179,7 +181,12 @@ def sweep(
         if workers is not None and (ray is None or workers < 1):
             raise UsageError("--workers needs --ray and must be >= 1")
         ks = ints(k, "k")
-        specs, policies = parse_drafts(draft, ks, k_policy, "every sweep records its baselines; give only drafts")
+        if check_engine(engine) == OURS:
+            specs, policies = parse_drafts(draft, ks, k_policy, "every sweep records its baselines; give only drafts")
+        else:
+            parse_drafts(["ngram"], ks, [FIXED.text], "")  # the ks' bounds
+            specs, policies = vllm_drafts_for(draft, k_policy)
+            all_threads = threads or 1  # vLLM binds its threads to cores 0..threads-1
         chosen = select_prompts(load_prompts(prompts), csv(categories, "categories") if categories else None,
                                 prompts_per_category)
         config = SweepConfig(
@@ -187,8 +194,10 @@ def sweep(
             decodings=tuple(dict.fromkeys(decoding_for(m, temperature, top_p) for m in mode)),
             prompts=tuple(chosen), max_new_tokens=max_new_tokens, seed=seed, db=db, device=device, dtype=dtype,
             sweep_id=resume, trust_remote_code=trust_remote_code, kernels=kernels, threads=all_threads,
-            policies=policies, batches=batch_sizes(batch),
+            policies=policies, batches=batch_sizes(batch), engine=engine,
         )
+        if ray and engine != OURS:
+            raise UsageError("vLLM runs its own servers: drop --ray with --engine vllm")
         if ray and config.batches != (1,):
             raise UsageError("--batch above 1 runs in this process only: drop --ray, or sweep --batch 1 on Ray")
         sweep_id, recorder = _record(config, resume, ray, workers)
@@ -205,6 +214,10 @@ def _record(config: SweepConfig, resume: str | None, ray: str | None, workers: i
         config = dataclasses.replace(config, sweep_id=progress.resumable(config.db, config.plan_id()))
     elif resume and resume not in set(list_sweeps(config.db)["sweep_id"]):
         raise UsageError(f'no sweep "{resume}" in {config.db}')
+    if not ray and config.engine != OURS:
+        from runner.vllm.source import VllmSource  # only here: our engine's sweeps never import vLLM's side
+
+        return run_sweep(config, stderr, VllmSource)
     if not ray:
         return run_sweep(config, stderr)
     from runner.sweep.ray_cells import run_sweep_on_ray  # only here: a local sweep never imports Ray

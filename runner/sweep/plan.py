@@ -38,6 +38,12 @@ class SweepConfig:
     threads: int | None = None  # torch CPU threads; None leaves torch's setting as it is
     policies: tuple[PolicySpec, ...] = (FIXED,)  # draft-length policies (--k-policy), each with every draft and k
     batches: tuple[int, ...] = (1,)  # batch sizes (--batch): B > 1 decodes B prompts of a category together
+    engine: str = "specdash"  # what decodes: ours, 'vllm' (servers started here) or 'vllm:<url>' (runner/vllm/)
+
+    @property
+    def engine_name(self) -> str:
+        """`runs.engine`: the engine without where it runs."""
+        return self.engine.partition(":")[0]
 
     def plan_id(self) -> str:
         """What the sweep records, as a short hash: a sweep is resumable by a later one with the same plan."""
@@ -46,9 +52,10 @@ class SweepConfig:
         texts = tuple(p.text for p in self.policies)
         policies = () if texts == (FIXED.text,) else (texts,)
         batches = () if self.batches == (1,) else (("batches", self.batches),)
+        engine = () if self.engine == "specdash" else (("engine", self.engine),)
         return progress.fingerprint(self.target, tuple(d.text for d in self.drafts), self.ks, self.decodings,
                                     self.prompts, self.max_new_tokens, self.seed, self.device, self.dtype, *policies,
-                                    *batches)
+                                    *batches, *engine)
 
 
 def interleaved(prompts: tuple[Prompt, ...]) -> list[Prompt]:
@@ -69,11 +76,12 @@ def plan(config: SweepConfig) -> Iterator[Cell]:
     for size in config.batches:
         for prompts in [(p,) for p in interleaved(config.prompts)] if size == 1 else batches_of(config.prompts, size):
             for decoding in config.decodings:
-                yield from _batch(Cell(prompts[0], decoding, PLAIN, None), prompts)
+                yield from _batch(Cell(prompts[0], decoding, PLAIN, None, engine=config.engine_name), prompts)
                 for draft in config.drafts:
                     for policy in (p for p in config.policies if p.applies_to(draft.kind)):
                         for k in config.ks:
-                            yield from _batch(Cell(prompts[0], decoding, draft, k, policy), prompts)
+                            yield from _batch(Cell(prompts[0], decoding, draft, k, policy,
+                                                   engine=config.engine_name), prompts)
 
 
 def _batch(cell: Cell, prompts: tuple[Prompt, ...]) -> Iterator[Cell]:
@@ -112,6 +120,7 @@ def cells_to_run(config: SweepConfig) -> tuple[str, list[Cell]]:
     or a draft head that cannot fit the target before any model is loaded."""
     sweep_id = config.sweep_id or new_sweep_id()
     check_db(config.db)
-    check_drafts(config.target, list(config.drafts), config.trust_remote_code)
+    if config.engine == "specdash":  # vLLM checks its own drafts as it loads them
+        check_drafts(config.target, list(config.drafts), config.trust_remote_code)
     done = recorded_runs(config.db, sweep_id) if config.sweep_id else set()
     return sweep_id, [c for c in plan(config) if c.key(config.seed) not in done]
