@@ -165,6 +165,9 @@ class RunRecord:
     engine_version: str | None = None  # the engine's version where it is not this project's (vLLM's)
     engine_config: str | None = None  # vLLM: the exact speculative config it ran, as JSON ('null': plain decoding)
     ttft_s: float | None = None  # vLLM: its time to first token (scheduled to first token); ours: see prefill_s
+    # vLLM: its own account of the request's speculative decoding as it returned it (`metrics.speculative_decoding`,
+    # JSON: mean_acceptance_length, draft_acceptance_rate, the per-step arrays, …); None for ours and plain decoding
+    engine_report: str | None = None
 
     def cell_key(self) -> tuple:
         return tuple(getattr(self, name) for name in CELL_KEY)

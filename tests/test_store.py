@@ -111,7 +111,7 @@ def test_runs_and_rounds_have_the_documented_columns(db):
         ("divergence_tolerance", f), ("divergence", text), ("kernels", text), ("threads", i), ("concurrent_workers", i),
         ("k_policy", text), ("turn", i), ("conversation", text), ("batch_size", i), ("batch_slot", i),
         ("batch_id", text), ("tree_nodes", i), ("engine", text), ("engine_version", text),
-        ("engine_config", text), ("ttft_s", f)]
+        ("engine_config", text), ("engine_report", text), ("ttft_s", f)]
     assert columns(db, "rounds") == [
         ("run_id", text), ("round", i), ("k", i), ("accepted", i), ("rejected", i), ("thrown", i),
         ("bonus", "BOOLEAN"), ("emitted", i), ("draft_s", f), ("verify_s", f), ("draft_tokens", ints),

@@ -40,7 +40,7 @@ def run_row(record: RunRecord) -> dict[str, object]:
               "baseline_run_id", "lossless", "status", "error", "divergence_at", "divergence_gap",
               "divergence_tolerance", "divergence", "kernels", "threads", "concurrent_workers", "k_policy", "turn",
               "conversation", "batch_size", "batch_slot", "batch_id", "tree_nodes", "engine", "engine_version",
-              "engine_config", "ttft_s")
+              "engine_config", "engine_report", "ttft_s")
     row = {name: getattr(record, name) for name in fields}
     row["started_at"] = datetime.fromisoformat(record.started_at)
     row["conversation"] = record.conversation or record.prompt_id

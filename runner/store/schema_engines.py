@@ -9,12 +9,12 @@ from runner.store import schema_facts
 
 
 def add_engines(con: duckdb.DuckDBPyConnection) -> None:
-    """`runs.engine` ('specdash' for every run before: our engine decoded them all), the engine's version and the
-    exact speculative config it ran (vLLM), its time to first token; run_facts gains the engine's columns, so its
-    table is worked out again. A vLLM round's tokens and times are not reported: those columns of `rounds` are NULL
-    for its runs, and so are draft_s, verify_s and c of the run."""
+    """`runs.engine` ('specdash' for every run before: our engine decoded them all), the engine's version, the exact
+    speculative config it ran and its own report of the request's steps (vLLM), its time to first token; run_facts
+    gains the engine's columns, so its table is worked out again. A vLLM round's tokens and times are not reported:
+    those columns of `rounds` are NULL for its runs, and so are draft_s, verify_s and c of the run."""
     for column, kind in (("engine", "TEXT"), ("engine_version", "TEXT"), ("engine_config", "TEXT"),
-                         ("ttft_s", "DOUBLE")):
+                         ("engine_report", "TEXT"), ("ttft_s", "DOUBLE")):
         con.execute(f"ALTER TABLE runs ADD COLUMN {column} {kind}")
     con.execute("UPDATE runs SET engine = 'specdash'")
     con.execute("DROP VIEW run_stats")

@@ -34,6 +34,7 @@ class Reply:
     ttft_s: float  # scheduled to first token: the prefill
     generation_s: float  # first token to last
     steps: Steps | None  # None: the server decodes plainly
+    report: dict | None  # `metrics.speculative_decoding` as vLLM returned it
 
 
 def get(url: str, path: str, timeout_s: float = 30.0) -> dict:
@@ -85,4 +86,5 @@ def reply_of(answer: dict) -> Reply:
                       spec["num_accepted_draft_tokens"], spec["num_draft_tokens"], spec["mean_acceptance_length"],
                       spec["draft_acceptance_rate"])
     return Reply(tuple(choice["token_ids"]), choice.get("finish_reason") or "length",
-                 metrics["time_to_first_token_ms"] / 1000, (metrics.get("generation_time_ms") or 0.0) / 1000, steps)
+                 metrics["time_to_first_token_ms"] / 1000, (metrics.get("generation_time_ms") or 0.0) / 1000, steps,
+                 spec)

@@ -79,6 +79,15 @@ class VllmEngine:
 
     def run(self, cell: Cell, ids: list[int], max_new_tokens: int, seed: int) -> Generation:
         """One request: the cell's prompt ids decoded under its config (`use` first)."""
+        return self.request(cell, ids, max_new_tokens, seed)[0]
+
+    def run_batch(self, cells: list[Cell], ids_list: list[list[int]], max_new_tokens: int,
+                  seed: int) -> list[Generation]:
+        """B requests at once, which vLLM schedules into the same steps."""
+        return [g for g, _ in self.request_batch(cells, ids_list, max_new_tokens, seed)]
+
+    def request(self, cell: Cell, ids: list[int], max_new_tokens: int, seed: int) -> tuple[Generation, str | None]:
+        """`run`, with vLLM's own report of the request's speculative decoding (JSON; None when plain)."""
         if self.server is not None and (why := self.server.died()):
             raise VllmError(why)
         url = self.url or self.server.url
@@ -86,13 +95,13 @@ class VllmEngine:
         sampling = {"temperature": 0.0, "top_p": 1.0} if d.greedy else {"temperature": d.temperature,
                                                                          "top_p": d.top_p, "seed": seed}
         reply = client.complete(url, self.served, ids, max_new_tokens, sampling, REQUEST_TIMEOUT_S)
-        return self.generation(ids, reply, cell.k)
+        return self.generation(ids, reply, cell.k), None if reply.report is None else json.dumps(reply.report)
 
-    def run_batch(self, cells: list[Cell], ids_list: list[list[int]], max_new_tokens: int,
-                  seed: int) -> list[Generation]:
-        """B requests at once, which vLLM schedules into the same steps."""
+    def request_batch(self, cells: list[Cell], ids_list: list[list[int]], max_new_tokens: int,
+                      seed: int) -> list[tuple[Generation, str | None]]:
+        """`run_batch`, each with vLLM's report: B requests sent at once."""
         with ThreadPoolExecutor(len(cells)) as pool:
-            return list(pool.map(lambda pair: self.run(pair[0], pair[1], max_new_tokens, seed),
+            return list(pool.map(lambda pair: self.request(pair[0], pair[1], max_new_tokens, seed),
                                  zip(cells, ids_list, strict=True)))
 
     def generation(self, ids: list[int], reply: client.Reply, k: int | None) -> Generation:

@@ -63,21 +63,18 @@ class VllmSource:
         for _, members in groupby(cells, key=lambda c: c.mate(0) if c.batch else c):
             batch, started = list(members), _now()
             try:
-                if batch[0].batch:
-                    generations = self.engine.run_batch(batch, [self.ids[c.prompt.id] for c in batch],
-                                                        cfg.max_new_tokens, cfg.seed)
-                else:
-                    generations = [self.engine.run(batch[0], self.ids[batch[0].prompt.id], cfg.max_new_tokens,
-                                                   cfg.seed)]
+                ids = [self.ids[c.prompt.id] for c in batch]
+                done = self.engine.request_batch(batch, ids, cfg.max_new_tokens, cfg.seed) if batch[0].batch else [
+                    self.engine.request(batch[0], ids[0], cfg.max_new_tokens, cfg.seed)]
                 errors = [None] * len(batch)
             except (VllmError, ValueError) as exc:
-                generations, errors = [None] * len(batch), [str(exc)] * len(batch)
+                done, errors = [(None, None)] * len(batch), [str(exc)] * len(batch)
             batch_id = new_run_id() if batch[0].batch else None
-            yield from (Result(c, self.record(c, g, e, started, batch_id))
-                        for c, g, e in zip(batch, generations, errors, strict=True))
+            yield from (Result(c, self.record(c, g, e, started, batch_id, report))
+                        for c, (g, report), e in zip(batch, done, errors, strict=True))
 
     def record(self, cell: Cell, generation: Generation | None, error: str | None, started: str,
-               batch_id: str | None = None) -> RunRecord:
+               batch_id: str | None = None, report: str | None = None) -> RunRecord:
         """One row of `runs` for a vLLM request (or its error), not yet judged against vLLM's plain run."""
         d, facts = cell.decoding, self.engine.facts()
         text = None if generation is None else self.engine.tokenizer.decode(list(generation.output_tokens))
@@ -91,7 +88,7 @@ class VllmSource:
             threads=facts["threads"], k_policy=cell.k_policy, turn=cell.prompt.turn,
             conversation=cell.prompt.thread, batch_size=cell.batch_size, batch_slot=cell.slot, batch_id=batch_id,
             engine=facts["engine"], engine_version=facts["engine_version"], engine_config=facts["engine_config"],
-            ttft_s=None if generation is None else generation.prefill_s)
+            engine_report=report, ttft_s=None if generation is None else generation.prefill_s)
 
     def close(self) -> None:
         self.engine.close()
