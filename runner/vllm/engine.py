@@ -64,8 +64,10 @@ class VllmEngine:
                                                            return_dict=True)["input_ids"])
         return list(self.tokenizer(prompt.text)["input_ids"])
 
-    def use(self, cell: Cell) -> None:
-        """Make the cell's speculative config the one requests run with: a new server here when it changed."""
+    def use(self, cell: Cell, warm_ids: list[int], max_new_tokens: int) -> None:
+        """Make the cell's speculative config the one requests run with: a new server here when it changed, warmed
+        up by decoding `warm_ids` once (its first requests pay one-off costs: the n-gram matcher's JIT, allocations),
+        as our engine warms up before its timed runs."""
         config = speculative_config(cell.draft, cell.k, model_dir)
         if self.url or (self.server is not None and config == self.config):
             self.config = config
@@ -76,6 +78,8 @@ class VllmEngine:
         self.server.wait()
         self.served = self.model
         self.version = client.get(self.server.url, "/version").get("version")
+        client.complete(self.server.url, self.served, warm_ids, max_new_tokens, {"temperature": 0.0},
+                        REQUEST_TIMEOUT_S)
 
     def run(self, cell: Cell, ids: list[int], max_new_tokens: int, seed: int) -> Generation:
         """One request: the cell's prompt ids decoded under its config (`use` first)."""

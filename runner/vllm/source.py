@@ -51,7 +51,7 @@ class VllmSource:
         for key in configs:
             group = [c for c in cells if (c.draft.text, c.k) == key]
             try:
-                self.engine.use(group[0])
+                self.engine.use(group[0], self.ids[group[0].prompt.id], self.config.max_new_tokens)
             except (VllmError, ValueError) as exc:
                 yield from (Result(c, self.record(c, None, str(exc), _now())) for c in group)
                 continue
