@@ -9,7 +9,7 @@ import streamlit as st
 from dashboard import charts, common
 from runner.store import advisor, batches, comparable
 
-FILTERS = ("target", "category", "mode", "device", "kernels", "threads", "sweep_id")
+FILTERS = ("engine", "target", "category", "mode", "device", "kernels", "threads", "sweep_id")
 ADVISED_SETUP = ("target", "mode", "device", "kernels", "threads")  # what the advisor's rows share with a setup
 
 

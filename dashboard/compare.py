@@ -10,7 +10,8 @@ import streamlit as st
 from dashboard import charts, common, frames, k_advice, queries
 from runner.store import comparable, metrics
 
-FILTERS = ("target", "category", "mode", "device", "host", "concurrent_workers", "kernels", "threads", "sweep_id")
+FILTERS = ("engine", "target", "category", "mode", "device", "host", "concurrent_workers", "kernels", "threads",
+           "sweep_id")
 
 
 def _leaderboard_config(table: pd.DataFrame) -> dict:

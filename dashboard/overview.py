@@ -8,8 +8,8 @@ import streamlit as st
 from dashboard import charts, common, frames, queries
 from runner.store import comparable, metrics
 
-FILTERS = ("target", "draft", "category", "k", "k_policy", "mode", "device", "host", "concurrent_workers", "kernels",
-           "threads", "sweep_id")
+FILTERS = ("engine", "target", "draft", "category", "k", "k_policy", "mode", "device", "host", "concurrent_workers",
+           "kernels", "threads", "sweep_id")
 # In display order: the explainer's numbers first, the counts behind them after.
 CELL_COLUMNS = {
     "category": st.column_config.TextColumn("category"),
