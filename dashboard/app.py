@@ -30,6 +30,7 @@ page = st.navigation([
     st.Page("sql_page.py", title="SQL", icon=":material/database:", url_path="sql"),
     st.Page("spec_bench_page.py", title="Spec-Bench", icon=":material/table_chart:", url_path="spec-bench"),
     st.Page("batches_page.py", title="Batches", icon=":material/stacks:", url_path="batches"),
+    st.Page("engines_page.py", title="Engines", icon=":material/compare:", url_path="engines"),
 ], position="sidebar" if may_read else "hidden")
 if may_read:
     st.sidebar.caption(f"database: `{common.db_path()}`")

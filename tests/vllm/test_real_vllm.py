@@ -111,3 +111,19 @@ def test_the_shipped_heads_acceptance_per_position_is_close_to_ours(db):
     print("\nacceptance per position, vLLM / ours: " + ", ".join(
         f"{position}: {theirs:.3f} / {ours:.3f}" for position, theirs, ours in rates if theirs is not None))
     assert max(gaps) <= POSITION_GAP
+
+
+def test_the_engines_page_sets_vllms_own_figures_beside_ours_from_the_same_steps(db):
+    from dashboard.engine_queries import differences, positions, side_by_side
+
+    with duckdb.connect(str(db), read_only=True) as con:
+        frame, by_position = side_by_side(con), positions(con)
+    theirs = frame[frame["engine"] == "vllm"]
+    assert len(theirs) == 4  # two categories × (ngram, eagle) at k = 4
+    # vLLM's mean acceptance length and acceptance rate, as it reported them, are ours over the same steps
+    assert (theirs["own_mean_acceptance_length"] - theirs["tau_drafting_steps"]).abs().max() < 1e-12
+    assert (theirs["own_acceptance_rate"] - theirs["accepted_over_drafted"]).abs().max() < 1e-12
+    # over every round (the steps without a match included) τ can only be lower
+    assert (theirs["tau"] <= theirs["own_mean_acceptance_length"] + 1e-12).all()
+    assert set(differences(frame).columns) >= {"alpha vLLM", "alpha ours", "alpha Δ", "tau Δ", "speedup Δ"}
+    assert sorted(by_position["position"].unique()) == [1, 2, 3, 4]
