@@ -17,7 +17,7 @@ LAYERS = (
     ("runner.records",),
     ("runner.engine", "runner.store"),
     ("runner.prompts", "runner.cells"),
-    ("runner.sweep", "runner.train"),
+    ("runner.sweep", "runner.train", "runner.vllm"),
     ("runner.cli", "runner.serve", "runner.report", "runner.__main__", "dashboard", "bench"),
 )
 APART = (("runner.engine", "runner.store"), ("runner.sweep", "runner.train"))
