@@ -63,11 +63,17 @@ def speculative_config(spec: DraftSpec, k: int | None, resolve: Callable[[str], 
     if spec.kind == "model":
         return {"method": "draft_model", "model": resolve(spec.arg), "num_speculative_tokens": k}
     if spec.kind == "eagle":
-        return {"method": eagle_method(Path(spec.arg)), "model": spec.arg, "num_speculative_tokens": k}
+        return {"method": eagle_method(Path(spec.arg)), "model": _local(spec.arg), "num_speculative_tokens": k}
     if spec.kind == "medusa":
-        return {"method": "medusa", "model": spec.arg, "num_speculative_tokens": k}
+        return {"method": "medusa", "model": _local(spec.arg), "num_speculative_tokens": k}
     method, _, extra = spec.arg.partition(":")
     return {"method": method, "num_speculative_tokens": k, **(_settings(spec.text, extra) if extra else {})}
+
+
+def _local(head: str) -> str:
+    """A head's directory made absolute (the server may run elsewhere than the working directory), a repo id kept."""
+    path = Path(head).expanduser()
+    return str(path.resolve()) if path.is_dir() else head
 
 
 def eagle_method(head: Path) -> str:
