@@ -115,14 +115,15 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-NOISE = ("warning", "warn(", "futurewarning", "triton", "^^^", "~~~")
+# Lines that say nothing of why vLLM stopped: warnings, and what its bindings print as the process exits.
+NOISE = ("warning", "warn(", "futurewarning", "triton", "nanobind", "leaked", "^^^", "~~~")
 
 
 def last_line(log: Path) -> str:
     """The last line of the log that says something: an error's own line, not a traceback's frame or a warning."""
     lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
     for line in reversed(lines):
-        if not line.startswith(("File ", "Traceback", "During handling", "The above exception")) and not any(
+        if not line.startswith(("File ", "Traceback", "During handling", "The above exception", "- ")) and not any(
                 noise in line.lower() for noise in NOISE):
             return line[-300:]
     return "no output"
