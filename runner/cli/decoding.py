@@ -71,8 +71,13 @@ def generate(
     threads: Threads = None,
     batch: Annotated[int, typer.Option(help="decode B copies of the prompt together (each its own sequence), "
                                             "speculatively and plainly")] = 1,
+    engine: Engine = OURS,
 ) -> None:
     """Decode one prompt speculatively and plainly; print the text, every round and the summary."""
+    if check_engine(engine) != OURS:
+        _generate_on_vllm(engine, prompt, prompt_id, prompts, target, draft, k, k_policy, mode, temperature, top_p,
+                          seed, max_new_tokens, threads, batch)
+        return
     try:
         torch.set_num_threads(check_run(kernels, threads, max_new_tokens))
         (spec,), (policy,) = parse_drafts([draft], [k], [k_policy], "generate compares a draft against plain "
@@ -94,6 +99,23 @@ def generate(
     print_generation(stdout, text, run.generation, baseline.generation, summary, tokenizer)
     if run.mismatch is not None:
         print_divergences(stderr, [("this run", run.mismatch)], run.dtype)
+
+
+def _generate_on_vllm(engine: str, prompt: str | None, prompt_id: str | None, prompts: Path | None, target: str,
+                      draft: str, k: int, k_policy: str, mode: str, temperature: float, top_p: float, seed: int,
+                      max_new_tokens: int, threads: int | None, batch: int) -> None:
+    """`generate` on vLLM: the same checks, then the cell and its baseline on vLLM (runner/cli/generate_vllm.py)."""
+    from runner.cli.generate_vllm import generate_on_vllm  # only here: our engine's runs never import vLLM's side
+
+    try:
+        check_run(SKINNY, threads, max_new_tokens)
+        (spec,), _ = vllm_drafts_for([draft], [k_policy])
+        parse_drafts(["ngram"], [k], [FIXED.text], "")  # k's bounds
+        (size,) = batch_sizes(str(batch))
+        generate_on_vllm(engine, target, _chosen_prompt(prompt, prompt_id, prompts), spec, k,
+                         decoding_for(mode, temperature, top_p), seed, max_new_tokens, threads or 1, size)
+    except ValueError as exc:
+        fail(str(exc))
 
 
 def _chosen_prompt(prompt: str | None, prompt_id: str | None, prompts: Path | None) -> Prompt:
