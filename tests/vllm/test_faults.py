@@ -3,7 +3,12 @@ a draft vLLM refuses; nothing recorded is lost."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import subprocess
 import sys
+import time
 from dataclasses import replace
 
 import duckdb
@@ -15,8 +20,9 @@ from runner.engine.models import DEFAULT_MODEL
 from runner.prompts import load_prompts, select_prompts
 from runner.sweep.plan import SweepConfig
 from runner.sweep.run import run_sweep
+from runner.vllm.client import get
 from runner.vllm.drafts import parse
-from runner.vllm.server import Server, ServerSettings, VllmError, last_line, vllm_python
+from runner.vllm.server import Server, ServerSettings, VllmError, free_port, last_line, vllm_python
 from runner.vllm.source import VllmSource
 
 
@@ -72,7 +78,7 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def do_GET(self):
-        self.send({"version": "fake"})
+        self.send({"data": [{"id": "fake-model"}]} if self.path == "/v1/models" else {"version": "fake"})
 
     def do_POST(self):
         self.rfile.read(int(self.headers["Content-Length"]))
@@ -121,3 +127,33 @@ def test_a_server_that_dies_mid_sweep_leaves_error_runs_and_the_sweep_resumes(mo
                       ("code-01", "none", "ok", None, "fake"), ("code-02", "none", "ok", None, "fake"),
                       ("code-02", "none", "error", None, "fake")]
 
+
+
+def test_a_server_a_team_runs_is_reached_at_its_url_and_held_to_the_cells_config(tmp_path):
+    """`--engine vllm:<url>`: its model and version read from it; a speculative server records the draft's cells and
+    refuses the plain ones in one line (it cannot decode plainly), and a k other than its own."""
+    (tmp_path / "fake.py").write_text(FAKE_VLLM)
+    port = free_port()
+    config = json.dumps({"method": "ngram", "num_speculative_tokens": 3})
+    server = subprocess.Popen([sys.executable, str(tmp_path / "fake.py"), "--port", str(port), "--speculative-config",
+                               config], env={**os.environ, "FAKE_PLAIN_REQUESTS": "0"})
+    try:
+        for _ in range(100):
+            with contextlib.suppress(VllmError):
+                get(f"http://127.0.0.1:{port}", "/version")
+                break
+            time.sleep(0.1)
+        db = tmp_path / "runs.duckdb"
+        sweep = SweepConfig(target=DEFAULT_MODEL, drafts=(parse("ngram:2"),), ks=(3, 2), decodings=(GREEDY,),
+                            prompts=tuple(select_prompts(load_prompts(), ["code"], 1)), max_new_tokens=3, seed=0,
+                            db=db, device="cpu", dtype="float32", threads=1, engine=f"vllm:http://127.0.0.1:{port}")
+        run_sweep(sweep, Console(quiet=True), VllmSource)
+    finally:
+        server.kill()
+        server.wait()
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert con.execute("SELECT draft, k, status, error, engine FROM runs ORDER BY draft, k").fetchall() == [
+            ("ngram:2", 2, "error", f"the server at http://127.0.0.1:{port} drafts k = 3, not the cell's 2", "vllm"),
+            ("ngram:2", 3, "ok", None, "vllm"),
+            ("none", None, "error", f"the server at http://127.0.0.1:{port} decodes speculatively (k = 3): it cannot "
+                                    "record plain decoding", "vllm")]
