@@ -91,13 +91,19 @@ def test_plain_outputs_equal_ours_token_for_token_or_at_a_tie(db):
 
 
 def test_our_ngram_with_vllms_rule_accepts_what_vllm_did_at_every_step(db):
+    """Step by step in order. Our engine never drafts past max_new_tokens (k at most the tokens left - 1) where vLLM
+    drafts its k and cuts the output: there ours accepted what vLLM did, up to its k, and where one token was left
+    ours drafted nothing while vLLM drafted once more."""
     pairs = rows(db, """SELECT v.run_id, o.run_id FROM runs v JOIN runs o USING (prompt_id)
         WHERE v.engine = 'vllm' AND v.draft = 'ngram:3' AND o.draft = 'ngram:3:earliest'""")
     assert len(pairs) == 2
     for theirs, ours in pairs:
-        steps = [rows(db, "SELECT accepted FROM rounds WHERE run_id = ? AND k > 0 ORDER BY round", [run])
-                 for run in (theirs, ours)]
-        assert steps[0] == steps[1]
+        steps, drafting = (rows(db, "SELECT k, accepted FROM rounds WHERE run_id = ? AND k > 0 ORDER BY round", [run])
+                           for run in (theirs, ours))
+        assert [a for _, a in drafting] == [min(a, k) for (_, a), (k, _) in zip(steps, drafting, strict=False)]
+        last_k, = rows(db, "SELECT k FROM rounds WHERE run_id = ? ORDER BY round DESC LIMIT 1", [ours])[0]
+        assert len(steps) == len(drafting) + (last_k == 0 and len(steps) > len(drafting))
+        assert len(steps) - len(drafting) in (0, 1)
 
 
 def test_the_shipped_heads_acceptance_per_position_is_close_to_ours(db):
