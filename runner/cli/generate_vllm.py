@@ -10,7 +10,7 @@ import duckdb
 from rich.console import Console
 from rich.table import Table
 
-from runner.cli.common import stdout
+from runner.cli.common import stderr, stdout
 from runner.engine.pair import DraftSpec
 from runner.engine.sampling import Decoding
 from runner.prompts import Prompt
@@ -32,12 +32,13 @@ def generate_on_vllm(engine: str, target: str, prompt: Prompt, spec: DraftSpec, 
         config = SweepConfig(target=target, drafts=(spec,), ks=(k,), decodings=(decoding,), prompts=(prompt,),
                              max_new_tokens=max_new_tokens, seed=seed, db=db, device="cpu", dtype="float32",
                              threads=threads, batches=(size,), engine=engine)
-        _, recorder = run_sweep(config, Console(stderr=True, quiet=True), VllmSource)
-        if recorder.errors:
-            raise VllmError(recorder.errors[0])
+        run_sweep(config, Console(stderr=True, quiet=True), VllmSource)
         with duckdb.connect(str(db), read_only=True) as con:
-            text, run_id = con.execute("SELECT output_text, run_id FROM runs WHERE draft <> 'none' "
-                                       "ORDER BY batch_slot LIMIT 1").fetchone()
+            text, run_id, error = con.execute("SELECT output_text, run_id, error FROM runs WHERE draft <> 'none' "
+                                              "ORDER BY batch_slot LIMIT 1").fetchone()
+            if error:
+                raise VllmError(error)
+            plain = con.execute("SELECT error FROM runs WHERE draft = 'none' AND error IS NOT NULL").fetchone()
             steps = con.execute("SELECT round, k, accepted, rejected, thrown, bonus, emitted FROM rounds "
                                 "WHERE run_id = ? ORDER BY round", [run_id]).fetchall()
             summary = con.execute(f"SELECT {', '.join(SUMMARY)} FROM run_stats WHERE run_id = ?", [run_id]).df()
@@ -48,3 +49,5 @@ def generate_on_vllm(engine: str, target: str, prompt: Prompt, spec: DraftSpec, 
         table.add_row(*(str(v) for v in row))
     stdout.print(table)
     stdout.print(frame_table(summary))
+    if plain:  # a server a team runs speculatively cannot decode plainly: no baseline, no speedup nor lossless check
+        stderr.print(f"no plain run to compare with: {plain[0]}", markup=False, highlight=False, soft_wrap=True)
