@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from runner.engine.pair import DraftSpec, parse_draft
+from runner.vllm.heads import for_vllm
 
 PASS_THROUGH = "vllm"  # the kind of a `vllm:<method>[:<json>]` draft
 RUNS_ON_VLLM = ("baseline", "ngram", "model", "eagle", "medusa", PASS_THROUGH)
@@ -62,8 +63,10 @@ def speculative_config(spec: DraftSpec, k: int | None, resolve: Callable[[str], 
                 "prompt_lookup_min": 1}
     if spec.kind == "model":
         return {"method": "draft_model", "model": resolve(spec.arg), "num_speculative_tokens": k}
-    if spec.kind == "eagle":
-        return {"method": eagle_method(Path(spec.arg)), "model": _local(spec.arg), "num_speculative_tokens": k}
+    if spec.kind == "eagle":  # an EAGLE-3 head's layer ids stated in vLLM's convention (runner/vllm/heads.py)
+        method = eagle_method(Path(spec.arg))
+        head = str(for_vllm(Path(_local(spec.arg)))) if method == "eagle3" else _local(spec.arg)
+        return {"method": method, "model": head, "num_speculative_tokens": k}
     if spec.kind == "medusa":
         return {"method": "medusa", "model": _local(spec.arg), "num_speculative_tokens": k}
     method, _, extra = spec.arg.partition(":")

@@ -12,6 +12,7 @@ import pytest
 
 from runner.engine.pair import PLAIN
 from runner.vllm.drafts import VllmRefusal, eagle_method, parse, speculative_config
+from runner.vllm.heads import for_vllm
 
 ROOT = Path(__file__).resolve().parents[2]
 HEAD = ROOT / "heads" / "smollm2-135m"
@@ -24,7 +25,8 @@ def test_each_draft_maps_to_its_vllm_method():
     assert speculative_config(parse("ngram:5:earliest"), 2)["prompt_lookup_max"] == 5
     assert speculative_config(parse("model:smollm2-135m"), 3, lambda spec: f"/dir/{spec}") == {
         "method": "draft_model", "model": "/dir/smollm2-135m", "num_speculative_tokens": 3}
-    assert speculative_config(parse(f"eagle:{HEAD}"), 4) == {"method": "eagle3", "model": str(HEAD),
+    # the shipped head's layer ids name layer outputs: vLLM gets the copy that states them as layer inputs
+    assert speculative_config(parse(f"eagle:{HEAD}"), 4) == {"method": "eagle3", "model": str(for_vllm(HEAD)),
                                                              "num_speculative_tokens": 4}
     assert speculative_config(parse("medusa:/m"), 2) == {"method": "medusa", "model": "/m",
                                                          "num_speculative_tokens": 2}

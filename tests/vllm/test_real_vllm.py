@@ -23,6 +23,7 @@ from runner.sweep.local import LocalSource
 from runner.sweep.plan import SweepConfig
 from runner.sweep.run import run_sweep
 from runner.vllm.drafts import parse
+from runner.vllm.heads import for_vllm
 from runner.vllm.source import VllmSource
 
 HEAD = str(Path(__file__).resolve().parents[2] / "heads" / "smollm2-135m")
@@ -61,7 +62,8 @@ def test_every_run_is_recorded_ok_with_its_engine(db):
         "none": ("0.32.0", None),
         "ngram:3": ("0.32.0", {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3,
                                "prompt_lookup_min": 1}),
-        f"eagle:{HEAD}": ("0.32.0", {"method": "eagle3", "model": HEAD, "num_speculative_tokens": 4})}
+        f"eagle:{HEAD}": ("0.32.0", {"method": "eagle3", "model": str(for_vllm(Path(HEAD))),
+                                     "num_speculative_tokens": 4})}
 
 
 def test_steps_sum_to_vllms_totals_and_rounds_to_the_output(db):
