@@ -28,7 +28,6 @@ from runner.vllm.source import VllmSource
 
 HEAD = str(Path(__file__).resolve().parents[2] / "heads" / "smollm2-135m")
 MAX_NEW_TOKENS = 24
-POSITION_GAP = 0.03  # the goal for the shipped head's acceptance per position, vLLM against ours
 
 
 @pytest.fixture(scope="module")
@@ -92,33 +91,38 @@ def test_plain_outputs_equal_ours_token_for_token_or_at_a_tie(db):
         assert kinds == ["tie"] * len(differ)
 
 
-def test_our_ngram_with_vllms_rule_accepts_what_vllm_did_at_every_step(db):
+def same_steps(db: Path, theirs: str, ours: str) -> None:
     """Step by step in order. Our engine never drafts past max_new_tokens (k at most the tokens left - 1) where vLLM
     drafts its k and cuts the output: there ours accepted what vLLM did, up to its k, and where one token was left
     ours drafted nothing while vLLM drafted once more."""
     pairs = rows(db, """SELECT v.run_id, o.run_id FROM runs v JOIN runs o USING (prompt_id)
-        WHERE v.engine = 'vllm' AND v.draft = 'ngram:3' AND o.draft = 'ngram:3:earliest'""")
+        WHERE v.engine = 'vllm' AND v.draft = ? AND o.engine = 'specdash' AND o.draft = ?""", [theirs, ours])
     assert len(pairs) == 2
-    for theirs, ours in pairs:
+    for vllm_run, our_run in pairs:
         steps, drafting = (rows(db, "SELECT k, accepted FROM rounds WHERE run_id = ? AND k > 0 ORDER BY round", [run])
-                           for run in (theirs, ours))
+                           for run in (vllm_run, our_run))
         assert [a for _, a in drafting] == [min(a, k) for (_, a), (k, _) in zip(steps, drafting, strict=False)]
-        last_k, = rows(db, "SELECT k FROM rounds WHERE run_id = ? ORDER BY round DESC LIMIT 1", [ours])[0]
-        assert len(steps) == len(drafting) + (last_k == 0 and len(steps) > len(drafting))
-        assert len(steps) - len(drafting) in (0, 1)
+        (last_k,), = rows(db, "SELECT k FROM rounds WHERE run_id = ? ORDER BY round DESC LIMIT 1", [our_run])
+        assert len(steps) - len(drafting) in ((0, 1) if last_k == 0 else (0,))
 
 
-def test_the_shipped_heads_acceptance_per_position_is_close_to_ours(db):
+def test_our_ngram_with_vllms_rule_accepts_what_vllm_did_at_every_step(db):
+    same_steps(db, "ngram:3", "ngram:3:earliest")
+
+
+def test_the_shipped_head_accepts_in_vllm_what_it_accepts_in_ours_at_every_step(db):
+    """Given the head with its layer ids in vLLM's convention (runner/vllm/heads.py), vLLM's steps follow ours; the
+    acceptance per position is printed (pooled, the steps cut by max_new_tokens make it differ: vLLM drafts its k
+    there, ours fewer)."""
+    same_steps(db, f"eagle:{HEAD}", f"eagle:{HEAD}")
     rates = rows(db, """SELECT p.position, sum(p.accepted) FILTER (r.engine = 'vllm')
             / sum(p.reached) FILTER (r.engine = 'vllm'),
             sum(p.accepted) FILTER (r.engine = 'specdash') / sum(p.reached) FILTER (r.engine = 'specdash')
         FROM position_stats p JOIN runs r USING (run_id) WHERE p.draft = ? GROUP BY p.position ORDER BY 1""",
                  [f"eagle:{HEAD}"])
     assert [position for position, *_ in rates] == [1, 2, 3, 4]
-    gaps = [abs(theirs - ours) for _, theirs, ours in rates if theirs is not None and ours is not None]
     print("\nacceptance per position, vLLM / ours: " + ", ".join(
         f"{position}: {theirs:.3f} / {ours:.3f}" for position, theirs, ours in rates if theirs is not None))
-    assert max(gaps) <= POSITION_GAP
 
 
 def test_the_engines_page_sets_vllms_own_figures_beside_ours_from_the_same_steps(db):
