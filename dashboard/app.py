@@ -31,6 +31,7 @@ PAGES = [
     st.Page("spec_bench_page.py", title="Spec-Bench · SPEED-Bench", icon=":material/table_chart:",
             url_path="spec-bench"),
     st.Page("batches_page.py", title="Batches", icon=":material/stacks:", url_path="batches"),
+    st.Page("engines_page.py", title="Engines", icon=":material/compare:", url_path="engines"),
 ]
 # The navigation is drawn as links that carry the filters picked so far (`common.carried`): Streamlit's own opens a
 # page with an empty URL. They are drawn after the page, so they carry what it picked, in a box above it.

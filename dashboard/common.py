@@ -143,8 +143,8 @@ def unknown_in_url(key: str, options: Sequence[object]) -> list[str]:
 
 
 # Every page offers the same filters under the same URL keys, so a view's selection travels from page to page.
-FILTERS = ("target", "draft", "category", "k", "k_policy", "mode", "device", "kernels", "threads", "batch_size",
-           "sweep_id", "host", "concurrent_workers")
+FILTERS = ("engine", "target", "draft", "category", "k", "k_policy", "mode", "device", "kernels", "threads",
+           "batch_size", "sweep_id", "host", "concurrent_workers")
 _KEPT = "_filters"  # session state: the filters picked on any page, carried to the next page's URL
 _SYNCED = "_filters_synced_on"  # session state: the page last run again to put carried filters in its URL
 

@@ -62,7 +62,9 @@ def _fmt(value: object, pattern: str, suffix: str = "") -> str:
     return "n/a" if value is None or pd.isna(value) else f"{value:{pattern}}{suffix}"
 
 
-def _seconds(value: float) -> str:
+def _seconds(value: float | None) -> str:
+    if value is None or pd.isna(value):  # an engine that does not time its rounds (vLLM)
+        return "n/a"
     # Prompt lookup drafts in microseconds: seconds with two decimals would show it as 0.00.
     return f"{value:.2f} s" if value >= 1 else f"{value * 1000:.1f} ms"
 
@@ -71,6 +73,8 @@ def _divergence(run: pd.Series) -> str:
     """What a greedy mismatch was, in words; empty when there is none or it was recorded unclassified."""
     if pd.isna(run["lossless"]) or run["lossless"] or pd.isna(run["divergence"]):
         return ""
+    if run["divergence"] == "unjudged":  # runner/vllm/source.py: no logits come back to classify it by
+        return f"unclassified, from token {int(run['divergence_at'])} on ({run['engine']} returns no logits)"
     kind = "a numeric tie" if run["divergence"] == "tie" else "a real divergence"
     return (f"{kind} at token {int(run['divergence_at'])}: the target's two best logits there are "
             f"{run['divergence_gap']:.3g} apart (tie tolerance {run['divergence_tolerance']:.3g} in {run['dtype']})")
@@ -149,8 +153,22 @@ def _header(run: pd.Series) -> None:
                   key="open_baseline", on_click=_open_run, args=(run["baseline_run_id"],))
 
 
+def _steps_only(run: pd.Series, rounds: pd.DataFrame) -> None:
+    """An engine that reports each verify step's counts but not its tokens (vLLM): the text, then the steps."""
+    st.markdown("**Generated text**")
+    st.text(run["output_text"])
+    st.markdown("**Verify step by step**")
+    st.caption(f"{run['engine']} reports how many drafts each step proposed and accepted, not which tokens nor how "
+               "long it took. Steps that drafted nothing (prompt lookup found no match) it leaves out: they are the "
+               "rounds with k = 0, recorded after the others (where they fell is not reported).")
+    st.dataframe(rounds[["round", "k", "accepted", "rejected", "thrown", "bonus", "emitted"]], hide_index=True)
+
+
 def _tokens(run: pd.Series, rounds: pd.DataFrame) -> None:
     decode, problem = _decoder(run["target"])
+    if len(rounds) and rounds["draft_tokens"].isna().all():
+        _steps_only(run, rounds)
+        return
     if problem:
         st.caption(f"Showing token ids: the tokenizer of {run['target']} could not be loaded ({problem}).")
     sampled = run["mode"] == "sample"

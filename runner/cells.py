@@ -31,6 +31,7 @@ class Cell:
     batch: tuple[Prompt, ...] = ()
     slot: int = 0
     repeat: int = 0  # which repetition of the cell (`sweep --repeats N`); its baseline is the same repetition's
+    engine: str = "specdash"  # what decodes it: ours, or 'vllm' (runner/vllm/); part of its key and its baseline's
 
     @property
     def batch_size(self) -> int:
@@ -48,24 +49,26 @@ class Cell:
     def key(self, seed: int) -> tuple:
         """The cell's values of `CELL_KEY`, in its order."""
         d = self.decoding
-        values = {"prompt_id": self.prompt.id, "draft": self.draft.text, "k": self.k, "mode": d.mode,
-                  "temperature": d.temperature, "top_p": d.top_p, "seed": seed, "k_policy": self.k_policy,
-                  "batch_size": self.batch_size, "batch_slot": self.slot, "repeat": self.repeat}
+        values = {"engine": self.engine, "prompt_id": self.prompt.id, "draft": self.draft.text, "k": self.k,
+                  "mode": d.mode, "temperature": d.temperature, "top_p": d.top_p, "seed": seed,
+                  "k_policy": self.k_policy, "batch_size": self.batch_size, "batch_slot": self.slot,
+                  "repeat": self.repeat}
         return tuple(values[name] for name in CELL_KEY)
 
     def baseline_key(self, seed: int, prompt_ids: tuple[int, ...], device: str, dtype: str) -> tuple:
         """The values of `BASELINE_KEY` that this cell's run and its baseline share, fed `prompt_ids` on that device
         and dtype: equal to `RunRecord.baseline_key` of the run it makes."""
         d = self.decoding
-        values = {"prompt_id": self.prompt.id, "mode": d.mode, "temperature": d.temperature, "top_p": d.top_p,
-                  "seed": seed, "prompt_tokens": tuple(prompt_ids), "device": device, "dtype": dtype,
+        values = {"engine": self.engine, "prompt_id": self.prompt.id, "mode": d.mode, "temperature": d.temperature,
+                  "top_p": d.top_p, "seed": seed, "prompt_tokens": tuple(prompt_ids), "device": device, "dtype": dtype,
                   "batch_size": self.batch_size, "batch_slot": self.slot, "repeat": self.repeat}
         return tuple(values[name] for name in BASELINE_KEY)
 
     @property
     def baseline(self) -> Cell:
         """The plain-decoding cell this one is checked and timed against (itself for a baseline)."""
-        return Cell(self.prompt, self.decoding, PLAIN, None, batch=self.batch, slot=self.slot, repeat=self.repeat)
+        return Cell(self.prompt, self.decoding, PLAIN, None, batch=self.batch, slot=self.slot, repeat=self.repeat,
+                    engine=self.engine)
 
     @property
     def label(self) -> str:
@@ -73,7 +76,8 @@ class Cell:
         policy = "" if self.k_policy in (None, FIXED.text) else f" {self.k_policy}"
         batch = f" batch={self.batch_size}" if self.batch else ""
         repeat = f" repeat={self.repeat}" if self.repeat else ""
-        return f"{self.prompt.id} {self.draft.text} k={self.k}{policy} {self.decoding.mode}{batch}{repeat}"
+        engine = "" if self.engine == "specdash" else f" on {self.engine}"
+        return f"{self.prompt.id} {self.draft.text} k={self.k}{policy} {self.decoding.mode}{batch}{repeat}{engine}"
 
 
 def check_fit(lengths: Sequence[tuple[str, int]], max_new_tokens: int, context: int) -> None:

@@ -6,6 +6,7 @@ These are the rows of the data contract (docs/reference.md): `Round` is one row 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 
@@ -19,12 +20,14 @@ class Round:
     thrown: int  # drafts after the rejected one, never judged; accepted + rejected + thrown == k
     bonus: bool  # all k accepted, so the target's token after the last draft is free
     emitted: int  # tokens appended: accepted + 1, fewer only when EOS or max_new_tokens cut the round
-    draft_s: float  # seconds spent proposing the drafts
-    verify_s: float  # seconds of the one target pass
-    draft_tokens: tuple[int, ...]  # d1..dk
+    # seconds spent proposing the drafts, and of the one target pass; None where the engine does not report them
+    # (vLLM reports a step's counts only: runner/vllm/steps.py)
+    draft_s: float | None
+    verify_s: float | None
+    draft_tokens: tuple[int, ...] | None  # d1..dk; None where the engine does not report them (vLLM)
     # greedy: the target's argmax at all k+1 positions (a tree: at the root and each node, in node order); sample: the
-    # accepted drafts + the correction or bonus
-    target_tokens: tuple[int, ...]
+    # accepted drafts + the correction or bonus; None where the engine does not report them (vLLM)
+    target_tokens: tuple[int, ...] | None
     # A tree's drafts (engine/round/trees.py): each node's parent (-1: the newest committed token); None for a chain.
     # Then k counts the nodes, accepted the accepted path's length, rejected is 1 when the path stopped where the tree
     # still had children to judge, and bonus means it stopped at a leaf.
@@ -78,12 +81,18 @@ class Generation:
         return len(self.rounds) + 1  # every round verifies in one pass, plus the prefill
 
     @property
-    def draft_s(self) -> float:
-        return sum(r.draft_s for r in self.rounds)
+    def draft_s(self) -> float | None:
+        return _total(r.draft_s for r in self.rounds)
 
     @property
-    def verify_s(self) -> float:
-        return sum(r.verify_s for r in self.rounds)
+    def verify_s(self) -> float | None:
+        return _total(r.verify_s for r in self.rounds)
+
+
+def _total(seconds: Iterable[float | None]) -> float | None:
+    """The sum, or None when any is unknown (an engine that does not time its rounds): a part is not the whole."""
+    values = list(seconds)
+    return None if None in values else sum(values)
 
 
 @dataclass(frozen=True)
@@ -97,14 +106,15 @@ class Divergence:
 
 
 # The columns of `runs` that make a cell of a sweep: a resumed sweep records only the cells it has no 'ok' run for.
-CELL_KEY = ("prompt_id", "draft", "k", "mode", "temperature", "top_p", "seed", "k_policy", "batch_size", "batch_slot",
-            "repeat")
-# The columns a run shares with the plain-decoding run of its sweep it is checked and timed against: the same prompt
-# ids (a chat template that stamps the date changes them), decoding, seed, device and dtype, and its place in a batch
-# of the same size (the baseline at batch B decodes the same B prompts together, plainly), and the same repeat (its
-# neighbour in time: a repeated cell's speedup is a ratio of runs made one after the other).
-BASELINE_KEY = ("prompt_id", "mode", "temperature", "top_p", "seed", "prompt_tokens", "device", "dtype", "batch_size",
-                "batch_slot", "repeat")
+# The engine is part of both: a resumed sweep is per engine, and a vLLM run is never judged against our baseline.
+CELL_KEY = ("engine", "prompt_id", "draft", "k", "mode", "temperature", "top_p", "seed", "k_policy", "batch_size",
+            "batch_slot", "repeat")
+# The columns a run shares with the plain-decoding run of its sweep it is checked and timed against: the same engine
+# and prompt ids (a chat template that stamps the date changes them), decoding, seed, device and dtype, and its place
+# in a batch of the same size (the baseline at batch B decodes the same B prompts together, plainly), and the same
+# repeat (its neighbour in time: a repeated cell's speedup is a ratio of runs made one after the other).
+BASELINE_KEY = ("engine", "prompt_id", "mode", "temperature", "top_p", "seed", "prompt_tokens", "device", "dtype",
+                "batch_size", "batch_slot", "repeat")
 
 
 @dataclass(frozen=True)
@@ -153,6 +163,13 @@ class RunRecord:
     batch_id: str | None = None  # shared by the runs of one batch; None at batch 1
     tree_nodes: int | None = None  # a tree's nodes per round at most (`:nodes=N`, or its pair's measured best)
     repeat: int = 0  # which repetition of its cell (`sweep --repeats N`): 0 .. N-1
+    engine: str = "specdash"  # what decoded it: 'specdash' (ours) or 'vllm' (runner/vllm/)
+    engine_version: str | None = None  # the engine's version where it is not this project's (vLLM's)
+    engine_config: str | None = None  # vLLM: the exact speculative config it ran, as JSON ('null': plain decoding)
+    ttft_s: float | None = None  # vLLM: its time to first token (scheduled to first token); ours: see prefill_s
+    # vLLM: its own account of the request's speculative decoding as it returned it (`metrics.speculative_decoding`,
+    # JSON: mean_acceptance_length, draft_acceptance_rate, the per-step arrays, …); None for ours and plain decoding
+    engine_report: str | None = None
 
     def cell_key(self) -> tuple:
         return tuple(getattr(self, name) for name in CELL_KEY)
@@ -171,3 +188,11 @@ class RunRecord:
         if self.divergence is None:
             return None
         return Divergence(self.divergence_at, self.divergence_gap, self.divergence_tolerance, self.divergence)
+
+
+def first_difference(a: tuple[int, ...], b: tuple[int, ...]) -> int | None:
+    """The first index where the sequences differ (the shorter one's end counts), or None when equal."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))

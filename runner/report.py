@@ -91,6 +91,10 @@ def print_divergences(console: Console, found: list[tuple[str, Divergence]], dty
         console.print(f"[yellow]{len(ties)} run(s) differ from plain greedy at a numeric tie[/] (the contested "
                       f"logits within {dtype} rounding of each other): " + line(ties), highlight=False,
                       soft_wrap=True)
+    unjudged = [label for label, d in found if d.kind not in ("real", "tie")]
+    if unjudged:  # vLLM's runs: no logits come back to tell a tie from a real divergence
+        console.print(f"[yellow]{len(unjudged)} run(s) differ from the engine's plain greedy, unclassified[/] (the "
+                      "engine returns no logits): " + "; ".join(unjudged), highlight=False, soft_wrap=True)
 
 
 def frame_table(frame: pd.DataFrame, title: str | None = None) -> Table:

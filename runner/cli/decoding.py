@@ -11,6 +11,7 @@ import torch
 import typer
 
 from runner.cells import Cell, check_fit, judge
+from runner.cli.engine_inputs import OURS, Engine, check_engine, vllm_drafts_for
 from runner.cli.inputs import batch_sizes, check_run, csv, decoding_for, ints, parse_drafts
 from runner.cli.shared import (
     POLICY_HELP,
@@ -73,8 +74,13 @@ def generate(
     threads: Threads = None,
     batch: Annotated[int, typer.Option(help="decode B copies of the prompt together (each its own sequence), "
                                             "speculatively and plainly")] = 1,
+    engine: Engine = OURS,
 ) -> None:
     """Decode one prompt speculatively and plainly; print the text, every round and the summary."""
+    if check_engine(engine) != OURS:
+        _generate_on_vllm(engine, prompt, prompt_id, prompts, target, draft, k, k_policy, mode, temperature, top_p,
+                          seed, max_new_tokens, threads, batch)
+        return
     try:
         torch.set_num_threads(check_run(kernels, threads, max_new_tokens))
         (spec,), (policy,) = parse_drafts([draft], [k], [k_policy], "generate compares a draft against plain "
@@ -96,6 +102,23 @@ def generate(
     print_generation(stdout, text, run.generation, baseline.generation, summary, tokenizer)
     if run.mismatch is not None:
         print_divergences(stderr, [("this run", run.mismatch)], run.dtype)
+
+
+def _generate_on_vllm(engine: str, prompt: str | None, prompt_id: str | None, prompts: Path | None, target: str,
+                      draft: str, k: int, k_policy: str, mode: str, temperature: float, top_p: float, seed: int,
+                      max_new_tokens: int, threads: int | None, batch: int) -> None:
+    """`generate` on vLLM: the same checks, then the cell and its baseline on vLLM (runner/cli/generate_vllm.py)."""
+    from runner.cli.generate_vllm import generate_on_vllm  # only here: our engine's runs never import vLLM's side
+
+    try:
+        check_run(SKINNY, threads, max_new_tokens)
+        (spec,), _ = vllm_drafts_for([draft], [k_policy])
+        parse_drafts(["ngram"], [k], [FIXED.text], "")  # k's bounds
+        (size,) = batch_sizes(str(batch))
+        generate_on_vllm(engine, target, _chosen_prompt(prompt, prompt_id, prompts), spec, k,
+                         decoding_for(mode, temperature, top_p), seed, max_new_tokens, threads or 1, size)
+    except ValueError as exc:
+        fail(str(exc))
 
 
 def _chosen_prompt(prompt: str | None, prompt_id: str | None, prompts: Path | None) -> Prompt:
@@ -182,6 +205,7 @@ def sweep(
                                             "together, against plain decoding at B")] = "1",
     repeats: Annotated[int, typer.Option(help="record every cell N times, its baseline again before each "
                                               "repetition, so each speedup's spread is measured")] = 1,
+    engine: Engine = OURS,
 ) -> None:
     """Record baseline and speculative runs for every prompt × draft × k into the database."""
     try:
@@ -191,7 +215,12 @@ def sweep(
         if workers is not None and (ray is None or workers < 1):
             raise UsageError("--workers needs --ray and must be >= 1")
         ks = ints(k, "k")
-        specs, policies = parse_drafts(draft, ks, k_policy, "every sweep records its baselines; give only drafts")
+        if check_engine(engine) == OURS:
+            specs, policies = parse_drafts(draft, ks, k_policy, "every sweep records its baselines; give only drafts")
+        else:
+            parse_drafts(["ngram"], ks, [FIXED.text], "")  # the ks' bounds
+            specs, policies = vllm_drafts_for(draft, k_policy)
+            all_threads = threads or 1  # vLLM binds its threads to cores 0..threads-1
         if splits is not None and prompts is None:
             raise UsageError("--splits chooses files of a SPEED-Bench directory: give it as --prompts")
         chosen = select_prompts(load_prompts(prompts, csv(splits, "splits") if splits is not None else None),
@@ -201,8 +230,10 @@ def sweep(
             decodings=tuple(dict.fromkeys(decoding_for(m, temperature, top_p) for m in mode)),
             prompts=tuple(chosen), max_new_tokens=max_new_tokens, seed=seed, db=db, device=device, dtype=dtype,
             sweep_id=resume, trust_remote_code=trust_remote_code, kernels=kernels, threads=all_threads,
-            policies=policies, batches=batch_sizes(batch), repeats=repeats,
+            policies=policies, batches=batch_sizes(batch), repeats=repeats, engine=engine,
         )
+        if ray and engine != OURS:
+            raise UsageError("vLLM runs its own servers: drop --ray with --engine vllm")
         if ray and config.batches != (1,):
             raise UsageError("--batch above 1 runs in this process only: drop --ray, or sweep --batch 1 on Ray")
         sweep_id, recorder = _record(config, resume, ray, workers)
@@ -219,6 +250,10 @@ def _record(config: SweepConfig, resume: str | None, ray: str | None, workers: i
         config = dataclasses.replace(config, sweep_id=progress.resumable(config.db, config.plan_id()))
     elif resume and resume not in set(list_sweeps(config.db)["sweep_id"]):
         raise UsageError(f'no sweep "{resume}" in {config.db}')
+    if not ray and config.engine != OURS:
+        from runner.vllm.source import VllmSource  # only here: our engine's sweeps never import vLLM's side
+
+        return run_sweep(config, stderr, VllmSource)
     if not ray:
         return run_sweep(config, stderr)
     from runner.sweep.ray_cells import run_sweep_on_ray  # only here: a local sweep never imports Ray

@@ -18,7 +18,7 @@ import pandas as pd
 from runner.store import spread
 from runner.store.metrics import Filters
 
-SETUP = ("target", "device", "kernels", "threads", "mode", "temperature", "top_p", "batch_size")
+SETUP = ("engine", "target", "device", "kernels", "threads", "mode", "temperature", "top_p", "batch_size")
 # NULL never matches in a join: runs recorded before kernels or threads existed get a stand-in value.
 _NORMALISED = "coalesce(kernels, 'not recorded') AS kernels, coalesce(threads, 0) AS threads"
 _KEYS = ", ".join(SETUP)

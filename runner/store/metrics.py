@@ -39,6 +39,7 @@ class Filters:
     concurrent_workers: tuple[int, ...] = ()
     k_policy: tuple[str, ...] = ()
     batch_size: tuple[int, ...] = ()
+    engine: tuple[str, ...] = ()  # 'specdash' (ours) or 'vllm'
 
     def where(self, alias: str = "", skip: tuple[str, ...] = ()) -> tuple[str, list]:
         """A SQL condition (always valid, 'true' when nothing is picked) and its parameters."""

@@ -39,7 +39,8 @@ def run_row(record: RunRecord) -> dict[str, object]:
               "mode", "temperature", "top_p", "seed", "max_new_tokens", "device", "dtype", "output_text",
               "baseline_run_id", "lossless", "status", "error", "divergence_at", "divergence_gap",
               "divergence_tolerance", "divergence", "kernels", "threads", "concurrent_workers", "k_policy", "turn",
-              "conversation", "batch_size", "batch_slot", "batch_id", "tree_nodes", "repeat")
+              "conversation", "batch_size", "batch_slot", "batch_id", "tree_nodes", "repeat", "engine",
+              "engine_version", "engine_config", "engine_report", "ttft_s")
     row = {name: getattr(record, name) for name in fields}
     row["started_at"] = datetime.fromisoformat(record.started_at)
     row["conversation"] = record.conversation or record.prompt_id
@@ -64,8 +65,8 @@ def round_columns(record: RunRecord) -> dict[str, list]:
             "rejected": [r.rejected for r in rounds], "thrown": [r.thrown for r in rounds],
             "bonus": [r.bonus for r in rounds], "emitted": [r.emitted for r in rounds],
             "draft_s": [r.draft_s for r in rounds], "verify_s": [r.verify_s for r in rounds],
-            "draft_tokens": [list(r.draft_tokens) for r in rounds],
-            "target_tokens": [list(r.target_tokens) for r in rounds],
+            "draft_tokens": [_listed(r.draft_tokens) for r in rounds],
+            "target_tokens": [_listed(r.target_tokens) for r in rounds],
             "draft_parents": [_listed(r.draft_parents) for r in rounds],
             "accepted_path": [_listed(r.accepted_path) for r in rounds], "depth": [r.depth for r in rounds],
             **{name: [_listed(getattr(r, name)) for r in rounds] for name in ("draft_p", "draft_q", "draft_u")},
@@ -93,7 +94,7 @@ def count_columns(record: RunRecord) -> dict[str, list]:
         outcome = (r.k, r.depth, r.accepted, r.rejected, r.draft_parents is not None, r.pass_rows)
         seen = counted.setdefault(outcome, [0, 0.0])
         seen[0] += 1
-        seen[1] += r.verify_s
+        seen[1] = None if seen[1] is None or r.verify_s is None else seen[1] + r.verify_s  # untimed rounds: NULL
     outcomes = list(zip(*counted, strict=True))
     return {"run_id": [record.run_id] * len(counted), **dict(zip(OUTCOME, map(list, outcomes), strict=True)),
             "rounds": [n for n, _ in counted.values()], "verify_s": [s for _, s in counted.values()]}

@@ -20,6 +20,7 @@ import duckdb
 from runner.records import tree_depth
 from runner.store.schema_batches import BATCH_STATS, batch_columns
 from runner.store.schema_comparable import create_comparable_runs
+from runner.store.schema_engines import add_engines
 from runner.store.schema_facts import RUN_STATS
 from runner.store.schema_rounds import OUTCOMES_OF_ROUNDS, POSITION_STATS, add_pass_rows, count_rounds
 from runner.store.schema_trainings import add_learn_context, add_training_categories, create_trainings
@@ -238,6 +239,7 @@ MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = [
     _add_tree_nodes,
     add_pass_rows,
     add_learn_context,
+    add_engines,
     _add_repeat,
     create_comparable_runs,
 ]

@@ -45,8 +45,10 @@ RUN_STATS_SELECT = """
     FROM with_c"""
 RUN_STATS = "CREATE OR REPLACE VIEW run_stats AS" + RUN_STATS_SELECT
 
-# run_stats' columns after the runs' own, as migration 19 left them, then the run's own times the advisor splits
+# run_stats' columns after the runs' own, as migration 19 left them, then the engine's (migration `add_engines`), then
+# the run's own times the advisor splits
 _COLUMNS = ", k_policy, batch_size"
+ENGINE_COLUMNS = ", engine, engine_version, ttft_s"
 TIMES = ("wall_s", "prefill_s", "draft_s", "verify_s")
 ADDED = (*TIMES, "drafting_rounds", "tree", "widths", "outcomes")
 # Per run from round_counts: the rounds that drafted, whether any drafted a tree, per (k, pass rows) the rounds verified
@@ -66,16 +68,18 @@ _PER_RUN = """SELECT * FROM (
         GROUP BY run_id) USING (run_id)"""
 
 
-def _facts(where: str) -> str:
-    """run_facts' rows of the runs `where` picks (a condition on run_id)."""
+def _facts(where: str, engines: bool = True) -> str:
+    """run_facts' rows of the runs `where` picks (a condition on run_id); `engines`: with the engine's columns, which
+    files before migration `add_engines` lack."""
+    more = _COLUMNS + (ENGINE_COLUMNS if engines else "") + "".join(f", {name}" for name in TIMES)
     return f"""SELECT s.*, {", ".join(f"c.{name}" for name in ADDED[len(TIMES):])}
-        FROM ({RUN_STATS_SELECT.format(more=_COLUMNS + "".join(f", {name}" for name in TIMES))}) s
+        FROM ({RUN_STATS_SELECT.format(more=more)}) s
         LEFT JOIN ({_PER_RUN.format(where=where)}) c USING (run_id)
         WHERE s.{where}"""
 
 
-def create_run_facts(con: duckdb.DuckDBPyConnection) -> None:
-    con.execute(f"CREATE TABLE run_facts AS {_facts('run_id IS NOT NULL')} ORDER BY s.run_id")
+def create_run_facts(con: duckdb.DuckDBPyConnection, engines: bool = True) -> None:
+    con.execute(f"CREATE TABLE run_facts AS {_facts('run_id IS NOT NULL', engines)} ORDER BY s.run_id")
     con.execute(f"CREATE OR REPLACE VIEW run_stats AS SELECT * EXCLUDE ({', '.join(ADDED)}) FROM run_facts")
 
 
@@ -91,5 +95,7 @@ def refresh(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
 
 def refresh_all(con: duckdb.DuckDBPyConnection) -> None:
     """Every row worked out again from runs, run_totals and round_counts: after a file was changed by hand."""
+    engines = bool(con.execute("SELECT count(*) FROM duckdb_columns() WHERE table_name = 'run_facts' "
+                               "AND column_name = 'engine'").fetchone()[0])  # a file before `add_engines`: without
     con.execute("DELETE FROM run_facts")
-    con.execute(f"INSERT INTO run_facts {_facts('run_id IS NOT NULL')} ORDER BY s.run_id")
+    con.execute(f"INSERT INTO run_facts {_facts('run_id IS NOT NULL', engines)} ORDER BY s.run_id")

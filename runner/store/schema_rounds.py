@@ -82,4 +82,4 @@ def add_pass_rows(con: duckdb.DuckDBPyConnection) -> None:
         con.execute(f"UPDATE {table} SET pass_rows = k + 1 WHERE NOT {lookahead}")
     con.execute("DROP VIEW run_stats")
     con.execute("DROP TABLE IF EXISTS run_facts")  # files made before kept it since migration 21
-    schema_facts.create_run_facts(con)
+    schema_facts.create_run_facts(con, engines=False)  # the runs have no engine columns yet

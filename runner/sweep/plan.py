@@ -44,6 +44,13 @@ class SweepConfig:
     # a speedup is then a ratio of runs made one after the other, and its spread over repetitions is measured.
     repeats: int = 1
 
+    engine: str = "specdash"  # what decodes: ours, 'vllm' (servers started here) or 'vllm:<url>' (runner/vllm/)
+
+    @property
+    def engine_name(self) -> str:
+        """`runs.engine`: the engine without where it runs."""
+        return self.engine.partition(":")[0]
+
     def plan_id(self) -> str:
         """What the sweep records, as a short hash: a sweep is resumable by a later one with the same plan."""
         # Specs are hashed as the user wrote them; policies join the hash only when not the default, so a plan
@@ -52,9 +59,10 @@ class SweepConfig:
         policies = () if texts == (FIXED.text,) else (texts,)
         batches = () if self.batches == (1,) else (("batches", self.batches),)
         repeats = () if self.repeats == 1 else (("repeats", self.repeats),)
+        engine = () if self.engine == "specdash" else (("engine", self.engine),)
         return progress.fingerprint(self.target, tuple(d.text for d in self.drafts), self.ks, self.decodings,
                                     self.prompts, self.max_new_tokens, self.seed, self.device, self.dtype, *policies,
-                                    *batches, *repeats)
+                                    *batches, *repeats, *engine)
 
 
 def interleaved(prompts: tuple[Prompt, ...]) -> list[Prompt]:
@@ -77,12 +85,13 @@ def plan(config: SweepConfig) -> Iterator[Cell]:
         for prompts in [(p,) for p in interleaved(config.prompts)] if size == 1 else batches_of(config.prompts, size):
             for decoding in config.decodings:
                 for repeat in range(config.repeats):
-                    yield from _batch(Cell(prompts[0], decoding, PLAIN, None, repeat=repeat), prompts)
+                    yield from _batch(Cell(prompts[0], decoding, PLAIN, None, repeat=repeat,
+                                           engine=config.engine_name), prompts)
                     for draft in config.drafts:
                         for policy in (p for p in config.policies if applies(p, draft.kind)):
                             for k in config.ks:
-                                yield from _batch(Cell(prompts[0], decoding, draft, k, policy, repeat=repeat),
-                                                  prompts)
+                                yield from _batch(Cell(prompts[0], decoding, draft, k, policy, repeat=repeat,
+                                                       engine=config.engine_name), prompts)
 
 
 def _batch(cell: Cell, prompts: tuple[Prompt, ...]) -> Iterator[Cell]:
@@ -121,7 +130,8 @@ def cells_to_run(config: SweepConfig) -> tuple[str, list[Cell]]:
     or a draft head that cannot fit the target before any model is loaded."""
     sweep_id = config.sweep_id or new_sweep_id()
     check_db(config.db)
-    check_drafts(config.target, list(config.drafts), config.trust_remote_code)
+    if config.engine == "specdash":  # vLLM checks its own drafts as it loads them
+        check_drafts(config.target, list(config.drafts), config.trust_remote_code)
     done = recorded_runs(config.db, sweep_id) if config.sweep_id else set()
     return sweep_id, [c for c in plan(config) if c.key(config.seed) not in done]
 

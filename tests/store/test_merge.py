@@ -105,7 +105,8 @@ def test_an_older_file_is_upgraded_on_a_copy_and_merged(sources, tmp_path):
         con.execute(f"ATTACH '{a}' AS a (READ_ONLY)")
         con.execute("INSERT INTO runs BY NAME SELECT * EXCLUDE (concurrent_workers, divergence_at, divergence_gap, "
                     "divergence_tolerance, divergence, kernels, threads, k_policy, turn, conversation, batch_size, "
-                    "batch_slot, batch_id, tree_nodes, repeat) "
+                    "batch_slot, batch_id, tree_nodes, repeat, engine, engine_version, engine_config, engine_report, "
+                    "ttft_s) "
                     "REPLACE ('old-' || run_id AS run_id) FROM a.runs")
         con.execute("INSERT INTO rounds BY NAME SELECT * EXCLUDE (draft_parents, accepted_path, depth, draft_p, "
                     "draft_q, draft_u, from_residual, batch_seqs, pass_rows) "

@@ -18,7 +18,8 @@ from tests.helpers.dashboard_fixtures import PROMPTS, add_trees, baseline_record
 
 # run_stats as migration 19 made it, a view over runs, run_totals and the baselines' rows of runs (with the runs'
 # own times, which run_facts adds): the reference.
-PLAIN_STATS = RUN_STATS_SELECT.format(more=", k_policy, batch_size, wall_s, prefill_s, draft_s, verify_s")
+PLAIN_STATS = RUN_STATS_SELECT.format(more=", k_policy, batch_size, engine, engine_version, ttft_s, wall_s, prefill_s, "
+                                               "draft_s, verify_s")
 # What run_facts adds, straight from the rounds: the rounds that drafted (NULL for none, as a sum over no rounds),
 # whether any drafted a tree, per k the rounds and their summed verify seconds, and the drafting rounds by outcome.
 PLAIN_ADDED = """
@@ -104,12 +105,16 @@ def test_an_older_file_gets_the_same_rows_from_its_migration(db, tmp_path):
         migrate(con, to_version=MIGRATIONS.index(schema_rounds.add_pass_rows))  # before run_facts as it is now
         con.execute(f"ATTACH '{db}' AS a (READ_ONLY)")
         for table in ("runs", "rounds", "run_totals", "round_counts"):
-            added = "pass_rows" if table in ("rounds", "round_counts") else None  # a column of the newest migration
+            # columns of later migrations
+            added = {"rounds": "pass_rows", "round_counts": "pass_rows",
+                     "runs": "engine, engine_version, engine_config, engine_report, ttft_s, repeat"}.get(table)
             con.execute(f"INSERT INTO {table} BY NAME SELECT * {f'EXCLUDE ({added})' if added else ''} "
                         f"FROM a.{table}")
         before = con.execute("SELECT * FROM run_stats ORDER BY run_id").df()
         migrate(con)
         after = con.execute("SELECT * FROM run_stats ORDER BY run_id").df()
+    engines = after.pop("engine"), after.pop("engine_version"), after.pop("ttft_s")
+    assert (set(engines[0]), engines[1].isna().all(), engines[2].isna().all()) == ({"specdash"}, True, True)
     pd.testing.assert_frame_equal(after, before, check_exact=True)  # run_stats' columns and numbers unchanged
     same(facts(old), facts(db))
 

@@ -110,7 +110,8 @@ def test_runs_and_rounds_have_the_documented_columns(db):
         ("git_commit", text), ("device_name", text), ("divergence_at", i), ("divergence_gap", f),
         ("divergence_tolerance", f), ("divergence", text), ("kernels", text), ("threads", i), ("concurrent_workers", i),
         ("k_policy", text), ("turn", i), ("conversation", text), ("batch_size", i), ("batch_slot", i),
-        ("batch_id", text), ("tree_nodes", i), ("repeat", i)]
+        ("batch_id", text), ("tree_nodes", i), ("engine", text), ("engine_version", text),
+        ("engine_config", text), ("engine_report", text), ("ttft_s", f), ("repeat", i)]
     assert columns(db, "rounds") == [
         ("run_id", text), ("round", i), ("k", i), ("accepted", i), ("rejected", i), ("thrown", i),
         ("bonus", "BOOLEAN"), ("emitted", i), ("draft_s", f), ("verify_s", f), ("draft_tokens", ints),
@@ -122,7 +123,8 @@ def test_runs_and_rounds_have_the_documented_columns(db):
         "temperature", "top_p", "seed", "device", "dtype", "new_tokens", "n_rounds", "accepted", "rejected",
         "thrown", "drafted", "alpha", "tau", "thrown_share", "tokens_per_s", "baseline_tokens_per_s",
         "measured_speedup", "target_pass_s", "verify_pass_s", "draft_token_s", "c", "theoretical_speedup",
-        "lossless", "divergence", "kernels", "threads", "k_policy", "batch_size"]
+        "lossless", "divergence", "kernels", "threads", "k_policy", "batch_size", "engine",
+            "engine_version", "ttft_s"]
     assert [name for name, _ in columns(db, "run_facts")] == [
         *(name for name, _ in columns(db, "run_stats")), "wall_s", "prefill_s", "draft_s",
         "verify_s", "drafting_rounds", "tree", "widths", "outcomes"]
@@ -133,8 +135,8 @@ def test_runs_and_rounds_have_the_documented_columns(db):
         (13, "add_bench_k_policy"), (14, "add_tree_columns"), (15, "add_depth"), (16, "add_turns"),
         (17, "add_training_categories"), (18, "add_sampling_test"), (19, "add_batches"), (20, "count_rounds"),
         (21, "create_run_facts"), (22, "add_tree_nodes"), (23, "add_pass_rows"),
-            (24, "add_learn_context"), (25, "add_repeat"),
-            (26, "create_comparable_runs")]
+            (24, "add_learn_context"), (25, "add_engines"), (26, "add_repeat"),
+            (27, "create_comparable_runs")]
 
 
 @pytest.mark.parametrize("table, row", [("runs", run_row), ("rounds", round_columns), ("run_totals", totals_row),
@@ -491,9 +493,9 @@ def test_a_write_locked_past_its_bound_spills_and_is_flushed_exactly_once(db):
     assert write_run(db, BASELINE, lock_timeout_s=0.2) > 0
     assert (db.parent / "runs.duckdb.pending" / "base.json").is_file()
     # Readers share the file with the holder, and see the spilled run as recorded.
-    assert recorded_runs(db, "s1") == {("p1", "ngram", 4, "greedy", 0.0, 1.0, 0, "fixed", 1, 0, 0),
-                                             ("p1", "none", None, "greedy", 0.0, 1.0, 0, None, 1, 0, 0)}
-    assert baseline_for(db, "s1", ("p1", "greedy", 0.0, 1.0, 0, [1, 2, 3], "cpu", "float32", 1, 0, 0)) == (
+    assert recorded_runs(db, "s1") == {("specdash", "p1", "ngram", 4, "greedy", 0.0, 1.0, 0, "fixed", 1, 0, 0),
+                                             ("specdash", "p1", "none", None, "greedy", 0.0, 1.0, 0, None, 1, 0, 0)}
+    assert baseline_for(db, "s1", ("specdash", "p1", "greedy", 0.0, 1.0, 0, [1, 2, 3], "cpu", "float32", 1, 0, 0)) == (
         "base", tuple(range(10, 20)))
     release(holder)
     assert flush_pending(db) == 1
@@ -540,25 +542,34 @@ def test_records_survive_the_json_round_trip():
 
 def test_reads_for_the_runner(db):
     assert recorded_runs(db, "s1") == set()
-    assert baseline_for(db, "s1", ("p1", "greedy", 0.0, 1.0, 0, [1, 2, 3], "cpu", "float32", 1, 0)) is None
+    assert baseline_for(db, "s1",
+                        ("specdash", "p1", "greedy", 0.0, 1.0, 0, [1, 2, 3], "cpu", "float32", 1, 0, 0)) is None
     assert list_sweeps(db).empty
     write_run(db, BASELINE)
     write_run(db, SPEC)
     write_run(db, record("other", SPEC.generation.rounds, 0.3, sweep_id="s2", seed=5, baseline_run_id=None))
     failed = replace(SPEC, run_id="bad", k=8, status="error", generation=None)
     write_run(db, failed)
-    assert recorded_runs(db, "s1") == {("p1", "ngram", 4, "greedy", 0.0, 1.0, 0, "fixed", 1, 0, 0),
-                                             ("p1", "none", None, "greedy", 0.0, 1.0, 0, None, 1, 0, 0)}
-    assert baseline_for(db, "s1", ("p1", "greedy", 0.0, 1.0, 0, [1, 2, 3], "cpu", "float32", 1, 0, 0)) == (
+    assert recorded_runs(db, "s1") == {("specdash", "p1", "ngram", 4, "greedy", 0.0, 1.0, 0, "fixed", 1, 0, 0),
+                                             ("specdash", "p1", "none", None, "greedy", 0.0, 1.0, 0, None, 1, 0, 0)}
+    assert baseline_for(db, "s1", ("specdash", "p1", "greedy", 0.0, 1.0, 0, [1, 2, 3], "cpu", "float32", 1, 0, 0)) == (
         "base", tuple(range(10, 20)))
-    assert baseline_for(db, "s1", ("p1", "greedy", 0.0, 1.0, 1, [1, 2, 3], "cpu", "float32", 1, 0)) is None
+    assert baseline_for(db, "s1",
+                        ("specdash", "p1", "greedy", 0.0, 1.0, 1, [1, 2, 3], "cpu", "float32", 1, 0, 0)) is None
     # the same cell fed other prompt ids, or on another device or dtype, has no baseline to compare with
-    assert baseline_for(db, "s1", ("p1", "greedy", 0.0, 1.0, 0, [1, 2, 4], "cpu", "float32", 1, 0)) is None
-    assert baseline_for(db, "s1", ("p1", "greedy", 0.0, 1.0, 0, [1, 2, 3], "cuda", "float32", 1, 0)) is None
-    assert baseline_for(db, "s1", ("p1", "greedy", 0.0, 1.0, 0, [1, 2, 3], "cpu", "bfloat16", 1, 0)) is None
+    assert baseline_for(db, "s1",
+                        ("specdash", "p1", "greedy", 0.0, 1.0, 0, [1, 2, 4], "cpu", "float32", 1, 0, 0)) is None
+    assert baseline_for(db, "s1",
+                        ("specdash", "p1", "greedy", 0.0, 1.0, 0, [1, 2, 3], "cuda", "float32", 1, 0, 0)) is None
+    assert baseline_for(db, "s1",
+                        ("specdash", "p1", "greedy", 0.0, 1.0, 0, [1, 2, 3], "cpu", "bfloat16", 1, 0, 0)) is None
     # nor a run at another batch size, or at another place in its batch
-    assert baseline_for(db, "s1", ("p1", "greedy", 0.0, 1.0, 0, [1, 2, 3], "cpu", "float32", 4, 0)) is None
-    assert baseline_for(db, "s1", ("p1", "greedy", 0.0, 1.0, 0, [1, 2, 3], "cpu", "float32", 1, 2)) is None
+    assert baseline_for(db, "s1",
+                        ("specdash", "p1", "greedy", 0.0, 1.0, 0, [1, 2, 3], "cpu", "float32", 4, 0, 0)) is None
+    assert baseline_for(db, "s1",
+                        ("specdash", "p1", "greedy", 0.0, 1.0, 0, [1, 2, 3], "cpu", "float32", 1, 2, 0)) is None
+    # a vLLM run is never judged against our engine's baseline
+    assert baseline_for(db, "s1", ("vllm", "p1", "greedy", 0.0, 1.0, 0, [1, 2, 3], "cpu", "float32", 1, 0, 0)) is None
     sweeps = list_sweeps(db)
     assert list(sweeps.columns) == ["sweep_id", "started", "target", "drafts", "runs", "errors", "lossless_failures",
                                     "real_divergences"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from runner.engine.weights.models import Loaded
-from runner.records import Divergence
+from runner.records import Divergence, first_difference
 
 # The tolerance per dtype, in units of its unit roundoff u, relative to the position's largest |logit|: two logits
 # closer than TIE_ULPS · u · max|logit| can trade places between passes of different widths. Measured with
@@ -32,14 +32,6 @@ def unit_roundoff(dtype: torch.dtype) -> float:
 
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
-
-
-def first_difference(a: tuple[int, ...], b: tuple[int, ...]) -> int | None:
-    """The first index where the sequences differ (the shorter one's end counts), or None when equal."""
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 def classify(target: Loaded, prompt: tuple[int, ...], baseline: tuple[int, ...],

@@ -1,0 +1,159 @@
+"""vLLM's faults as one line: a missing environment, a server that does not start (its log's last meaningful line),
+a draft vLLM refuses; nothing recorded is lost."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import replace
+
+import duckdb
+import pytest
+from rich.console import Console
+
+from runner.engine.weights.models import DEFAULT_MODEL
+from runner.pair_engine import GREEDY
+from runner.prompts import load_prompts, select_prompts
+from runner.sweep.loop import run_sweep
+from runner.sweep.plan import SweepConfig
+from runner.vllm.client import get
+from runner.vllm.drafts import parse
+from runner.vllm.server import Server, ServerSettings, VllmError, free_port, last_line, vllm_python
+from runner.vllm.source import VllmSource
+
+
+def test_no_environment_names_the_target_that_builds_it(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECDASH_VLLM_PYTHON", str(tmp_path / "bin" / "python"))
+    with pytest.raises(VllmError, match=r"^no vLLM environment at .*: build it with `make vllm-env`$"):
+        vllm_python()
+
+
+def test_the_log_s_last_meaningful_line_is_its_error(tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text("INFO starting\nTraceback (most recent call last):\n  File \"x.py\", line 1, in <module>\n"
+                   "ValueError: the model does not exist\n/x.py:3: FutureWarning: deprecated\n"
+                   "nanobind: leaked 64 types!\n - leaked type \"x\"\n")
+    assert last_line(log) == "ValueError: the model does not exist"
+
+
+def test_a_server_that_cannot_start_says_why_in_one_line(monkeypatch, tmp_path):
+    # An interpreter that fails as vLLM does on a model it cannot load: a traceback, then exit 1.
+    python = tmp_path / "bin" / "python"
+    python.parent.mkdir()
+    python.write_text("#!/bin/sh\necho 'INFO starting'\necho 'Traceback (most recent call last):'\n"
+                      "echo 'OSError: no-model does not appear to have a file named config.json'\nexit 1\n")
+    python.chmod(0o755)
+    monkeypatch.setenv("SPECDASH_VLLM_PYTHON", str(python))
+    server = Server(ServerSettings(str(tmp_path / "no-model")), None)
+    with pytest.raises(VllmError) as refused:
+        server.wait()
+    assert str(refused.value) == ("vLLM did not start: OSError: no-model does not appear to have a file named "
+                                  f"config.json (log: {server.log})")
+
+
+FAKE_VLLM = """
+import json, os, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+port = int(sys.argv[sys.argv.index("--port") + 1])
+spec_at = sys.argv.index("--speculative-config") + 1 if "--speculative-config" in sys.argv else None
+config = json.loads(sys.argv[spec_at]) if spec_at else None
+served = [0]
+
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+    def send(self, body):
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        self.send({"data": [{"id": "fake-model"}]} if self.path == "/v1/models" else {"version": "fake"})
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        served[0] += 1
+        if config is None and served[0] > int(os.environ["FAKE_PLAIN_REQUESTS"]):
+            print("RuntimeError: the engine core died", flush=True)
+            os._exit(1)
+        spec = config and {"mean_acceptance_length": 2.0, "draft_acceptance_rate": 0.25, "num_spec_steps": 1,
+                           "acceptance_histogram": [0, 1] + [0] * (config["num_speculative_tokens"] - 1),
+                           "num_accepted_draft_tokens": 1, "num_draft_tokens": config["num_speculative_tokens"],
+                           "num_spec_tokens": config["num_speculative_tokens"], "per_step_accepted": [1],
+                           "per_step_drafted": [config["num_speculative_tokens"]]}
+        self.send({"choices": [{"token_ids": [5, 6, 7], "finish_reason": "length"}],
+                   "metrics": {"time_to_first_token_ms": 1.0, "generation_time_ms": 2.0, "speculative_decoding": spec}})
+
+
+HTTPServer(("127.0.0.1", port), Handler).serve_forever()
+"""
+
+
+def test_a_server_that_dies_mid_sweep_leaves_error_runs_and_the_sweep_resumes(monkeypatch, tmp_path):
+    """A stand-in for vLLM's HTTP side (exact counts; the real one is tests/vllm/test_real_vllm.py) whose plain server
+    dies on its third request: the warm-up and the first prompt are answered, the second prompt's run is an error
+    run, nothing recorded is lost, and the resumed sweep records the missing run on a new server."""
+    (tmp_path / "fake.py").write_text(FAKE_VLLM)
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\nexec {sys.executable} {tmp_path / 'fake.py'} \"$@\"\n")
+    python.chmod(0o755)
+    monkeypatch.setenv("SPECDASH_VLLM_PYTHON", str(python))
+    monkeypatch.setenv("FAKE_PLAIN_REQUESTS", "2")
+    db = tmp_path / "runs.duckdb"
+    config = SweepConfig(target=DEFAULT_MODEL, drafts=(parse("ngram:2"),), ks=(3,), decodings=(GREEDY,),
+                         prompts=tuple(select_prompts(load_prompts(), ["code"], 2)), max_new_tokens=3, seed=0, db=db,
+                         device="cpu", dtype="float32", threads=1, engine="vllm")
+    sweep_id, recorder = run_sweep(config, Console(quiet=True), VllmSource)
+    assert [e.split(": ", 1)[1] for e in recorder.errors] == ["vLLM did not answer: Remote end closed connection "
+                                                             "without response"]
+    def runs() -> list[tuple]:
+        with duckdb.connect(str(db), read_only=True) as con:
+            return con.execute("SELECT prompt_id, draft, status, lossless, engine_version FROM runs "
+                               "ORDER BY draft, prompt_id, status DESC").fetchall()
+    assert runs() == [("code-01", "ngram:2", "ok", True, "fake"), ("code-02", "ngram:2", "ok", None, "fake"),
+                      ("code-01", "none", "ok", None, "fake"), ("code-02", "none", "error", None, "fake")]
+    run_sweep(replace(config, sweep_id=sweep_id), Console(quiet=True), VllmSource)
+    assert runs() == [("code-01", "ngram:2", "ok", True, "fake"), ("code-02", "ngram:2", "ok", None, "fake"),
+                      ("code-01", "none", "ok", None, "fake"), ("code-02", "none", "ok", None, "fake"),
+                      ("code-02", "none", "error", None, "fake")]
+
+
+
+def test_a_server_a_team_runs_is_reached_at_its_url_and_held_to_the_cells_config(tmp_path):
+    """`--engine vllm:<url>`: its model and version read from it; a speculative server records the draft's cells and
+    refuses the plain ones in one line (it cannot decode plainly), and a k other than its own."""
+    (tmp_path / "fake.py").write_text(FAKE_VLLM)
+    port = free_port()
+    config = json.dumps({"method": "ngram", "num_speculative_tokens": 3})
+    server = subprocess.Popen([sys.executable, str(tmp_path / "fake.py"), "--port", str(port), "--speculative-config",
+                               config], env={**os.environ, "FAKE_PLAIN_REQUESTS": "0"})
+    try:
+        for _ in range(100):
+            with contextlib.suppress(VllmError):
+                get(f"http://127.0.0.1:{port}", "/version")
+                break
+            time.sleep(0.1)
+        db = tmp_path / "runs.duckdb"
+        sweep = SweepConfig(target=DEFAULT_MODEL, drafts=(parse("ngram:2"),), ks=(3, 2), decodings=(GREEDY,),
+                            prompts=tuple(select_prompts(load_prompts(), ["code"], 1)), max_new_tokens=3, seed=0,
+                            db=db, device="cpu", dtype="float32", threads=1, engine=f"vllm:http://127.0.0.1:{port}")
+        run_sweep(sweep, Console(quiet=True), VllmSource)
+    finally:
+        server.kill()
+        server.wait()
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert con.execute("SELECT draft, k, status, error, engine FROM runs ORDER BY draft, k").fetchall() == [
+            ("ngram:2", 2, "error", f"the server at http://127.0.0.1:{port} drafts k = 3, not the cell's 2", "vllm"),
+            ("ngram:2", 3, "ok", None, "vllm"),
+            ("none", None, "error", f"the server at http://127.0.0.1:{port} decodes speculatively (k = 3): it cannot "
+                                    "record plain decoding", "vllm")]
