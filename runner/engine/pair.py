@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from runner.engine import head_files, kernels, lookahead, medusa_files, models, tree_size
+from runner.engine import compact_llama, head_files, kernels, lookahead, medusa_files, models, tree_size
 from runner.engine.batch import generate_batch
 from runner.engine.decode import generate
 from runner.engine.drafters import (
@@ -162,6 +162,9 @@ class Pair:
         # CUDA keeps cuBLAS: the skinny kernels answer a CPU BLAS's weakness.
         self.kernels = chosen if target.device.type == "cpu" else kernels.STOCK
         self.switches = [kernels.attach(m) for m in (target.model, *separate)] if self.kernels == kernels.SKINNY else []
+        for spec in drafts if self.switches else ():
+            if spec.kind == "layerskip":  # the target's layers, so the compact forward with its kernels
+                compact_llama.install(self.draft_models[spec.text], self.switches[0].on)
         for switch in self.switches:
             switch.table()  # measured (or read from the cache) now, not inside a timed generation
         self.verify_costs = VerifyCosts()  # every generation's verify passes, for the `auto` policy
