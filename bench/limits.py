@@ -87,12 +87,8 @@ class Passes:
     def linears_only(self, path: str) -> Callable[[], None]:
         """The one-token pass's products alone, on the path's kernels, in the pass's order."""
         compact = self.switch.compact
-        fused = {id(m) for f in (compact.fused if compact else ()) for m in (f.qkv, f.gate_up)}
-        replaced = {id(m) for layer in (compact.layers if compact else ()) for m in (
-            layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.mlp.gate_proj,
-            layer.mlp.up_proj)}
-        skipped = replaced if path == COMPACT else fused
-        chosen = [m for m in self.switch.linears if id(m) not in skipped]
+        every = [m for m in self.model.modules() if isinstance(m, nn.Linear)]
+        chosen = self.switch.linears if path == COMPACT and compact else every
         x = {m: torch.randn(1, 1, m.in_features) for m in chosen}
 
         def run() -> None:

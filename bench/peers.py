@@ -162,6 +162,8 @@ def measure(engines: Engines, prompts: list[list[int]], repeats: int, n: int) ->
             for engine, mode in jobs[turn % len(jobs):] + jobs[: turn % len(jobs)]:
                 tokens, seconds = engines.run(engine, mode, prompt, n)
                 samples.append(Sample(engine, mode, index, repeat, tokens, seconds))
+                print(f"peers: repeat {repeat} prompt {index} {engine} {mode}: {len(tokens)} tokens in {seconds:.2f} s",
+                      file=sys.stderr, flush=True)
             turn += 1
     return samples
 
@@ -224,6 +226,7 @@ def run_peers(args: argparse.Namespace, command: str) -> tuple[list[dict], list[
     chosen = [p for p in load_prompts(args.prompts_file) if p.turn == 1][: args.prompts]
     prompts = [models.encode_chat(target, p.text) for p in chosen]
     max_len = max(map(len, prompts)) + args.max_new_tokens + 8
+    print("peers: loading our engine (its kernel table) and vLLM's", file=sys.stderr, flush=True)
     engines = Engines(target, args.vllm_python, args.threads, max_len)
     try:
         samples = measure(engines, prompts, args.repeats, args.max_new_tokens)

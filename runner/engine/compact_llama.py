@@ -131,7 +131,14 @@ class Compact:
         self.rope = Rope(self.decoder.rotary_emb)
 
     def linears(self) -> list[nn.Linear]:
+        """The fused products."""
         return [linear for f in self.fused for linear in (f.qkv, f.gate_up)]
+
+    def replaced(self) -> list[nn.Linear]:
+        """The modules whose products the fused ones compute."""
+        return [linear for layer in self.layers for linear in (
+            layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.mlp.gate_proj,
+            layer.mlp.up_proj)]
 
     def forward(self, input_ids: Tensor, cache: DynamicCache, attention_mask: Tensor | None = None,
                 position_ids: Tensor | None = None, use_cache: bool = True, logits_to_keep: int = 0,
@@ -165,8 +172,13 @@ class Compact:
         cos, sin = rope
         qk = qk * cos + qk.roll(dim // 2, -1) * sin
         key, value = cache.update(qk[:, heads:], value, index)
-        out = F.scaled_dot_product_attention(qk[:, :heads], key, value, attn_mask=mask,
-                                             scale=layer.self_attn.scaling, enable_gqa=heads != kv_heads)
+        query, scale = qk[:, :heads], layer.self_attn.scaling
+        if rows == 1 and mask is None:  # each key/value head's query heads as its rows: no grouping to resolve
+            out = F.scaled_dot_product_attention(query.reshape(batch, kv_heads, heads // kv_heads, dim), key, value,
+                                                 scale=scale).view(batch, heads, 1, dim)
+        else:
+            out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale,
+                                                 enable_gqa=heads != kv_heads)
         x = x + layer.self_attn.o_proj(out.transpose(1, 2).reshape(batch, rows, heads * dim))
         norm = layer.post_attention_layernorm
         gate_up = products.gate_up(F.rms_norm(x, (hidden,), norm.weight, norm.variance_epsilon))

@@ -215,13 +215,16 @@ class Kernels:
 
     def __init__(self, model: nn.Module) -> None:
         # A Llama-style model also takes the compact forward while switched on (compact_llama.py): its fused
-        # products are chosen for like every linear.
+        # products are measured and chosen for; the q, k, v, gate and up products they replace are not (a call the
+        # compact forward leaves to transformers runs them stock where their shape has no choice of its own).
         self.compact = compact_llama.install(model, self.on)
-        self.linears = [m for m in model.modules() if isinstance(m, nn.Linear)] + (
-            self.compact.linears() if self.compact else [])
+        every = [m for m in model.modules() if isinstance(m, nn.Linear)]
+        replaced = {id(m) for m in self.compact.replaced()} if self.compact else set()
+        fused = self.compact.linears() if self.compact else []
+        self.linears = [m for m in every if id(m) not in replaced] + fused  # the measured ones
         self.tables: dict[int, Table] = {}  # per thread count
         self.active: Table | None = None
-        for linear in self.linears:
+        for linear in every + fused:
             linear.forward = self._forward(linear)  # an instance attribute: the class stays torch's
         attention.follow(model, lambda: self.active is not None)
 
@@ -234,9 +237,10 @@ class Kernels:
 
         def forward(x: Tensor) -> Tensor:
             rows = x.numel() // shape[1]
-            if self.active is None or not 1 <= rows <= MAX_ROWS:
+            choices = None if self.active is None else self.active.get(shape)
+            if choices is None or not 1 <= rows <= MAX_ROWS:
                 return F.linear(x, linear.weight, linear.bias)
-            out = CANDIDATES[self.active[shape][rows - 1]](x.reshape(rows, shape[1]), linear.weight, linear.bias)
+            out = CANDIDATES[choices[rows - 1]](x.reshape(rows, shape[1]), linear.weight, linear.bias)
             return out.view(*x.shape[:-1], shape[0])
 
         return forward
