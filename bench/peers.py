@@ -73,6 +73,9 @@ class VllmPeer:
             [str(python), str(ROOT / "bench" / "vllm_peer.py"), model_dir, mode, str(threads), str(max_len)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
             start_new_session=True)  # its own process group: its engine process is stopped and woken with it
+
+    def ready(self) -> None:
+        """Wait until its engine has loaded (minutes the first time: torch.compile), then stop it."""
         self._reply()
         self._signal(signal.SIGSTOP)
 
@@ -122,10 +125,13 @@ class Engines:
     """The three engines on one target, each a function (mode, prompt ids, new tokens) -> (tokens, seconds)."""
 
     def __init__(self, target: models.Loaded, vllm_python: Path | None, threads: int, max_len: int) -> None:
-        self.target, self.pair = target, Pair(target, [LOOKUP], SKINNY)
+        # vLLM's engines load while ours measures its kernel table; none of it is timed
         self.vllm = {} if vllm_python is None else {
             mode: VllmPeer(vllm_python, models._source(target.spec), mode, threads, max_len)
             for mode in (PLAIN_MODE, LOOKUP_MODE)}
+        self.target, self.pair = target, Pair(target, [LOOKUP], SKINNY)
+        for peer in self.vllm.values():
+            peer.ready()
 
     @property
     def names(self) -> list[str]:
