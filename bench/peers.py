@@ -309,4 +309,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # Terminated, it still stops vLLM's processes (Engines.close): they run in sessions of their own.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     sys.exit(main())
