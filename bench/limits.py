@@ -98,10 +98,10 @@ class Passes:
         return run
 
     def operators(self, path: str) -> int:
-        """The torch operators one one-token pass dispatches on this path."""
+        """The torch operators one one-token pass calls on this path (top level: not those they call in turn)."""
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             self.run(path, 1)
-        return sum(event.count for event in prof.key_averages() if event.key.startswith("aten::"))
+        return sum(1 for event in prof.events() if event.name.startswith("aten::") and event.cpu_parent is None)
 
 
 def interleaved(jobs: dict[str, Callable[[], None]], repeats: int) -> dict[str, list[float]]:
