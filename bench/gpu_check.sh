@@ -105,7 +105,7 @@ run() {
     } > "$REPORT"
     export COLUMNS=200  # the tables, whole
     # Caps from the runs on an H200 (bench/results/gpu.md): each about twice the step's time there, 575 s in all (the
-    # generation's profile also compiles transformers' forward, ~40 s).
+    # generation's profile also compiles transformers' forward).
     step "One pass by width on CUDA, profiled" 45 python3 bench/verify_profile.py --device cuda --widths 1,16 \
         --repeats 5
     step "A generation's rounds against its passes; the host's hottest calls" 120 python3 bench/loop_profile.py \

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The shipped runs.duckdb, recorded again with today's engine (about 45 minutes on an idle 2-core CPU, one thread):
+# The shipped runs.duckdb, recorded again with today's engine (the better part of an hour on a 2-core CPU, one thread):
 #   bench/reship.sh [OLD] [NEW]     (default: runs.duckdb and runs.new.duckdb; move NEW over OLD when it is done)
 # NEW gets the sweeps below, all from this machine, then OLD's draft-head trainings and benchmarks (none of its runs).
+# Its sweeps are listed in bench/results/shipped-sweeps.txt, the ones the docs describe: once NEW is moved over OLD,
+# `python -m runner report docs` renders the docs' tables from them again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OLD=${1:-runs.duckdb}
@@ -22,12 +24,17 @@ $SWEEP --draft ngram --draft eagle:$H --draft eagle-tree:$H --k 2,4 --prompts-pe
 $SWEEP --draft ngram --draft eagle:$H --k 2,4 --prompts-per-category 2 --kernels stock
 # BATCHES: 1, 2 and 4 prompts of a category decoded together, each against plain decoding at its batch size.
 $SWEEP --draft ngram --draft eagle:$H --draft ngram-tree --k 3 --batch 1,2,4 --prompts-per-category 4
-# POLICIES: the draft-length policies against fixed k (README, "Draft-length policies"), greedy and at T = 0.7.
+# POLICIES: the draft-length policies against fixed k (docs/policies.md), greedy and at T = 0.7.
 P="--draft ngram --draft eagle:$H --prompts-per-category 3"
 $SWEEP $P --k 1,2,3,4 --k-policy fixed --mode greedy
 $SWEEP $P --k 2,4 --k-policy heuristic --k-policy auto --k-policy confidence:0.5 --mode greedy
 $SWEEP $P --k 1,2,3,4 --k-policy fixed --mode sample --temperature 0.7
 $SWEEP $P --k 2,4 --k-policy heuristic --k-policy auto --k-policy confidence:0.5 --mode sample --temperature 0.7
+
+# The sweeps just recorded, the ones the docs describe.
+$PY -c "import duckdb, sys; print(*(row[0] for row in duckdb.connect(sys.argv[1], read_only=True).execute(
+    'SELECT sweep_id FROM runs GROUP BY sweep_id ORDER BY min(started_at)').fetchall()), sep='\n')" "$NEW" \
+    > bench/results/shipped-sweeps.txt
 
 # What OLD keeps: a copy with every table keyed by run_id emptied, merged into NEW.
 KEEP=$(mktemp -d)/kept.duckdb

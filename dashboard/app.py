@@ -28,7 +28,8 @@ page = st.navigation([
     st.Page("bench_page.py", title="Benchmark", icon=":material/speed:", url_path="bench"),
     st.Page("trained.py", title="Trained drafts", icon=":material/model_training:", url_path="trained"),
     st.Page("sql_page.py", title="SQL", icon=":material/database:", url_path="sql"),
-    st.Page("spec_bench_page.py", title="Spec-Bench", icon=":material/table_chart:", url_path="spec-bench"),
+    st.Page("spec_bench_page.py", title="Spec-Bench · SPEED-Bench", icon=":material/table_chart:",
+            url_path="spec-bench"),
     st.Page("batches_page.py", title="Batches", icon=":material/stacks:", url_path="batches"),
 ], position="sidebar" if may_read else "hidden")
 if may_read:

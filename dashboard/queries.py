@@ -46,7 +46,7 @@ def filter_options(con: duckdb.DuckDBPyConnection) -> dict[str, list]:
     # NULL is no option: runs recorded before a column existed have none.
     lists = ", ".join(f"list(DISTINCT {name} ORDER BY {name}) FILTER ({name} IS NOT NULL)" for name in names)
     # Every filter is a column of runs, and run_stats holds exactly the 'ok' runs: read runs alone, not the view's
-    # joins (at a million runs that was most of the query's time).
+    # joins (which grow with the runs).
     row = con.execute(f"SELECT {lists} FROM runs WHERE status = 'ok' AND draft <> 'none'").fetchone()
     return {name: values or [] for name, values in zip(names, row, strict=True)}
 
@@ -54,8 +54,7 @@ def filter_options(con: duckdb.DuckDBPyConnection) -> dict[str, list]:
 def runs(con: duckdb.DuckDBPyConnection, filters: Filters, limit: int, k: int | None = None) -> pd.DataFrame:
     """The newest `limit` selected speculative runs, newest first; at `k`, only those with a measured speedup (a
     baseline) and an α. The newest are picked from `runs` alone (every filter is one of its columns, and run_stats
-    holds its 'ok' runs), so only they pay run_stats' joins: at a million runs, the joins and the frame of every
-    run were most of the Overview's time."""
+    holds its 'ok' runs), so only they pay run_stats' joins, which would otherwise grow with every run in the file."""
     where, params = filters.where()
     at_k, measured = ("", "") if k is None else (
         "AND k = ? AND baseline_run_id IS NOT NULL", "WHERE s.measured_speedup IS NOT NULL AND s.alpha IS NOT NULL")

@@ -11,7 +11,7 @@ import platform
 import socket
 import subprocess
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -112,6 +112,20 @@ class PromptIds:
             generation = self.pair.run(PLAIN, ids, None, GREEDY, self.max_new_tokens, self.seed)
             self.answers[conversation, turn] = models.answer_text(self.pair.target, generation.output_tokens)
         return self.answers[conversation, turn]
+
+
+def check_fit(lengths: Sequence[tuple[str, int]], max_new_tokens: int, context: int) -> None:
+    """ValueError naming the first prompt (id, tokens) whose tokens + `max_new_tokens` pass `context`, with its
+    lengths and how many more do. A prompt is refused before anything runs, never truncated: `generate` and `sweep`
+    both say it in this one line."""
+    over = [(prompt_id, n) for prompt_id, n in lengths if n + max_new_tokens > context]
+    if not over:
+        return
+    (prompt_id, n), more = over[0], len(over) - 1
+    others = f" (and {more} more prompt{'s' if more > 1 else ''})" if more else ""
+    raise ValueError(f'prompt "{prompt_id}" ({n:,} tokens) + max-new-tokens ({max_new_tokens:,}) exceeds the '
+                     f"model's context of {context:,} tokens{others}; nothing is truncated: leave it out or lower "
+                     "--max-new-tokens")
 
 
 def provenance(device: torch.device) -> dict[str, str]:

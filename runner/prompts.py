@@ -6,7 +6,9 @@ A prompts file holds one JSON object per non-blank line, in one of two formats, 
   built-in suite (`builtin_prompts.jsonl`) has `code`, `summary` and `poem`;
 - Spec-Bench's `question.jsonl`, as published: `{"question_id": 81, "category": "writing", "turns": ["...", ...]}`
   (and an optional `reference`, not used). Each turn is a prompt of its own, `<question_id>-<turn>`, in the
-  conversation `<question_id>`: turn n is asked after the earlier turns and the model's answers to them.
+  conversation `<question_id>`: turn n is asked after the earlier turns and the model's answers to them;
+- SPEED-Bench's, as published: a directory of `qualitative.jsonl` and `throughput_<n>k.jsonl`, or any one of its
+  files, each line `{"category": ..., "messages": [{"content": "..."}, ...], ...}` (`runner/speed_bench_files.py`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ class Prompt:
     conversation: str | None = field(default=None, repr=False)  # the question it belongs to; None: its own
     # the user messages of the earlier turns, each answered by the model before this one is asked
     history: tuple[str, ...] = field(default=(), repr=False)
+    # the SPEED-Bench split it came from ('qualitative', 'throughput_2k'); None in the other formats. A directory's
+    # throughput splits share category names, so a count per category counts within each split.
+    split: str | None = field(default=None, repr=False)
 
     @property
     def thread(self) -> str:
@@ -44,10 +49,15 @@ class PromptError(ValueError):
     """A prompts file or a selection that cannot be used; the message is one line."""
 
 
-def load_prompts(path: Path | None = None) -> list[Prompt]:
-    """Read every prompt of `path` (the built-in suite if None), or raise on the first bad line."""
+def load_prompts(path: Path | None = None, splits: list[str] | None = None) -> list[Prompt]:
+    """Read every prompt of `path` (the built-in suite if None), or raise on the first bad line. `splits` chooses
+    files of a SPEED-Bench directory (None: all of them)."""
+    from runner import speed_bench_files  # here: it builds on this module's Prompt
+
     path = BUILTIN_PATH if path is None else path
     try:
+        if path.is_dir() or splits is not None or _first_is_speed_bench(path):
+            return _checked(speed_bench_files.load(path, splits), path)
         lines = path.read_text(encoding="utf-8").splitlines()
     except FileNotFoundError:
         raise PromptError(f"{path.name}: no such file") from None
@@ -64,6 +74,24 @@ def load_prompts(path: Path | None = None) -> list[Prompt]:
                 raise PromptError(f'{where}: duplicate id "{prompt.id}" (first on line {first_line[prompt.id]})')
             first_line[prompt.id] = number
             prompts.append(prompt)
+    if not prompts:
+        raise PromptError(f"{path.name}: no prompts")
+    return prompts
+
+
+def _first_is_speed_bench(path: Path) -> bool:
+    """SPEED-Bench's format: a first non-blank line that is an object with `category` and `messages`."""
+    from runner import speed_bench_files
+
+    with path.open(encoding="utf-8") as lines:
+        first = next((line for line in lines if line.strip()), "")
+    try:
+        return speed_bench_files.is_speed_bench_line(json.loads(first))
+    except json.JSONDecodeError:
+        return False
+
+
+def _checked(prompts: list[Prompt], path: Path) -> list[Prompt]:
     if not prompts:
         raise PromptError(f"{path.name}: no prompts")
     return prompts
@@ -124,8 +152,9 @@ def _parse_line(line: str, where: str) -> list[Prompt]:
 def select_prompts(
     prompts: list[Prompt], categories: list[str] | None, per_category: int | None
 ) -> list[Prompt]:
-    """The first `per_category` conversations (None: all) of each of `categories`, grouped in that order: a
-    question's turns go together (a prompt of the project's format is a conversation of one turn).
+    """The first `per_category` conversations (None: all) of each of `categories` (of each SPEED-Bench split apart),
+    grouped in that order: a question's turns go together (a prompt of the project's format is a conversation of one
+    turn). The first N in file order: the same N prompts every time, and a larger N keeps them.
 
     `categories` None means every category, in the order each first appears in the file.
     """
@@ -138,6 +167,8 @@ def select_prompts(
     selected: list[Prompt] = []
     for category in available if categories is None else dict.fromkeys(categories):
         in_category = [p for p in prompts if p.category == category]
-        kept = list(dict.fromkeys(p.thread for p in in_category))[:per_category]
+        kept: set[str] = set()
+        for split in dict.fromkeys(p.split for p in in_category):
+            kept.update(list(dict.fromkeys(p.thread for p in in_category if p.split == split))[:per_category])
         selected.extend(p for p in in_category if p.thread in kept)
     return selected

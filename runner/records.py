@@ -1,6 +1,6 @@
 """What one generation produces, in the explainer's terms: rounds, and the run around them.
 
-These are the rows of the data contract (README, "Schema"): `Round` is one row of `rounds`,
+These are the rows of the data contract (docs/reference.md): `Round` is one row of `rounds`,
 `RunRecord` one row of `runs`.
 """
 
@@ -31,7 +31,7 @@ class Round:
     draft_parents: tuple[int, ...] | None = None
     accepted_path: tuple[int, ...] | None = None  # a tree's accepted nodes from the root down; None for a chain
     # Sampling only (None when greedy): the speculative-sampling test of every judged draft, in draft order (a tree:
-    # the nodes its walk judged, README "Schema"): p(x) the target's probability of the draft x (in a tree, of the
+    # the nodes its walk judged, docs/reference.md): p(x) the target's probability of the draft x (in a tree, of the
     # law it was tested against: the residual after a refused sibling), q(x) the draft's, u the uniform draw; x was
     # accepted iff u < p(x) / q(x), i.e. with probability min(1, p/q).
     draft_p: tuple[float, ...] | None = None

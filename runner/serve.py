@@ -110,7 +110,7 @@ def check_login(address: str | None, port: int, require_auth: bool) -> None:
         return
     if require_auth:
         raise ServeError("--auth: no [auth] section in the secrets the dashboard reads "
-                         "(.streamlit/secrets.toml here or in ~/.streamlit/); see the README's \"Login\"")
+                         "(.streamlit/secrets.toml here or in ~/.streamlit/); see docs/sharing.md, \"Login\"")
     if warning := open_warning(address or dashboard_option("server.address"), port):
         print(warning, file=sys.stderr, flush=True)
 

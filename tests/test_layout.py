@@ -16,7 +16,7 @@ PACKAGES = ("runner", "dashboard", "bench")
 LAYERS = (
     ("runner.records",),
     ("runner.engine", "runner.store"),
-    ("runner.prompts", "runner.cells"),
+    ("runner.prompts", "runner.speed_bench_files", "runner.cells"),
     ("runner.sweep", "runner.train"),
     ("runner.cli", "runner.serve", "runner.report", "runner.__main__", "dashboard", "bench"),
 )

@@ -203,7 +203,7 @@ def test_serve_auth_refuses_to_start_without_auth_in_the_secrets(tmp_path, monke
     assert result.exit_code == 2
     assert result.stderr.splitlines() == [
         "error: --auth: no [auth] section in the secrets the dashboard reads (.streamlit/secrets.toml here or in "
-        "~/.streamlit/); see the README's \"Login\""]
+        "~/.streamlit/); see docs/sharing.md, \"Login\""]
     assert result.stdout == ""
 
 

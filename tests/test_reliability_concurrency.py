@@ -39,7 +39,7 @@ READERS = ("dashboard", "dashboard", "sql", "sql")
 
 
 def _report(name: str, data: dict) -> None:
-    # Shown with `pytest -s`; docs/reliability.md quotes these figures.
+    # Shown with `pytest -s`; bench/results/reliability.md records these figures.
     print(f"\n{name}: {json.dumps(data)}", file=sys.stderr)
 
 

@@ -233,11 +233,11 @@ def test_generate_refuses_an_ambiguous_or_unknown_prompt(tiny_dir, args, message
     assert result.stderr.strip() == f"error: {message}"
 
 
-def test_the_sql_example_is_the_readmes_and_pools_by_bucket(db):
+def test_the_sql_example_is_the_docs_and_pools_by_bucket(db):
     from runner.store.sql import EXAMPLES, run_query
 
     example = EXAMPLES["acceptance by context length"]
-    assert example in (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert example in (Path(__file__).resolve().parents[1] / "docs" / "reference.md").read_text()
     frame = run_query(db, example).frame.set_index(["draft", "category", "context_from"])
     # summarization's bucket 128: ngram's run n201-1 only (the other sweep's x201-1 is the same rounds again)
     assert frame.loc[("ngram", "summarization", 128), "rounds"] == 18

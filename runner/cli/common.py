@@ -39,4 +39,4 @@ TrustRemoteCode = Annotated[bool, typer.Option(help="run the model code a checkp
 Kernels = Annotated[str, typer.Option(help="the linears on CPU: skinny (the fastest product measured per weight "
                                       "shape and row count) or stock (torch's F.linear); CUDA always runs stock")]
 Threads = Annotated[int | None, typer.Option(help="torch CPU threads (default: OMP_NUM_THREADS, else every core)")]
-POLICY_HELP = "fixed, heuristic[:<cap>], auto[:<cap>] or confidence:<t> (README, \"Draft-length policies\")"
+POLICY_HELP = "fixed, heuristic[:<cap>], auto[:<cap>] or confidence:<t> (docs/policies.md)"

@@ -66,7 +66,7 @@ def serve_command(
     address: Annotated[str | None, typer.Option(
         help="the address to listen on, 127.0.0.1 for this machine only; Streamlit's default: every interface")] = None,
     auth: Annotated[bool, typer.Option(
-        "--auth", help="refuse to start unless the secrets configure the login ([auth], see the README's \"Login\")")
+        "--auth", help="refuse to start unless the secrets configure the login ([auth], see docs/sharing.md)")
     ] = False,
 ) -> None:
     """Serve the dashboard on --db at once, and optionally record a sweep into it meanwhile; Ctrl-C stops both."""

@@ -10,7 +10,7 @@ from typing import Annotated
 import torch
 import typer
 
-from runner.cells import Cell, PromptIds, RunContext, judge
+from runner.cells import Cell, PromptIds, RunContext, check_fit, judge
 from runner.cli.common import (
     POLICY_HELP,
     Device,
@@ -46,10 +46,12 @@ from runner.sweep.run import run_sweep
 def generate(
     prompt: Annotated[str | None, typer.Option(help="the user message (or --prompt-id)")] = None,
     prompt_id: Annotated[str | None, typer.Option(
-        help="a prompt of --prompts by id (a Spec-Bench turn: <question_id>-<turn>, asked after the earlier turns)")]
+        help="a prompt of --prompts by id (a Spec-Bench turn: <question_id>-<turn>, asked after the earlier turns; "
+             "a SPEED-Bench prompt: <split>-<line>, e.g. throughput_2k-3)")]
     = None,
-    prompts: Annotated[Path | None, typer.Option(help="the file --prompt-id is read from (default: the built-in "
-                                                      "suite); the project's JSONL or Spec-Bench's question.jsonl")]
+    prompts: Annotated[Path | None, typer.Option(help="where --prompt-id is read from (default: the built-in "
+                                                      "suite): the project's JSONL, Spec-Bench's question.jsonl, or "
+                                                      "a SPEED-Bench directory or one of its files")]
     = None,
     target: Target = models.DEFAULT_MODEL,
     draft: Annotated[str, typer.Option(help="ngram[:n[:match]], layerskip:<L>, model:<spec>, "
@@ -115,9 +117,7 @@ def _generate(pair: Pair, target: str, cell: Cell, seed: int, max_new_tokens: in
     """The cell and its baseline, warmed up, run and recorded as a sweep would (in no file): (baseline, run). A later
     turn is asked after the target's answers to the earlier ones, as in a sweep."""
     ids = PromptIds(pair, max_new_tokens, seed)(cell.prompt)
-    if len(ids) + max_new_tokens > pair.target.max_context:
-        raise UsageError(f"prompt ({len(ids)} tokens) + max-new-tokens ({max_new_tokens}) exceeds the model's "
-                         f"context of {pair.target.max_context} tokens")
+    check_fit([(cell.prompt.id, len(ids))], max_new_tokens, pair.target.max_context)
     pair.warm_up([PLAIN, cell.draft], ids, warm_ks([cell.k], [cell.policy]), cell.decoding, max_new_tokens,
                  (cell.batch_size,))
     for (text, k, size), trials in pair.tree_trials.items():
@@ -147,10 +147,15 @@ def sweep(
     k_policy: Annotated[list[str], typer.Option(help=POLICY_HELP + "; repeat for several")] = [FIXED.text],  # noqa: B006
     categories: Annotated[str | None, typer.Option(help="comma-separated; default: all")] = None,
     prompts: Annotated[Path | None, typer.Option(
-        help="a JSONL file of {id, category, prompt}, or Spec-Bench's question.jsonl (every turn of a question)")]
+        help="a JSONL file of {id, category, prompt}, Spec-Bench's question.jsonl (every turn of a question), or a "
+             "SPEED-Bench directory (qualitative.jsonl, throughput_<n>k.jsonl) or one of its files")]
     = None,
+    splits: Annotated[str | None, typer.Option(
+        help="of a SPEED-Bench directory, comma-separated: qualitative, throughput_1k, throughput_2k, ... "
+             "(vLLM's --speed-bench-dataset-subset); default: every split in it")] = None,
     prompts_per_category: Annotated[int | None, typer.Option(
-        help="the first N prompts (a question's turns count as one) of each category")] = None,
+        help="the first N prompts (a question's turns count as one) of each category (of each SPEED-Bench split)")]
+    = None,
     mode: Annotated[list[str], typer.Option(help="greedy and/or sample; repeat for both")] = ["greedy"],  # noqa: B006
     temperature: Annotated[float, typer.Option(help="for sample mode")] = 0.7,
     top_p: Annotated[float, typer.Option(help="for sample mode")] = 1.0,
@@ -180,8 +185,10 @@ def sweep(
             raise UsageError("--workers needs --ray and must be >= 1")
         ks = ints(k, "k")
         specs, policies = parse_drafts(draft, ks, k_policy, "every sweep records its baselines; give only drafts")
-        chosen = select_prompts(load_prompts(prompts), csv(categories, "categories") if categories else None,
-                                prompts_per_category)
+        if splits is not None and prompts is None:
+            raise UsageError("--splits chooses files of a SPEED-Bench directory: give it as --prompts")
+        chosen = select_prompts(load_prompts(prompts, csv(splits, "splits") if splits is not None else None),
+                                csv(categories, "categories") if categories else None, prompts_per_category)
         config = SweepConfig(
             target=target, drafts=specs, ks=tuple(ks),
             decodings=tuple(dict.fromkeys(decoding_for(m, temperature, top_p) for m in mode)),

@@ -3,10 +3,9 @@
 With a mask and more than one query token, transformers' SDPA path copies every cached key and value head once per
 query head it serves (`repeat_kv`) before each layer's attention: a batch's pass copies all of its sequences'
 caches, 30 times over for SmolLM2-135M. SDPA's `enable_gqa` reads the shared heads where they are and gives the same
-floats (tests/test_kernels.py); on this 2-core CPU it took 0.3-0.9 of the copying path's time, the least where a
-batch's caches are longest. One-token passes (transformers folds the query heads instead), passes with no mask (it
-already passes `enable_gqa`) and every model not attached, or attached but outside `Kernels.use()`, run
-transformers' own function unchanged.
+floats (tests/test_kernels.py) without the copies, which cost the most where a batch's caches are longest. One-token
+passes (transformers folds the query heads instead), passes with no mask (it already passes `enable_gqa`) and every
+model not attached, or attached but outside `Kernels.use()`, run transformers' own function unchanged.
 """
 
 from __future__ import annotations

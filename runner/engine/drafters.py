@@ -18,7 +18,7 @@ from transformers import DynamicCache, PreTrainedModel
 from runner.engine.sampling import Decoding, Ranked, draw, host, probabilities
 
 NGRAM_MATCHES = ("earliest", "latest", "longest")  # which earlier occurrence prompt lookup copies from
-DEFAULT_MATCH = "latest"  # README, "Drafters": measured against the others per category
+DEFAULT_MATCH = "latest"  # no match rule ranked first everywhere (bench/results/notes.md)
 
 
 def unsure(logits: Tensor, q: Tensor | None, stop_below: float | None) -> bool:

@@ -30,7 +30,7 @@ from runner.engine.ngram_tree import NgramTreeDrafter
 from runner.engine.sampling import Decoding, Ranked, host
 from runner.engine.trees import ROOT, as_parents, trie
 
-GAIN_SHARE = 0.25  # the head's price until it is measured (about a quarter of a round on two CPU cores)
+GAIN_SHARE = 0.25  # the head's price, as a share of a round, until both kinds of round have been timed
 PROBE = 8  # below the floor, the head still drafts every PROBE-th round, so a text that suits it wins it back
 RECENT = 0.25  # the weight of the newest round in the running averages
 

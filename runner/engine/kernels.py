@@ -51,7 +51,7 @@ def _transposed(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
 
 def _two_columns(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
     # One row as a 2-column product: a matrix-matrix kernel where stock takes a matrix-vector one. The row is
-    # doubled by `cat`, which dispatches in a fraction of `repeat`'s time: 10% of a one-token pass at 2 threads.
+    # doubled by `cat`, which dispatches in a fraction of `repeat`'s time.
     return _transposed(torch.cat((x, x)), w, b)[:1]
 
 

@@ -89,8 +89,8 @@ def pick_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
 def dequantized(gguf: Path) -> Path:
     """A Hugging Face directory holding `gguf` dequantized, made once per file.
 
-    Parsing a GGUF file takes ~25 s on 2 cores (transformers reads it three times: config, tokenizer,
-    weights); the safetensors copy loads in under a second and gives identical logits.
+    Parsing a GGUF file is slow (transformers reads it three times: config, tokenizer, weights); the safetensors
+    copy loads far faster and gives identical logits.
     """
     done = converted_dir(gguf)
     if (done / "config.json").is_file():

@@ -30,8 +30,8 @@ CAP = 16  # heuristic and auto: transformers' schedule grows k without bound; a 
 FLOOR = 1  # the heuristic never drafts fewer than one token a round (as transformers)
 GROW, SHRINK = 2, 1  # transformers' steps after a fully accepted round and after any other
 # auto: a position's acceptance starts from the pooled acceptance of every position, worth PRIOR rounds; a verify
-# width never measured costs the nearest measured one plus SLOPE of it per token (CPU passes grow ~0.1-0.4 a token,
-# GPU ones ~0.01) until it is measured.
+# width never measured costs the nearest measured one plus SLOPE of it per token (a CPU pass grows with its width,
+# a GPU one barely) until it is measured.
 PRIOR, SLOPE = 2.0, 0.2
 
 

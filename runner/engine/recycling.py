@@ -6,7 +6,8 @@ at that row and their probabilities, whether the token was kept or thrown (the c
 discard are recycled). A round grows the tree from the newest committed token as EAGLE-2 grows its head's: best
 first by cumulative probability (a node's is its parent's times its own in the row it came from), at most k deep,
 until it holds `nodes` nodes; a token with no row yet has no children. The paper expands a fixed tree of ranks
-instead; at the same number of nodes the recycled probabilities choose branches that go deeper (README).
+instead; at the same number of nodes the recycled probabilities choose branches that go deeper
+(bench/results/notes.md).
 
 The table starts with each generation from the prefill's ranking at every prompt position (the paper keeps it
 across requests instead), so a run depends on its own text alone. A prompt token's row puts first the token that

@@ -56,7 +56,7 @@ def converted_dir(gguf: Path) -> Path:
 
 @functools.cache
 def _content_key(path: str, size: int, mtime_ns: int) -> str:
-    """The file's sha256 (0.3 s for SmolLM2's 98 MB), read once per process while its size and mtime stay."""
+    """The file's sha256, read once per process while its size and mtime stay (hashing a model file is not free)."""
     with open(path, "rb") as handle:
         return hashlib.file_digest(handle, "sha256").hexdigest()[:16]
 

@@ -37,10 +37,10 @@ _attachments = itertools.count()
 
 
 class _Attachment:
-    """A file attached to this process's in-memory DuckDB for one write. Starting a DuckDB costs ~18 ms,
-    attaching a file to a running one ~2 ms. Closing checkpoints the file, then detaches it, which frees its lock.
+    """A file attached to this process's in-memory DuckDB for one write: attaching a file to a running
+    DuckDB is much cheaper than starting one. Closing checkpoints the file, then detaches it, which frees its lock.
     The explicit CHECKPOINT matters: without it, readers in other processes intermittently failed with "Could not
-    read enough bytes" (4 readers, 60 s: 2 of them failed thousands of times; with it, 0 errors)."""
+    read enough bytes" (bench/lock_race.py shows it)."""
 
     def __init__(self, path: Path) -> None:
         global _process_db
@@ -103,8 +103,8 @@ def _is_lock_conflict(error: duckdb.Error) -> bool:
 
 READER_YIELD_S = 1.0  # a reader waits at most this long for a writer that is waiting
 # How long a reader (a dashboard page, `runner sql`, the SQL page) waits for the file before it says it is busy. A
-# run's write holds it for milliseconds idle and up to ~1.4 s on a loaded 2-core machine, where a 5 s bound was
-# outlasted by one write after another (2 of 72 reads under 4 readers and a sweep); no reader failed with 10 s.
+# run's write holds it for milliseconds on an idle machine and far longer on a loaded one, where a bound of a few
+# seconds can be outlasted by one write after another (tests/test_reliability_concurrency.py).
 READ_BOUND_S = 10.0
 
 

@@ -6,7 +6,7 @@ create it from (`RUN_STATS`: 8, 11, 19), so a template's change reaches new file
 new migration that re-creates it, and the template then serves the migrations before it as well (the newest wins).
 `run_facts` holds run_stats' rows worked out from `RUN_STATS_SELECT` as runs are written: a change to that SQL
 needs a migration that works the table out again.
-Column names are the public SQL contract (README, "Schema").
+Column names are the public SQL contract (docs/reference.md).
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ FILL_RUN_TOTALS = """INSERT INTO run_totals SELECT run_id, sum(accepted), sum(re
 
 def _create_run_totals(con: duckdb.DuckDBPyConnection) -> None:
     # Per-run sums of the rounds, written with the run, so run_stats need not aggregate every round on
-    # every query (at 10M rounds that cost 0.15-0.6 s per query). A table of its own, so that the columns of
+    # every query (a cost that grows with the rounds). A table of its own, so that the columns of
     # rounds JOIN runs stay unambiguous.
     con.execute("""CREATE TABLE run_totals (
         run_id TEXT PRIMARY KEY, accepted INTEGER, rejected INTEGER, thrown INTEGER, drafted INTEGER,
@@ -90,7 +90,7 @@ def _add_divergence(con: duckdb.DuckDBPyConnection) -> None:
 
 
 def _add_kernels_and_threads(con: duckdb.DuckDBPyConnection) -> None:
-    # The linears' path and the CPU thread count change a run's speed by up to 2x, so a run says which it had.
+    # The linears' path and the CPU thread count change a run's speed, so a run says which it had.
     # Every run recorded before ran torch's stock F.linear; their thread count is unknown (NULL).
     con.execute("ALTER TABLE runs ADD COLUMN kernels TEXT")
     con.execute("ALTER TABLE runs ADD COLUMN threads INTEGER")
@@ -101,7 +101,7 @@ def _add_kernels_and_threads(con: duckdb.DuckDBPyConnection) -> None:
 
 
 # The explainer's numbers, each defined once: as SQL macros stored in the file, so run_stats, the dashboard, the
-# sweep's summary, the bench and users' own SQL all compute them the same way (README, "Schema").
+# sweep's summary, the bench and users' own SQL all compute them the same way (docs/reference.md).
 METRIC_MACROS = {
     "alpha(accepted, rejected)": "accepted / nullif(accepted + rejected, 0)",  # thrown drafts were never judged
     "tau(emitted, rounds)": "emitted / nullif(rounds, 0)",
@@ -152,8 +152,8 @@ def _add_bench_k_policy(con: duckdb.DuckDBPyConnection) -> None:
 
 
 def _add_tree_columns(con: duckdb.DuckDBPyConnection) -> None:
-    # A tree draft's shape and the branch the target accepted (README, "Tree drafts"); every round recorded before
-    # drafted a chain, for which both stay NULL.
+    # A tree draft's shape and the branch the target accepted (docs/drafters.md, "Tree drafts"); every round
+    # recorded before drafted a chain, for which both stay NULL.
     con.execute("ALTER TABLE rounds ADD COLUMN draft_parents INTEGER[]")
     con.execute("ALTER TABLE rounds ADD COLUMN accepted_path INTEGER[]")
 

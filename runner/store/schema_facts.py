@@ -1,8 +1,8 @@
 """`run_facts`: every 'ok' run's row of `run_stats` worked out once, as the run is written, instead of on every query
 (migration `add_pass_rows` in `schema_rounds.py` makes the table; kept here to keep `schema.py` short).
 
-run_stats joined runs to run_totals and to the baseline's row of runs on every query: at a million runs, 0.3-1 s
-for each of the Overview's and Compare's queries. Its rows are now a table, written with the run (`refresh`), and
+run_stats joined runs to run_totals and to the baseline's row of runs on every query, a cost that grows with the
+runs for each of the Overview's and Compare's queries. Its rows are now a table, written with the run (`refresh`), and
 run_stats is a view of that table, so its columns and numbers are what they were. The table adds the run's own
 times (wall, prefill, drafting, verifying: what the k advisor splits a round into) and what the dashboard pooled
 from round_counts per run: the rounds that drafted (`drafting_rounds`) and whether any drafted a tree (`tree`,

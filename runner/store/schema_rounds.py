@@ -49,7 +49,7 @@ def positions_pooled(keys: str, runs: str) -> str:
     """Per value of `keys` (columns of run_facts, comma-separated) and draft position: rounds that proposed, reached
     and accepted it, over the runs `runs` selects (a query of rows of run_facts). Equal to `position_stats` summed
     by `keys`, but each key's outcomes (`run_facts.outcomes`) are pooled before they are spread over positions: a
-    few rows per key rather than per run (at a million runs the per-run spread was most of the advisor's time)."""
+    few rows per key rather than per run, so the advisor's cost grows with its keys, not with the runs."""
     return f"""
         SELECT {keys}, p.position, sum(o.n)::BIGINT AS proposed,
                coalesce(sum(o.n) FILTER (p.position <= o.a + o.r), 0)::BIGINT AS reached,

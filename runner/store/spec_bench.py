@@ -118,6 +118,22 @@ def _plain_mean_accepted(con: duckdb.DuckDBPyConnection, sweep_id: str) -> float
     return tokens / steps if steps else float("nan")
 
 
+def sweep_categories(con: duckdb.DuckDBPyConnection, sweep_id: str) -> list[str]:
+    """The categories of the sweep's speculative runs, sorted."""
+    return [row[0] for row in con.execute("SELECT DISTINCT category FROM runs WHERE sweep_id = ? AND draft <> 'none' "
+                                          "ORDER BY category", [sweep_id]).fetchall()]
+
+
+def coverage_note(categories: list[str]) -> str | None:
+    """Why every column of the table is empty, when none of `categories` is one of question.jsonl's; else None."""
+    known = [c for _, pooled in COLUMNS for c in pooled]
+    if set(categories) & set(known):
+        return None
+    return (f"None of this sweep's categories ({', '.join(categories) or 'none'}) is one of Spec-Bench's "
+            f"({', '.join(known)}), so every column is empty (–) and only Overall and {MEAN_ACCEPTED} are measured: "
+            "the table needs a sweep of Spec-Bench's question.jsonl (`runner sweep --prompts question.jsonl`).")
+
+
 def markdown(table: pd.DataFrame) -> str:
     """The table as Markdown, laid out as the published one: speedups as `2.10x`, accepted tokens to 2 decimals."""
     names = ["method", *(name for name, _ in COLUMNS), MEAN_ACCEPTED, OVERALL]

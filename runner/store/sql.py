@@ -154,8 +154,8 @@ def run_query(db_path: str | os.PathLike, sql: str, max_rows: int = 10_000, time
     return QueryResult(columns, frame, len(rows) > max_rows, time.perf_counter() - started)
 
 
-# The pooled numbers read the macros that define them once (README, "Metrics"), so these give exactly what the
-# Overview and `runner sweep` show for the same cell.
+# The pooled numbers read the macros that define them once (docs/reference.md, "Metric macros"), so these give
+# exactly what the Overview and `runner sweep` show for the same cell.
 EXAMPLES: dict[str, str] = {
     "α per category × draft × k": """\
 SELECT target, mode, category, draft, k, k_policy, count(*) AS runs,

@@ -12,7 +12,7 @@ from itertools import groupby
 
 import torch
 
-from runner.cells import Cell, PromptIds, RunContext, new_run_id, provenance
+from runner.cells import Cell, PromptIds, RunContext, check_fit, new_run_id, provenance
 from runner.engine import lossless, models
 from runner.engine.pair import PLAIN, Pair
 from runner.engine.policies import warm_ks
@@ -101,10 +101,8 @@ def load_pair(config: SweepConfig, sweep_id: str) -> CellRunner:
         torch.set_num_threads(config.threads)
     target = models.load(config.target, config.device, config.dtype, config.trust_remote_code)
     runner = CellRunner(config, sweep_id, Pair(target, list(config.drafts), config.kernels))
-    for prompt in config.prompts:
-        if len(runner.prompt_ids(prompt)) + config.max_new_tokens > target.max_context:
-            raise ValueError(f'prompt "{prompt.id}" + max-new-tokens exceeds the model\'s context of '
-                             f"{target.max_context}")
+    check_fit([(p.id, len(runner.prompt_ids(p))) for p in config.prompts], config.max_new_tokens,
+              target.max_context)
     ks = warm_ks(config.ks, config.policies)
     for d in config.decodings:
         runner.pair.warm_up([PLAIN, *config.drafts], runner.prompt_ids(config.prompts[0]), ks, d,
