@@ -62,8 +62,11 @@ head: setup
 	$(PY) -m runner train-draft --target smollm2-135m --data runner/train/prompts.jsonl \
 		--data runner/train/written_prompts.jsonl --max-tokens 120000 --out heads/smollm2-135m --threads 2 --db $(DB)
 
+# Then the peers side by side (bench/peers.py): vLLM's CPU engine from its own environment, .venv-vllm, when it is
+# there (left out, and said so, when it is not), and transformers' generate.
 bench: setup
 	$(PY) bench/bench.py --db $(DB)
+	$(PY) bench/peers.py --db $(DB) $(if $(wildcard .venv-vllm/bin/python),,--vllm-python none)
 
 lint: setup
 	$(PY) -m ruff check runner dashboard tests bench

@@ -14,7 +14,7 @@ from runner.engine.round.decoding_rule import Decoding
 from runner.engine.round.draft import Drafter, NoDraft, new_cache
 from runner.engine.round.policies import FIXED, PolicySpec, VerifyCosts
 from runner.engine.round.trees import check_cache
-from runner.engine.weights import kernels, models
+from runner.engine.weights import compact_llama, kernels, models
 from runner.records import Generation
 
 DEFAULT_NODES = 15  # a tree's nodes per round when none is given and the pair has not measured its own (`tree_size`)
@@ -43,6 +43,9 @@ class Pair:
         # CUDA keeps cuBLAS: the skinny kernels answer a CPU BLAS's weakness.
         self.kernels = chosen if target.device.type == "cpu" else kernels.STOCK
         self.switches = [kernels.attach(m) for m in (target.model, *separate)] if self.kernels == kernels.SKINNY else []
+        shared = [self.draft_models[s.text] for s in drafts if not s.baseline and KINDS[s.kind].shares_weights]
+        for model in shared if self.switches else ():  # the target's own layers: its compact forward and kernels
+            compact_llama.install(model, self.switches[0].on)
         for switch in self.switches:
             switch.table()  # measured (or read from the cache) now, not inside a timed generation
         self.verify_costs = VerifyCosts()  # every generation's verify passes, for the `auto` policy

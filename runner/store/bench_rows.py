@@ -64,6 +64,12 @@ GOALS = (
     Goal("verify_ms", "ratio", "<=", 1.5, ks=(15,), category="threads=1", one_thread=True),
     Goal("verify_vs_stock", "ratio", "<=", 1.0),  # never slower than stock, at any shape and width
     Goal("roofline", "ratio", ">=", 0.80),
+    # bench/peers.py: against the engines a user would pick instead, and against the machine's limits
+    Goal("vllm_tokens_per_s", "ratio", ">=", 1.10, draft="none"),
+    Goal("hf_tokens_per_s", "ratio", ">=", 1.30, draft="none"),
+    Goal("lookup_speedup_vllm", "ratio", ">=", 1.0),
+    Goal("pass_bandwidth", "ratio", ">=", 0.70),
+    Goal("pass_flops", "ratio", ">=", 0.70),
 )
 
 
@@ -80,7 +86,8 @@ UNITS = {"plain_tokens_per_s": "tokens/s", "spec_tokens_per_s": "tokens/s", "ada
          "loop_overhead_share": "share", "record_share": "share", "record_ms": "ms", "speedup": "x",
          "batch_tokens_per_s": "tokens/s",
          "verify_ms": "ms", "verify_ms_stock": "ms", "verify_vs_stock": "ms", "roofline": "GB/s",
-         "roofline_stock": "GB/s"}
+         "roofline_stock": "GB/s", "vllm_tokens_per_s": "tokens/s", "hf_tokens_per_s": "tokens/s",
+         "lookup_speedup_vllm": "x", "lookup_speedup_hf": "x", "pass_bandwidth": "GB/s", "pass_flops": "GFLOP/s"}
 ABOUT = {
     "plain_tokens_per_s": "(a) plain decoding, tokens/s: ours | transformers generate(do_sample=False)",
     "spec_tokens_per_s": "(b) speculative decoding, tokens/s: ours | transformers assisted generation",
@@ -107,6 +114,13 @@ ABOUT = {
     "roofline": "roofline, skinny kernels: weight bytes read by a one-token pass / its time | the memory bandwidth "
                 "of a STREAM-style copy (bytes read + written / time) at the same thread count, same run",
     "roofline_stock": "roofline, stock F.linear: the same, on torch's own linears",
+    "vllm_tokens_per_s": "(peers) tokens/s, the mean over prompts per repeat: ours | vLLM's CPU engine, plain (draft "
+                         "none) and prompt lookup (ngram, k 4)",
+    "hf_tokens_per_s": "(peers) tokens/s: ours | transformers' generate, plain and prompt_lookup_num_tokens=4",
+    "lookup_speedup_vllm": "(peers) prompt lookup's tokens/s over the same engine's plain decoding: ours | vLLM's",
+    "lookup_speedup_hf": "(peers) prompt lookup's tokens/s over plain decoding: ours | transformers'",
+    "pass_bandwidth": "(peers) our one-token pass: weight bytes read / its time | a large copy's bytes/s, same run",
+    "pass_flops": "(peers) our 64-row pass: the linears' FLOP / its time | a large matrix product's FLOP/s, same run",
 }
 
 # What each metric's `ours` and `theirs` are, as the Benchmark page heads their columns (None: no `theirs`).
@@ -128,6 +142,12 @@ COLUMNS = {
     "verify_vs_stock": ("skinny", "stock"),
     "roofline": ("weights read", "copy"),
     "roofline_stock": ("weights read", "copy"),
+    "vllm_tokens_per_s": ("ours", "vLLM"),
+    "hf_tokens_per_s": ("ours", "transformers"),
+    "lookup_speedup_vllm": ("ours", "vLLM"),
+    "lookup_speedup_hf": ("ours", "transformers"),
+    "pass_bandwidth": ("one-token pass", "copy"),
+    "pass_flops": ("64-row pass", "product"),
 }
 
 BENCH_COLUMNS = (

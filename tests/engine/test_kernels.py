@@ -121,7 +121,9 @@ def test_the_patched_linears_are_stock_outside_use_and_the_table_inside():
     model = tiny_llama(100, seed=3)
     switch = kernels.attach(model)
     assert kernels.attach(model) is switch  # patched once
-    assert len(switch.linears) == 2 * 7 + 1  # q, k, v, o, gate, up, down per layer, and the head
+    # measured: o and down per layer, the head, and the compact forward's fused qkv and gate_up per layer (it
+    # replaces q, k, v, gate and up)
+    assert len(switch.linears) == 2 * 2 + 1 + 2 * 2
     forced(switch, lambda r: "transposed")
     head = model.lm_head
     generator = torch.Generator().manual_seed(1)
@@ -143,7 +145,8 @@ def test_the_table_is_measured_once_then_read_from_the_cache(tmp_path, monkeypat
     [saved] = (tmp_path / "kernels").glob("*.json")
     data = json.loads(saved.read_text())
     assert data["key"]["threads"] == torch.get_num_threads() and data["key"]["rungs"] == list(kernels.RUNGS)
-    assert data["key"]["shapes"] == [[32, 64], [64, 64], [64, 128], [100, 64], [128, 64]] and data["key"]["cpu"]
+    assert data["key"]["shapes"] == [[64, 64], [64, 128], [100, 64], [128, 64], [256, 64]]
+    assert data["key"]["cpu"]
     assert kernels.table_from(kernels._timings_from_json(data["timings"])) == table
     assert all(len(timings) == kernels.REPEATS for by_rows in data["timings"].values()
                for names in by_rows.values() for timings in names.values())
@@ -152,7 +155,10 @@ def test_the_table_is_measured_once_then_read_from_the_cache(tmp_path, monkeypat
         raise AssertionError("measured again")
 
     monkeypatch.setattr(kernels, "measure", no_measuring)
+    checked = []  # a table read back is timed against stock here before use (`confirmed`)
+    monkeypatch.setattr(kernels, "confirmed", lambda read, linears: checked.append(read) or read)
     assert kernels.attach(tiny_llama(100, seed=5, layers=1)).table() == table  # same shapes: read back
+    assert checked == [table]
 
 
 def test_two_measuring_the_same_shapes_at_once_measure_them_once(tmp_path, monkeypatch):
@@ -257,10 +263,12 @@ def test_masked_attention_inside_use_reads_grouped_heads_in_place_and_gives_stoc
                 crop_to(cache, context)
                 stock_calls.clear()
                 with kernels.using([switch]):
-                    ours = model(**inputs, cache=cache, use_cache=True).logits
+                    # return_dict: a call the compact forward does not serve, so transformers' layers run
+                    ours = model(**inputs, cache=cache, use_cache=True, return_dict=True).logits
                     assert stock_calls == [], name
                     crop_to(cache, context)
-                    model(input_ids=ids[None, context:context + 1].expand(rows, 1), cache=cache, use_cache=True)
+                    model(input_ids=ids[None, context:context + 1].expand(rows, 1), cache=cache, use_cache=True,
+                          return_dict=True)
                     assert len(stock_calls) == layers, name  # one token: transformers folds the heads itself
                 assert torch.equal(ours, stock), name
     finally:

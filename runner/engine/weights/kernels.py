@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from runner.engine.weights import attention
+from runner.engine.weights import attention, compact_llama
 from runner.engine.weights.sources import cache_dir, exclusive
 
 STOCK, SKINNY = "stock", "skinny"  # values of --kernels: torch's own F.linear, or the measured choice
@@ -36,6 +36,7 @@ MAX_ROWS = 64  # the widest tree (63 nodes and the root) or a batch's B x (k+1);
 RUNGS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64)  # the row counts measured; each covers those above the last
 MARGIN = 0.05  # a candidate replaces stock only when its median is this much faster, so noise alone never does
 REPEATS = 5  # timed sweeps over the weights per candidate, shape and row count; the median is kept
+CHECKS = 3  # interleaved timings of a cached choice and stock when a table is read back (`confirmed`)
 
 Shape = tuple[int, int]  # (out_features, in_features)
 Table = dict[Shape, tuple[str, ...]]  # the candidate per row count 1..MAX_ROWS
@@ -167,6 +168,40 @@ def measure(linears: list[nn.Linear], repeats: int = REPEATS) -> Timings:
     return timings
 
 
+def _timed(name: str, group: list[nn.Linear], x: Tensor) -> float:
+    start = time.perf_counter()
+    for linear in group:
+        CANDIDATES[name](x, linear.weight, linear.bias)
+    return time.perf_counter() - start
+
+
+def confirmed(table: Table, linears: list[nn.Linear], checks: int = CHECKS) -> Table:
+    """`table` with each choice other than stock timed again here against stock, at its rung, on all the weights of
+    its shape: the two alternate `checks` times and each keeps its fastest time (load only ever adds time, so the
+    minimum of interleaved runs is what the product costs here). A choice not faster than stock so falls back to
+    stock for the rows its rung serves: a cached table can never leave a pass slower than stock's."""
+    groups: dict[Shape, list[nn.Linear]] = {}
+    for linear in linears:
+        groups.setdefault(tuple(linear.weight.shape), []).append(linear)
+    out = dict(table)
+    with torch.inference_mode():
+        for shape, choices in table.items():
+            for top in RUNGS:
+                name = choices[top - 1]
+                if name == STOCK or shape not in groups:
+                    continue
+                x = torch.randn(top, shape[1]).to(groups[shape][0].weight.dtype)
+                _timed(name, groups[shape], x)  # a blocked copy is made, and the libraries warm, untimed
+                best = {STOCK: float("inf"), name: float("inf")}
+                for _ in range(checks):
+                    for candidate in best:
+                        best[candidate] = min(best[candidate], _timed(candidate, groups[shape], x))
+                if best[name] >= best[STOCK]:
+                    served = [r for r in range(1, MAX_ROWS + 1) if rung(r) == top]
+                    out[shape] = tuple(STOCK if r in served else c for r, c in enumerate(out[shape], start=1))
+    return out
+
+
 def cpu_name() -> str:
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
@@ -186,21 +221,33 @@ class Kernels:
     takes its shape's choice and a masked pass's attention reads grouped key/value heads in place (attention.py)."""
 
     def __init__(self, model: nn.Module) -> None:
-        self.linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+        # A Llama-style model also takes the compact forward while switched on (compact_llama.py): its fused
+        # products are measured and chosen for; the q, k, v, gate and up products they replace are not (a call the
+        # compact forward leaves to transformers runs them stock where their shape has no choice of its own).
+        self.compact = compact_llama.install(model, self.on)
+        every = [m for m in model.modules() if isinstance(m, nn.Linear)]
+        replaced = {id(m) for m in self.compact.replaced()} if self.compact else set()
+        fused = self.compact.linears() if self.compact else []
+        self.linears = [m for m in every if id(m) not in replaced] + fused  # the measured ones
         self.tables: dict[int, Table] = {}  # per thread count
         self.active: Table | None = None
-        for linear in self.linears:
+        for linear in every + fused:
             linear.forward = self._forward(linear)  # an instance attribute: the class stays torch's
         attention.follow(model, lambda: self.active is not None)
+
+    def on(self) -> bool:
+        """Whether our kernels (and the compact forward) run now: inside `use()`."""
+        return self.active is not None
 
     def _forward(self, linear: nn.Linear) -> Callable[[Tensor], Tensor]:
         shape = tuple(linear.weight.shape)
 
         def forward(x: Tensor) -> Tensor:
             rows = x.numel() // shape[1]
-            if self.active is None or not 1 <= rows <= MAX_ROWS:
+            choices = None if self.active is None else self.active.get(shape)
+            if choices is None or not 1 <= rows <= MAX_ROWS:
                 return F.linear(x, linear.weight, linear.bias)
-            out = CANDIDATES[self.active[shape][rows - 1]](x.reshape(rows, shape[1]), linear.weight, linear.bias)
+            out = CANDIDATES[choices[rows - 1]](x.reshape(rows, shape[1]), linear.weight, linear.bias)
             return out.view(*x.shape[:-1], shape[0])
 
         return forward
@@ -219,6 +266,7 @@ class Kernels:
             key = self._key(threads)
             path = cache_dir() / "kernels" / f"{hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]}.json"
             timings = None if remeasure else _cached(path)
+            fresh = timings is None
             if timings is None:
                 # One process measures, the others wait and read its table: measured side by side, each would
                 # time the other's load and choose from that.
@@ -229,7 +277,9 @@ class Kernels:
                         temp = path.with_suffix(f".{os.getpid()}.tmp")
                         temp.write_text(json.dumps({"key": key, "timings": _timings_to_json(timings)}))
                         temp.replace(path)  # atomic: a reader finds a whole file or none
-            self.tables[threads] = table_from(timings)
+            table = table_from(timings)
+            # A table read back may have been measured under another load, or on another host of the same CPU name.
+            self.tables[threads] = table if fresh else confirmed(table, self.linears)
             self._unpack_unused()
         return self.tables[threads]
 

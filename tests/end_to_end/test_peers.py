@@ -1,0 +1,49 @@
+"""bench/peers.py's arithmetic and its command line, without loading vLLM: rates per repeat as Spec-Bench's
+speed.py averages them, the ratios against each peer, the lookup speedups, and usage errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import peers
+from bench.peers import LOOKUP_MODE, PLAIN_MODE, Sample
+
+
+def _sample(engine: str, mode: str, prompt: int, repeat: int, tokens: int, seconds: float) -> Sample:
+    return Sample(engine, mode, prompt, repeat, tuple(range(tokens)), seconds)
+
+
+SAMPLES = [
+    # repeat 0: ours plain 10 and 20 tokens/s (mean 15), lookup 30 and 30 (30); vLLM plain 12, 18 (15), lookup 15, 15
+    _sample("ours", PLAIN_MODE, 0, 0, 10, 1.0), _sample("ours", PLAIN_MODE, 1, 0, 20, 1.0),
+    _sample("ours", LOOKUP_MODE, 0, 0, 30, 1.0), _sample("ours", LOOKUP_MODE, 1, 0, 15, 0.5),
+    _sample("vllm", PLAIN_MODE, 0, 0, 12, 1.0), _sample("vllm", PLAIN_MODE, 1, 0, 9, 0.5),
+    _sample("vllm", LOOKUP_MODE, 0, 0, 15, 1.0), _sample("vllm", LOOKUP_MODE, 1, 0, 15, 1.0),
+    # repeat 1: everything twice as slow
+    _sample("ours", PLAIN_MODE, 0, 1, 10, 2.0), _sample("ours", PLAIN_MODE, 1, 1, 20, 2.0),
+    _sample("ours", LOOKUP_MODE, 0, 1, 30, 2.0), _sample("ours", LOOKUP_MODE, 1, 1, 15, 1.0),
+    _sample("vllm", PLAIN_MODE, 0, 1, 12, 2.0), _sample("vllm", PLAIN_MODE, 1, 1, 9, 1.0),
+    _sample("vllm", LOOKUP_MODE, 0, 1, 15, 2.0), _sample("vllm", LOOKUP_MODE, 1, 1, 15, 2.0),
+]
+
+
+def test_rates_are_the_mean_over_prompts_per_repeat():
+    assert peers.rates(SAMPLES, "ours", PLAIN_MODE) == [15.0, 7.5]
+    assert peers.rates(SAMPLES, "vllm", LOOKUP_MODE) == [15.0, 7.5]
+
+
+def test_rows_set_ours_against_the_peer_and_each_lookup_speedup_against_its_own_plain():
+    plain, lookup, speedup = peers.throughput_rows(SAMPLES, ["vllm"], {"vllm/ngram": 1})
+    assert (plain.metric, plain.draft, plain.k) == ("vllm_tokens_per_s", "none", None)
+    assert plain.ratios == [1.0, 1.0] and plain.mismatches == 0
+    assert (lookup.draft, lookup.k, lookup.ratios, lookup.mismatches) == ("ngram", 4, [2.0, 2.0], 1)
+    # ours: 30 / 15 = 2.0; vLLM: 15 / 15 = 1.0
+    assert speedup.metric == "lookup_speedup_vllm" and speedup.ours == [2.0, 2.0] and speedup.theirs == [1.0, 1.0]
+    assert speedup.goal() == ("ratio >= 1", True)
+
+
+@pytest.mark.parametrize("argv", [["--repeats", "0"], ["--vllm-python", "/no/such/python"]])
+def test_bad_input_exits_2_with_one_line(argv, capsys):
+    assert peers.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("peers: error: ")
