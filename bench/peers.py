@@ -41,8 +41,8 @@ import torch  # noqa: E402
 
 from bench.limits import WIDE, Passes, interleaved, linear_flops, machine_limits  # noqa: E402
 from bench.passes import weight_bytes  # noqa: E402
-from bench.tables import table  # noqa: E402
 from bench.rows import Row, db_rows  # noqa: E402
+from bench.tables import table  # noqa: E402
 from runner.engine.drafters.registry import parse_draft  # noqa: E402
 from runner.engine.drafters.spec import PLAIN  # noqa: E402
 from runner.engine.pair import Pair  # noqa: E402

@@ -86,7 +86,7 @@ def test_filter_options_come_from_runs_with_statistics(db):
     assert queries.read(db, filter_queries.filter_options) == {
         "target": ["tiny-target"], "draft": ["layerskip:2", "ngram"], "category": ["code", "poem"], "k": [2, 4],
         "mode": ["greedy"], "device": ["cpu"], "sweep_id": ["s1"], "host": [], "concurrent_workers": [1],
-        "kernels": ["skinny"], "threads": [2], "k_policy": ["fixed"], "batch_size": [1]}
+        "kernels": ["skinny"], "threads": [2], "k_policy": ["fixed"], "batch_size": [1], "engine": ["specdash"]}
 
 
 def test_kernels_and_threads_filter_runs_and_split_the_verify_curve(db):

@@ -115,8 +115,8 @@ def test_an_allowed_user_sees_the_overview_and_logging_out_shuts_it_again(server
     _settle(page, '[data-testid="stVegaLiteChart"]')
     assert page.url == f"{server}/"
     assert _metric(page, "speculative runs") == "10"  # the values test_browser.py reads on the open dashboard
-    expect(page.locator("li").filter(has_text="code: ngram at k=4 · fixed, 2.40×")).to_be_visible()
-    expect(page.locator("li").filter(has_text="poem: ngram at k=2 · fixed, 1.20×")).to_be_visible()
+    expect(page.get_by_text("prompt lookup (ngram) at k=4 · fixed").first).to_be_attached()  # code's answer
+    expect(page.get_by_text("prompt lookup (ngram) at k=2 · fixed").first).to_be_attached()  # poem's
     sidebar = page.locator('[data-testid="stSidebar"]')
     expect(sidebar.get_by_text("logged in as ana@team.org")).to_be_visible()
     _log_out(page, sidebar)
@@ -132,7 +132,7 @@ def test_a_shared_url_is_where_the_login_ends(server, browser):
     _log_in(page, "bo")  # on the list by address, written in another case
     page.wait_for_url(f"{server}/replay?run=p1-ls-k4")
     _settle(page, 'span[data-fate="bonus"]')
-    expect(page.get_by_text("poem/poem-01 · layerskip:2 k=4 · greedy")).to_be_visible()
+    expect(page.get_by_text("poem/poem-01 · layer skip (layerskip:2) k=4 · greedy")).to_be_visible()
 
     page = _open(browser, f"{server}/?category=poem", 'button:has-text("Log in")')
     _log_in(page, "ana")

@@ -112,8 +112,8 @@ def test_the_dashboard_shows_the_class_of_a_mismatch(monkeypatch, tmp_path):
     assert at.warning[0].value.startswith("This output differs from its baseline's from token 6 on. It is " + said)
     at = app(monkeypatch, db, "compare.py")
     assert at.dataframe[0].value.set_index("draft")["lossless_rate"].to_dict() == {
-        "ngram": "100%", "layerskip:2": "75% (1 numeric tie)"}
+        "prompt lookup (ngram)": "100%", "layer skip (layerskip:2)": "75% (1 numeric tie)"}
     at = app(monkeypatch, db)
-    cells = at.dataframe[0].value.set_index(["category", "draft", "k"])
-    assert cells.loc[("poem", "layerskip:2", 4), ["lossless_failures", "numeric_ties", "real_divergences"]].tolist() \
-        == [1, 1, 0]
+    cells = at.dataframe[1].value  # the Overview's table counts the failures; Compare (above) says their class
+    poem = cells[(cells["category"] == "poem") & (cells["k"] == 4) & cells["draft"].str.contains("layerskip:2")]
+    assert poem["lossless_failures"].tolist() == [1]

@@ -260,26 +260,32 @@ class Kernels:
 
     def table(self, remeasure: bool = False) -> Table:
         """The choices at the current thread count: from the disk cache, else (or when asked to remeasure)
-        measured, which takes seconds to a minute, and cached."""
+        measured, which takes seconds to a minute, and cached. A table read back that no process has confirmed yet
+        is confirmed here once (`confirmed`: it may have been measured under another load, or on another host of
+        the same CPU name) and cached so, and every later process uses that same table: the runs of one sweep,
+        in this process or on its workers, compute with the same products and so the same floats."""
         threads = torch.get_num_threads()
         if remeasure or threads not in self.tables:
             key = self._key(threads)
             path = cache_dir() / "kernels" / f"{hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]}.json"
-            timings = None if remeasure else _cached(path)
-            fresh = timings is None
-            if timings is None:
-                # One process measures, the others wait and read its table: measured side by side, each would
-                # time the other's load and choose from that.
+            table = None if remeasure else _cached_table(path)
+            if table is None:
+                # One process measures or confirms, the others wait and read its table: measured side by side,
+                # each would time the other's load and choose from that.
                 with exclusive(path.with_suffix(".lock")):
-                    timings = None if remeasure else _cached(path)
-                    if timings is None:
-                        timings = measure(self.linears)
+                    table = None if remeasure else _cached_table(path)
+                    if table is None:
+                        timings = None if remeasure else _cached(path)
+                        if timings is None:
+                            timings = measure(self.linears)
+                            table = table_from(timings)
+                        else:
+                            table = confirmed(table_from(timings), self.linears)
                         temp = path.with_suffix(f".{os.getpid()}.tmp")
-                        temp.write_text(json.dumps({"key": key, "timings": _timings_to_json(timings)}))
+                        temp.write_text(json.dumps({"key": key, "timings": _timings_to_json(timings),
+                                                    "table": _table_to_json(table)}))
                         temp.replace(path)  # atomic: a reader finds a whole file or none
-            table = table_from(timings)
-            # A table read back may have been measured under another load, or on another host of the same CPU name.
-            self.tables[threads] = table if fresh else confirmed(table, self.linears)
+            self.tables[threads] = table
             self._unpack_unused()
         return self.tables[threads]
 
@@ -304,6 +310,19 @@ def _cached(path: Path) -> Timings | None:
         return _timings_from_json(json.loads(path.read_text())["timings"])
     except (OSError, ValueError, KeyError):
         return None
+
+
+def _cached_table(path: Path) -> Table | None:
+    """The confirmed table a cache file holds, or None (no file, or timings no process has confirmed yet)."""
+    try:
+        data = json.loads(path.read_text())["table"]
+    except (OSError, ValueError, KeyError):
+        return None
+    return {tuple(int(d) for d in shape.split("x")): tuple(names) for shape, names in data.items()}
+
+
+def _table_to_json(table: Table) -> dict:
+    return {f"{n}x{k}": list(names) for (n, k), names in table.items()}
 
 
 def _timings_to_json(timings: Timings) -> dict:
