@@ -205,11 +205,3 @@ def rounds_html(rounds: pd.DataFrame, decode: Decode) -> str:
             f'<td class="num">{int(row["accepted"])}/{int(row["rejected"])}/{int(row["thrown"])}</td>'
             f'<td class="num">{_ms(row["draft_s"])}</td><td class="num">{_verify(row)}</td>{test}</tr>')
     return f'<div class="specdash-rounds"><table>{head}{"".join(rows)}</table></div>'
-
-
-def first_difference(output: Sequence[int], baseline: Sequence[int]) -> int | None:
-    """The first position where a run's output leaves its baseline's, or None when they are equal."""
-    for i, (mine, theirs) in enumerate(zip(output, baseline, strict=False)):
-        if mine != theirs:
-            return i
-    return None if len(output) == len(baseline) else min(len(output), len(baseline))

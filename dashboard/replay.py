@@ -8,6 +8,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import charts, common, fates, filter_queries, queries, tokenizer, tree_layout, words
+from runner.records import first_difference
 
 RUNS_SHOWN = 1000  # runs the picker offers, newest first (and the picked one)
 PICKER_COLUMNS = ["run_id", "started_at", "category", "prompt_id", "draft", "k", "k_policy", "mode", "kernels",
@@ -176,7 +177,7 @@ def _tokens(run: pd.Series, rounds: pd.DataFrame) -> None:
     st.markdown("**Generated text**")
     st.html(fates.text_html(fates.text_tokens(list(run["output_tokens"]), rounds), decode))
     if not pd.isna(run["lossless"]) and not run["lossless"]:
-        at = fates.first_difference(list(run["output_tokens"]), list(run["baseline_tokens"]))
+        at = first_difference(list(run["output_tokens"]), list(run["baseline_tokens"]))
         why = f" It is {_divergence(run)}." if _divergence(run) else ""
         st.warning(f"This output differs from its baseline's from token {at} on.{why}")
     st.markdown("**Round by round**: the drafts as proposed (a tree's nodes in node order), then the target's own "

@@ -6,7 +6,7 @@ These are the rows of the data contract (docs/reference.md): `Round` is one row 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 
@@ -190,7 +190,7 @@ class RunRecord:
         return Divergence(self.divergence_at, self.divergence_gap, self.divergence_tolerance, self.divergence)
 
 
-def first_difference(a: tuple[int, ...], b: tuple[int, ...]) -> int | None:
+def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
     """The first index where the sequences differ (the shorter one's end counts), or None when equal."""
     for i, (x, y) in enumerate(zip(a, b, strict=False)):
         if x != y:

@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 
 from dashboard import charts, fates, filter_queries, frames, queries, tree_layout
+from runner import records
 from runner.store import advisor, comparable, metrics
 from runner.store.metrics import Filters
 from tests.helpers.dashboard_fixtures import add_trees, build
@@ -267,9 +268,9 @@ def test_token_fates_follow_the_rounds(db):
     with_prefill = fates.text_tokens([7, 300, 301, 302, 303, 304, 305, 399, 307, 308, 309, 310, 311], rounds)
     assert [(t.token_id, t.fate, t.round) for t in with_prefill[:2]] == [(7, "prefill", -1), (300, "accepted", 0)]
     assert len(with_prefill) == 13
-    assert fates.first_difference([1, 2, 3], [1, 2, 3]) is None
-    assert fates.first_difference([1, 9, 3], [1, 2, 3]) == 1
-    assert fates.first_difference([1, 2], [1, 2, 3]) == 2
+    assert records.first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert records.first_difference([1, 9, 3], [1, 2, 3]) == 1
+    assert records.first_difference([1, 2], [1, 2, 3]) == 2
 
 
 def test_the_rounds_table_shows_each_pass_with_its_rows():
