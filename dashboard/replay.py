@@ -74,7 +74,7 @@ def _divergence(run: pd.Series) -> str:
     """What a greedy mismatch was, in words; empty when there is none or it was recorded unclassified."""
     if pd.isna(run["lossless"]) or run["lossless"] or pd.isna(run["divergence"]):
         return ""
-    if run["divergence"] == "unjudged":  # runner/vllm/source.py: no logits come back to classify it by
+    if run["divergence"] == "unjudged":  # runner/vllm/engine.py: no logits come back to classify it by
         return f"unclassified, from token {int(run['divergence_at'])} on ({run['engine']} returns no logits)"
     kind = "a numeric tie" if run["divergence"] == "tie" else "a real divergence"
     return (f"{kind} at token {int(run['divergence_at'])}: the target's two best logits there are "

@@ -3,12 +3,8 @@ prompt's ids encoded once, and the facts a run's record reads."""
 
 from __future__ import annotations
 
-import platform
-import socket
-import subprocess
 from collections.abc import Sequence
 from functools import cached_property
-from pathlib import Path
 
 import torch
 import transformers
@@ -19,7 +15,7 @@ from runner.engine.pair import Pair
 from runner.engine.round import lossless
 from runner.engine.round.decoding_rule import Decoding
 from runner.engine.weights import kernels, models
-from runner.engines import Workload
+from runner.engines import Workload, host_provenance
 from runner.prompts import Prompt
 from runner.records import Divergence, Generation
 
@@ -57,15 +53,8 @@ class PromptIds:
 
 def provenance(device: torch.device) -> dict[str, str]:
     """What made a run, beside its numbers: versions, host, the project's commit, the device's name."""
-    root = Path(__file__).resolve().parents[1]
-    try:
-        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                                timeout=10).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        commit = ""
-    return {
+    return host_provenance() | {
         "torch_version": torch.__version__, "transformers_version": transformers.__version__,
-        "python_version": platform.python_version(), "host": socket.gethostname(), "git_commit": commit,
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else kernels.cpu_name(),
     }
 
@@ -74,6 +63,7 @@ class PairEngine:
     """The `Engine` that decodes with a `Pair` in this process: on the sweep's target, seed and max_new_tokens."""
 
     name = "specdash"
+    version = None  # the project's commit is in the provenance
 
     def __init__(self, pair: Pair, max_new_tokens: int, seed: int) -> None:
         self.pair, self.max_new_tokens, self.seed = pair, max_new_tokens, seed
@@ -96,6 +86,10 @@ class PairEngine:
             self.pair.warm_up([PLAIN, *workload.drafts], self.prompt_ids(workload.prompts[0]), workload.ks, decoding,
                               self.max_new_tokens, workload.batches)
 
+    def schedule(self, cells: list[Cell]) -> list[Cell]:
+        """As planned: a run's baseline is its neighbour in time, and a sweep cut short covers every category."""
+        return cells
+
     @property
     def threads(self) -> int:
         return torch.get_num_threads()
@@ -117,6 +111,10 @@ class PairEngine:
 
     def tree_nodes(self, cell: Cell) -> int | None:
         return self.pair.nodes_for(cell.draft, cell.k, cell.batch_size)
+
+    def config(self, cell: Cell) -> str | None:
+        """None: the cell's own columns (draft, k, policy, kernels) state what ran."""
+        return None
 
     def classify(self, prompt: tuple[int, ...], baseline: tuple[int, ...], ours: tuple[int, ...]) -> Divergence | None:
         """Where and why a greedy output differs from its baseline's (a target pass: `lossless.classify`)."""

@@ -75,6 +75,10 @@ class Generation:
     wall_s: float  # prefill to the last token, everything included
     draft_calls: int  # forward passes of a draft model; lookups for ngram; 0 for plain decoding
     stop_reason: str  # 'eos' | 'max_new_tokens'
+    # What an engine that is not ours reports of the request itself (vLLM): its time to first token, and its own
+    # account of the speculative decoding as JSON (`RunRecord.engine_report`); None for ours
+    ttft_s: float | None = None
+    report: str | None = None
 
     @property
     def target_passes(self) -> int:

@@ -250,10 +250,6 @@ def _record(config: SweepConfig, resume: str | None, ray: str | None, workers: i
         config = dataclasses.replace(config, sweep_id=progress.resumable(config.db, config.plan_id()))
     elif resume and resume not in set(list_sweeps(config.db)["sweep_id"]):
         raise UsageError(f'no sweep "{resume}" in {config.db}')
-    if not ray and config.engine != OURS:
-        from runner.vllm.source import VllmSource  # only here: our engine's sweeps never import vLLM's side
-
-        return run_sweep(config, stderr, VllmSource)
     if not ray:
         return run_sweep(config, stderr)
     from runner.sweep.ray_cells import run_sweep_on_ray  # only here: a local sweep never imports Ray

@@ -18,7 +18,6 @@ from runner.report import frame_table
 from runner.sweep.loop import run_sweep
 from runner.sweep.plan import SweepConfig
 from runner.vllm.server import VllmError
-from runner.vllm.source import VllmSource
 
 SUMMARY = ("draft", "k", "new_tokens", "n_rounds", "alpha", "tau", "tokens_per_s", "baseline_tokens_per_s",
            "measured_speedup", "lossless")
@@ -32,7 +31,7 @@ def generate_on_vllm(engine: str, target: str, prompt: Prompt, spec: DraftSpec, 
         config = SweepConfig(target=target, drafts=(spec,), ks=(k,), decodings=(decoding,), prompts=(prompt,),
                              max_new_tokens=max_new_tokens, seed=seed, db=db, device="cpu", dtype="float32",
                              threads=threads, batches=(size,), engine=engine)
-        run_sweep(config, Console(stderr=True, quiet=True), VllmSource)
+        run_sweep(config, Console(stderr=True, quiet=True))
         with duckdb.connect(str(db), read_only=True) as con:
             text, run_id, error = con.execute("SELECT output_text, run_id, error FROM runs WHERE draft <> 'none' "
                                               "ORDER BY batch_slot LIMIT 1").fetchone()

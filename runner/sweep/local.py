@@ -1,4 +1,4 @@
-"""A sweep's cells run here: the engine loaded once and warmed up, then each cell into a `Result`.
+"""A sweep's cells run here: the engine (ours, or vLLM's) loaded once and warmed up, then each cell into a `Result`.
 
 The Ray actors (`ray_cells.py`) run their cells with the same `CellRunner`.
 """
@@ -74,8 +74,8 @@ class CellRunner:
                        device_error=failure) for cell in cells]
 
     def results(self, cells: list[Cell]) -> Iterator[Result]:
-        """Each cell's result, a batch's cells all at once."""
-        for _, group in groupby(cells, key=lambda c: c.mate(0) if c.batch else c):
+        """Each cell's result, in the engine's order, a batch's cells all at once."""
+        for _, group in groupby(self.engine.schedule(cells), key=lambda c: c.mate(0) if c.batch else c):
             group = list(group)
             yield from self.run_batch(group) if group[0].batch else [self.run(group[0])]
 
@@ -91,17 +91,24 @@ class CellRunner:
 
 
 def load_engine(config: SweepConfig, sweep_id: str) -> CellRunner:
-    """The target and every draft, loaded once and warmed up at every k; ValueError for a prompt that does not fit."""
-    if config.threads is not None:
-        torch.set_num_threads(config.threads)
-    engine = PairEngine.load(config.target, config.drafts, config.kernels, config.max_new_tokens, config.seed,
-                             config.device, config.dtype, config.trust_remote_code)
+    """The sweep's engine with the target and every draft, loaded once and warmed up at every k; ValueError for a
+    prompt that does not fit or a draft the engine cannot run."""
+    if config.engine_name == "vllm":
+        from runner.vllm.engine import VllmEngine, engine_url  # only here: our engine's sweeps never import vLLM's
+
+        engine = VllmEngine(config.target, engine_url(config.engine), config.threads or 1, config.max_new_tokens,
+                            config.seed)
+    else:
+        if config.threads is not None:
+            torch.set_num_threads(config.threads)
+        engine = PairEngine.load(config.target, config.drafts, config.kernels, config.max_new_tokens, config.seed,
+                                 config.device, config.dtype, config.trust_remote_code)
     engine.prepare(workload(config))
     return CellRunner(config, sweep_id, engine)
 
 
 class LocalSource:
-    """The cells in this process, one after another in the plan's order."""
+    """The cells in this process, one after another in the engine's order."""
 
     def __init__(self, config: SweepConfig, sweep_id: str) -> None:
         self.runner = load_engine(config, sweep_id)

@@ -1,27 +1,38 @@
 """vLLM as an engine: prompts chat-templated as ours are, each cell sent as a request to a vLLM server running its
 speculative config, each finished request a `Generation` whose rounds are vLLM's verify steps.
 
-One class (`VllmEngine`) meets the engine seam: `name`, `prompt_ids`, `run`, `run_batch`, `facts`, `close`.
+`VllmEngine` meets the engine seam (runner/engines.py), so sweeps and `generate` run it as they run ours. It runs a
+sweep's cells config by config (plain decoding first, so every speculative run finds its baseline), one server per
+config. A config vLLM refuses, a server that does not start or dies: each cell it would have run becomes an error
+run with the one-line reason, nothing recorded is lost, and `--resume` runs them again.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from runner.cells import Cell
+from runner.cells import Cell, check_fit
 from runner.engine.weights.sources import DEFAULT_MODEL, converted_dir, smollm2_gguf
+from runner.engines import Workload, host_provenance
 from runner.prompts import Prompt
-from runner.records import Generation
+from runner.records import Divergence, Generation, first_difference
 from runner.vllm import client
 from runner.vllm.drafts import VllmRefusal, speculative_config
 from runner.vllm.server import Server, ServerSettings, VllmError, vllm_python
 from runner.vllm.steps import rounds_of
 
 REQUEST_TIMEOUT_S = 600.0  # one request; past it the run is an error run and the sweep goes on
+UNJUDGED = "unjudged"  # a vLLM output that differs from vLLM's plain one: vLLM returns no logits to classify it by
+
+
+def engine_url(engine: str) -> str | None:
+    """The server a team runs, from `--engine vllm:<url>`; None for `vllm` (servers started here)."""
+    return engine.partition(":")[2] or None
 
 
 def model_dir(spec: str) -> str:
@@ -38,21 +49,31 @@ def model_dir(spec: str) -> str:
 
 
 class VllmEngine:
-    """A target decoded by vLLM: servers started here, one per speculative config (the previous one stopped), or
-    the server a team runs at `url`, whose config is the one the cells state."""
+    """A target decoded by vLLM on the sweep's max_new_tokens and seed: servers started here, one per speculative
+    config (the previous one stopped), or the server a team runs at `url`, whose config is the one the cells state.
+    """
 
     name = "vllm"
+    device, dtype, kernels = "cpu", "float32", None  # as vLLM's CPU server runs the target (ServerSettings)
 
-    def __init__(self, target: str, url: str | None = None, threads: int = 1) -> None:
+    def __init__(self, target: str, url: str | None, threads: int, max_new_tokens: int, seed: int) -> None:
         self.target, self.url, self.threads = target, url, threads
+        self.max_new_tokens, self.seed = max_new_tokens, seed
         if url is None:
             vllm_python()  # no environment: one line naming what builds it, before any tokenizer is read
         self.model = model_dir(target)
         self.tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(self.model, local_files_only=True)
         self.server: Server | None = None
-        self.config: dict | None = None  # the speculative config of the cells now running
-        self.served = client.get(url, "/v1/models")["data"][0]["id"] if url else None
+        self.running: dict | None = None  # the speculative config of the cells now running
+        self.refused: dict[str, str] = {}  # a config's JSON -> why its server did not start
+        served = client.get(url, "/v1/models")["data"][0] if url else {}
+        self.served, self.context = served.get("id"), served.get("max_model_len", ServerSettings.max_model_len)
         self.version = client.get(url, "/version").get("version") if url else None
+        self.provenance = host_provenance()
+
+    def prepare(self, workload: Workload) -> None:
+        """Every prompt checked against the server's context; a server warms up when it starts (`use`)."""
+        check_fit([(p.id, len(self.prompt_ids(p))) for p in workload.prompts], self.max_new_tokens, self.context)
 
     def prompt_ids(self, prompt: Prompt) -> list[int]:
         """The ids our engine feeds for the prompt: its chat template applied, ready for the answer."""
@@ -64,57 +85,69 @@ class VllmEngine:
                                                            return_dict=True)["input_ids"])
         return list(self.tokenizer(prompt.text)["input_ids"])
 
-    def use(self, cell: Cell, warm_ids: list[int], max_new_tokens: int) -> None:
+    def schedule(self, cells: list[Cell]) -> list[Cell]:
+        """Plain decoding's cells first, then each config's, in the plan's order within a config."""
+        order = {key: n for n, key in enumerate(dict.fromkeys(
+            [(c.draft.text, c.k) for c in cells if c.k is None] + [(c.draft.text, c.k) for c in cells]))}
+        return sorted(cells, key=lambda c: order[c.draft.text, c.k])
+
+    def config(self, cell: Cell) -> str:
+        """The speculative config the cell runs with, as JSON ('null': plain decoding)."""
+        return json.dumps(speculative_config(cell.draft, cell.k, model_dir))
+
+    def use(self, cell: Cell, warm_ids: list[int]) -> None:
         """Make the cell's speculative config the one requests run with: a new server here when it changed, warmed
         up by decoding `warm_ids` once (its first requests pay one-off costs: the n-gram matcher's JIT, allocations),
-        as our engine warms up before its timed runs."""
-        config = speculative_config(cell.draft, cell.k, model_dir)
-        if self.url or (self.server is not None and config == self.config):
-            self.config = config
+        as our engine warms up before its timed runs. A config whose server did not start is not tried again."""
+        key = self.config(cell)
+        if key in self.refused:
+            raise VllmError(self.refused[key])
+        config = json.loads(key)
+        if self.url or (self.server is not None and config == self.running):
+            self.running = config
             return
         self.close()
-        self.config = config
-        self.server = Server(ServerSettings(self.model, self.threads), config)
-        self.server.wait()
-        self.served = self.model
-        self.version = client.get(self.server.url, "/version").get("version")
-        client.complete(self.server.url, self.served, warm_ids, max_new_tokens, {"temperature": 0.0},
-                        REQUEST_TIMEOUT_S)
+        self.running = config
+        try:
+            self.server = Server(ServerSettings(self.model, self.threads), config)
+            self.server.wait()
+            self.served = self.model
+            self.version = client.get(self.server.url, "/version").get("version")
+            client.complete(self.server.url, self.served, warm_ids, self.max_new_tokens, {"temperature": 0.0},
+                            REQUEST_TIMEOUT_S)
+        except VllmError as exc:
+            self.refused[key] = str(exc)
+            self.close()
+            raise
 
-    def run(self, cell: Cell, ids: list[int], max_new_tokens: int, seed: int) -> Generation:
-        """One request: the cell's prompt ids decoded under its config (`use` first)."""
-        return self.request(cell, ids, max_new_tokens, seed)[0]
+    def run(self, cell: Cell, ids: list[int]) -> Generation:
+        """One request: the cell's prompt ids decoded under its config."""
+        self.use(cell, ids)
+        return self.request(cell, ids)
 
-    def run_batch(self, cells: list[Cell], ids_list: list[list[int]], max_new_tokens: int,
-                  seed: int) -> list[Generation]:
-        """B requests at once, which vLLM schedules into the same steps."""
-        return [g for g, _ in self.request_batch(cells, ids_list, max_new_tokens, seed)]
+    def run_batch(self, cells: list[Cell], ids_list: list[list[int]]) -> list[Generation]:
+        """B requests sent at once, which vLLM schedules into the same steps."""
+        self.use(cells[0], ids_list[0])
+        with ThreadPoolExecutor(len(cells)) as pool:
+            return list(pool.map(self.request, cells, ids_list))
 
-    def request(self, cell: Cell, ids: list[int], max_new_tokens: int, seed: int) -> tuple[Generation, str | None]:
-        """`run`, with vLLM's own report of the request's speculative decoding (JSON; None when plain)."""
+    def request(self, cell: Cell, ids: list[int]) -> Generation:
         if self.server is not None and (why := self.server.died()):
             raise VllmError(why)
         url = self.url or self.server.url
         d = cell.decoding
         sampling = {"temperature": 0.0, "top_p": 1.0} if d.greedy else {"temperature": d.temperature,
-                                                                         "top_p": d.top_p, "seed": seed}
-        reply = client.complete(url, self.served, ids, max_new_tokens, sampling, REQUEST_TIMEOUT_S)
-        return self.generation(ids, reply, cell.k), None if reply.report is None else json.dumps(reply.report)
-
-    def request_batch(self, cells: list[Cell], ids_list: list[list[int]], max_new_tokens: int,
-                      seed: int) -> list[tuple[Generation, str | None]]:
-        """`run_batch`, each with vLLM's report: B requests sent at once."""
-        with ThreadPoolExecutor(len(cells)) as pool:
-            return list(pool.map(lambda pair: self.request(pair[0], pair[1], max_new_tokens, seed),
-                                 zip(cells, ids_list, strict=True)))
+                                                                         "top_p": d.top_p, "seed": self.seed}
+        return self.generation(ids, client.complete(url, self.served, ids, self.max_new_tokens, sampling,
+                                                    REQUEST_TIMEOUT_S), cell.k)
 
     def generation(self, ids: list[int], reply: client.Reply, k: int | None) -> Generation:
         """The request as a Generation; VllmError where the server does not run the config the cell states."""
         steps, where = reply.steps, self.url or "this vLLM"
-        if self.config is None and steps is not None:
+        if self.running is None and steps is not None:
             raise VllmError(f"the server at {where} decodes speculatively (k = {steps.num_spec_tokens}): it cannot "
                             "record plain decoding")
-        if self.config is not None and steps is None:
+        if self.running is not None and steps is None:
             raise VllmError(f"the server at {where} returns no per-step metrics: start it with its "
                             "--speculative-config and --per-request-spec-decode-metrics detailed")
         if steps is not None and steps.num_spec_tokens != k:
@@ -126,12 +159,20 @@ class VllmEngine:
         return Generation(prompt_tokens=tuple(ids), output_tokens=reply.output_ids, rounds=rounds,
                           prefill_s=reply.ttft_s, wall_s=reply.ttft_s + reply.generation_s,
                           draft_calls=len(steps.drafted) if steps else 0,
-                          stop_reason="eos" if reply.finish_reason == "stop" else "max_new_tokens")
+                          stop_reason="eos" if reply.finish_reason == "stop" else "max_new_tokens",
+                          ttft_s=reply.ttft_s, report=None if reply.report is None else json.dumps(reply.report))
 
-    def facts(self) -> dict[str, object]:
-        """What a run record needs from the engine beside its generation."""
-        return {"engine": self.name, "engine_version": self.version, "engine_config": json.dumps(self.config),
-                "device": "cpu", "dtype": "float32", "threads": self.threads}
+    def text(self, tokens: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(tokens))
+
+    def tree_nodes(self, cell: Cell) -> None:
+        """None: vLLM drafts chains."""
+
+    def classify(self, prompt: tuple[int, ...], baseline: tuple[int, ...],
+                 ours: tuple[int, ...]) -> Divergence | None:
+        """Where a greedy vLLM output first differs from vLLM's plain one, not classified (no logits come back)."""
+        at = first_difference(baseline, ours)
+        return None if at is None else Divergence(at=at, gap=None, tolerance=None, kind=UNJUDGED)
 
     def close(self) -> None:
         if self.server is not None:

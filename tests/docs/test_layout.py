@@ -21,12 +21,13 @@ LAYERS = (
     ("runner.engine.drafters",),
     ("runner.engine", "runner.store"),
     ("runner.speed_bench_files",),
-    ("runner.prompts", "runner.cells", "runner.engines", "runner.pair_engine"),
-    ("runner.sweep", "runner.train", "runner.vllm"),
+    ("runner.prompts", "runner.cells", "runner.engines", "runner.pair_engine", "runner.vllm"),
+    ("runner.sweep", "runner.train"),
     ("runner.cli", "runner.serve", "runner.report", "runner.__main__", "dashboard", "bench"),
 )
 APART = (("runner.engine", "runner.store"), ("runner.sweep", "runner.train"), ("runner.engine.weights", "runner.store"),
-         ("runner.engine.round", "runner.store"), ("runner.engine.drafters", "runner.store"))
+         ("runner.engine.round", "runner.store"), ("runner.engine.drafters", "runner.store"),
+         ("runner.pair_engine", "runner.vllm"))
 # Another engine (vLLM's) needs none of our engine's torch-heavy code: not its pair, rounds or models.
 NEVER = {"runner.vllm": ("runner.pair_engine", "runner.engine.pair", "runner.engine.round",
                          "runner.engine.weights.models")}

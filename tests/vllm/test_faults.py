@@ -23,7 +23,6 @@ from runner.sweep.plan import SweepConfig
 from runner.vllm.client import get
 from runner.vllm.drafts import parse
 from runner.vllm.server import Server, ServerSettings, VllmError, free_port, last_line, vllm_python
-from runner.vllm.source import VllmSource
 
 
 def test_no_environment_names_the_target_that_builds_it(monkeypatch, tmp_path):
@@ -113,8 +112,8 @@ def test_a_server_that_dies_mid_sweep_leaves_error_runs_and_the_sweep_resumes(mo
     config = SweepConfig(target=DEFAULT_MODEL, drafts=(parse("ngram:2"),), ks=(3,), decodings=(GREEDY,),
                          prompts=tuple(select_prompts(load_prompts(), ["code"], 2)), max_new_tokens=3, seed=0, db=db,
                          device="cpu", dtype="float32", threads=1, engine="vllm")
-    sweep_id, recorder = run_sweep(config, Console(quiet=True), VllmSource)
-    assert [e.split(": ", 1)[1] for e in recorder.errors] == ["vLLM did not answer: Remote end closed connection "
+    sweep_id, recorder = run_sweep(config, Console(quiet=True))
+    assert [e.split(": ", 1)[1] for e in recorder.errors] == ["VllmError: vLLM did not answer: Remote end closed connection "
                                                              "without response"]
     def runs() -> list[tuple]:
         with duckdb.connect(str(db), read_only=True) as con:
@@ -122,7 +121,7 @@ def test_a_server_that_dies_mid_sweep_leaves_error_runs_and_the_sweep_resumes(mo
                                "ORDER BY draft, prompt_id, status DESC").fetchall()
     assert runs() == [("code-01", "ngram:2", "ok", True, "fake"), ("code-02", "ngram:2", "ok", None, "fake"),
                       ("code-01", "none", "ok", None, "fake"), ("code-02", "none", "error", None, "fake")]
-    run_sweep(replace(config, sweep_id=sweep_id), Console(quiet=True), VllmSource)
+    run_sweep(replace(config, sweep_id=sweep_id), Console(quiet=True))
     assert runs() == [("code-01", "ngram:2", "ok", True, "fake"), ("code-02", "ngram:2", "ok", None, "fake"),
                       ("code-01", "none", "ok", None, "fake"), ("code-02", "none", "ok", None, "fake"),
                       ("code-02", "none", "error", None, "fake")]
@@ -147,13 +146,38 @@ def test_a_server_a_team_runs_is_reached_at_its_url_and_held_to_the_cells_config
         sweep = SweepConfig(target=DEFAULT_MODEL, drafts=(parse("ngram:2"),), ks=(3, 2), decodings=(GREEDY,),
                             prompts=tuple(select_prompts(load_prompts(), ["code"], 1)), max_new_tokens=3, seed=0,
                             db=db, device="cpu", dtype="float32", threads=1, engine=f"vllm:http://127.0.0.1:{port}")
-        run_sweep(sweep, Console(quiet=True), VllmSource)
+        run_sweep(sweep, Console(quiet=True))
     finally:
         server.kill()
         server.wait()
     with duckdb.connect(str(db), read_only=True) as con:
         assert con.execute("SELECT draft, k, status, error, engine FROM runs ORDER BY draft, k").fetchall() == [
-            ("ngram:2", 2, "error", f"the server at http://127.0.0.1:{port} drafts k = 3, not the cell's 2", "vllm"),
+            ("ngram:2", 2, "error", f"VllmError: the server at http://127.0.0.1:{port} drafts k = 3, not the cell's 2", "vllm"),
             ("ngram:2", 3, "ok", None, "vllm"),
-            ("none", None, "error", f"the server at http://127.0.0.1:{port} decodes speculatively (k = 3): it cannot "
+            ("none", None, "error", f"VllmError: the server at http://127.0.0.1:{port} decodes speculatively (k = 3): it cannot "
                                     "record plain decoding", "vllm")]
+
+
+def test_a_config_whose_server_does_not_start_is_tried_once_and_its_cells_are_error_runs(monkeypatch, tmp_path):
+    """Each speculative config starts its own server: one that fails makes every cell of that config an error run
+    with the log's reason, after one try, and the sweep goes on to the next config."""
+    starts = tmp_path / "starts"
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\necho \"$*\" >> {starts}\necho 'RuntimeError: no CPU KV cache'\nexit 1\n")
+    python.chmod(0o755)
+    monkeypatch.setenv("SPECDASH_VLLM_PYTHON", str(python))
+    db = tmp_path / "runs.duckdb"
+    config = SweepConfig(target=DEFAULT_MODEL, drafts=(parse("ngram:2"),), ks=(2, 3), decodings=(GREEDY,),
+                         prompts=tuple(select_prompts(load_prompts(), ["code"], 2)), max_new_tokens=3, seed=0, db=db,
+                         device="cpu", dtype="float32", threads=1, engine="vllm")
+    run_sweep(config, Console(quiet=True))
+    lines = starts.read_text().splitlines()
+    assert len(lines) == 3  # plain, then k = 2, then k = 3: one start each, not one per prompt
+    assert ["--speculative-config" in line for line in lines] == [False, True, True]
+    with duckdb.connect(str(db), read_only=True) as con:
+        rows = con.execute("SELECT draft, k, count(*), any_value(error), count(DISTINCT error) FROM runs "
+                           "GROUP BY draft, k ORDER BY draft, k").fetchall()
+    reason = "VllmError: vLLM did not start: RuntimeError: no CPU KV cache (log: "
+    assert [(d, k, n, distinct) for d, k, n, _, distinct in rows] == [("ngram:2", 2, 2, 1), ("ngram:2", 3, 2, 1),
+                                                                     ("none", None, 2, 1)]
+    assert all(error.startswith(reason) for *_, error, _ in rows)

@@ -20,12 +20,10 @@ from runner.engine.round import lossless
 from runner.engine.weights import models
 from runner.pair_engine import GREEDY
 from runner.prompts import load_prompts, select_prompts
-from runner.sweep.local import LocalSource
 from runner.sweep.loop import run_sweep
 from runner.sweep.plan import SweepConfig
 from runner.vllm.drafts import parse
 from runner.vllm.head_ids import for_vllm
-from runner.vllm.source import VllmSource
 
 HEAD = str(Path(__file__).resolve().parents[2] / "heads" / "smollm2-135m")
 MAX_NEW_TOKENS = 24
@@ -39,10 +37,10 @@ def db(tmp_path_factory) -> Path:
                   max_new_tokens=MAX_NEW_TOKENS, seed=0, db=path, device="cpu", dtype="float32", threads=1)
     began = time.monotonic()
     run_sweep(SweepConfig(drafts=(parse("ngram:3"), parse(f"eagle:{HEAD}")), engine="vllm", **common),
-              Console(quiet=True), VllmSource)
+              Console(quiet=True))
     print(f"\nvLLM sweep, 3 servers started one after another: {time.monotonic() - began:.0f} s")
     run_sweep(SweepConfig(drafts=(parse_draft("ngram:3:earliest"), parse_draft(f"eagle:{HEAD}")), **common),
-              Console(quiet=True), LocalSource)
+              Console(quiet=True))
     return path
 
 
