@@ -17,7 +17,7 @@ from pathlib import Path
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from runner.cells import Cell, check_fit
-from runner.engine.weights.sources import DEFAULT_MODEL, converted_dir, smollm2_gguf
+from runner.engine.weights.sources import DEFAULT_MODEL, dequantized, smollm2_gguf
 from runner.engines import Workload, host_provenance
 from runner.prompts import Prompt
 from runner.records import Divergence, Generation, first_difference
@@ -40,12 +40,7 @@ def model_dir(spec: str) -> str:
     else the spec itself (a directory or a cached repo id)."""
     if spec != DEFAULT_MODEL and not spec.endswith(".gguf"):
         return str(Path(spec).expanduser()) if spec.startswith("~") else spec
-    gguf = smollm2_gguf() if spec == DEFAULT_MODEL else Path(spec)
-    if not (converted_dir(gguf) / "config.json").is_file():
-        from runner.engine.models import dequantized  # torch only here: once per GGUF file and machine
-
-        dequantized(gguf)
-    return str(converted_dir(gguf))
+    return str(dequantized(smollm2_gguf() if spec == DEFAULT_MODEL else Path(spec)))
 
 
 class VllmEngine:

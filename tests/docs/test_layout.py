@@ -202,3 +202,26 @@ def test_the_longest_first_files_exist():
     from tests.conftest import LONGEST_FIRST, TESTS
 
     assert [name for name in LONGEST_FIRST if not (TESTS / name).is_file()] == []
+
+
+def unresolved(source: str, known: set[str]) -> list[str]:
+    """The project modules a source imports from (lazily included) that do not exist: a lazy import left behind by a
+    move fails only when its line runs."""
+    named = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            named.add(node.module)
+        elif isinstance(node, ast.Import):
+            named |= {alias.name for alias in node.names}
+    return sorted(m for m in named if m.split(".")[0] in PACKAGES and m not in known)
+
+
+def test_every_import_names_a_module_that_exists():
+    known = existing()
+    assert [f"{p}: {m}" for p in modules(*PACKAGES, "tests") for m in unresolved((ROOT / p).read_text(), known)] == []
+
+
+def test_the_import_check_notices_a_module_moved_away():
+    known = existing()
+    assert unresolved("def f():\n    from runner.engine.models import dequantized\n", known) == ["runner.engine.models"]
+    assert unresolved("from runner.engine.weights.models import dequantized\nimport runner.cells\n", known) == []

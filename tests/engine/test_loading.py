@@ -20,7 +20,7 @@ from transformers import LlamaConfig
 from typer.testing import CliRunner
 
 from runner import cli
-from runner.engine.weights import loading, models, sources
+from runner.engine.weights import loading, sources
 from tests.end_to_end.test_cli import assert_one_line_error
 from tests.helpers.families import BY_NAME, save, tokenizer
 
@@ -170,9 +170,9 @@ def test_processes_converting_one_gguf_at_once_convert_it_once(tmp_path, monkeyp
         done.mkdir()
         (done / "config.json").write_text("{}")
 
-    monkeypatch.setattr(models, "_convert", convert)
+    monkeypatch.setattr(sources, "_convert", convert)
     results = []
-    callers = [threading.Thread(target=lambda: results.append(models.dequantized(gguf))) for _ in range(2)]
+    callers = [threading.Thread(target=lambda: results.append(sources.dequantized(gguf))) for _ in range(2)]
     for caller in callers:
         caller.start()
     for caller in callers:

@@ -7,8 +7,6 @@ a path to a `.gguf` file, a local directory, or a Hugging Face repo id (`sources
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +22,7 @@ from transformers import (
 from transformers.utils import logging as hf_logging
 
 from runner.engine.weights import loading
-from runner.engine.weights.sources import DEFAULT_MODEL, ModelError, converted_dir, exclusive, smollm2_gguf
+from runner.engine.weights.sources import DEFAULT_MODEL, ModelError, dequantized, smollm2_gguf
 
 # stderr belongs to our progress bar and one-line errors, not to loading bars and advisory warnings.
 hf_logging.disable_progress_bar()
@@ -84,40 +82,6 @@ def pick_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
     if dtype not in _DTYPES:
         raise ModelError(f'unknown dtype "{dtype}"; use one of {", ".join(_DTYPES)}')
     return _DTYPES[dtype]
-
-
-def dequantized(gguf: Path) -> Path:
-    """A Hugging Face directory holding `gguf` dequantized, made once per file.
-
-    Parsing a GGUF file is slow (transformers reads it three times: config, tokenizer, weights); the safetensors
-    copy loads far faster and gives identical logits.
-    """
-    done = converted_dir(gguf)
-    if (done / "config.json").is_file():
-        return done
-    done.parent.mkdir(parents=True, exist_ok=True)
-    # One process converts, the others wait for its copy: two converting at once (a test run's workers, `make run`'s
-    # dashboard and sweep) each took twice as long.
-    with exclusive(done.parent / f"{done.name}.lock"):
-        if not (done / "config.json").is_file():
-            _convert(gguf, done)
-    return done
-
-
-def _convert(gguf: Path, done: Path) -> None:
-    where, name = str(gguf.parent.resolve()), gguf.name
-    tokenizer = AutoTokenizer.from_pretrained(where, gguf_file=name)
-    model = AutoModelForCausalLM.from_pretrained(where, gguf_file=name, dtype=torch.float32)
-    # The weights are plain fp32 now: saved with the GGUF quantizer attached they would not load back.
-    model.hf_quantizer = None
-    del model.config.quantization_config
-    staging = Path(tempfile.mkdtemp(dir=done.parent))
-    model.save_pretrained(staging)
-    tokenizer.save_pretrained(staging)
-    try:
-        staging.rename(done)  # atomic: a reader finds the whole copy or none (a cache shared without locks)
-    except OSError:
-        shutil.rmtree(staging)
 
 
 def _source(spec: str) -> str:

