@@ -113,8 +113,8 @@ def test_a_server_that_dies_mid_sweep_leaves_error_runs_and_the_sweep_resumes(mo
                          prompts=tuple(select_prompts(load_prompts(), ["code"], 2)), max_new_tokens=3, seed=0, db=db,
                          device="cpu", dtype="float32", threads=1, engine="vllm")
     sweep_id, recorder = run_sweep(config, Console(quiet=True))
-    assert [e.split(": ", 1)[1] for e in recorder.errors] == ["VllmError: vLLM did not answer: Remote end closed connection "
-                                                             "without response"]
+    assert [e.split(": ", 1)[1] for e in recorder.errors] == [
+        "VllmError: vLLM did not answer: Remote end closed connection without response"]
     def runs() -> list[tuple]:
         with duckdb.connect(str(db), read_only=True) as con:
             return con.execute("SELECT prompt_id, draft, status, lossless, engine_version FROM runs "
@@ -133,28 +133,29 @@ def test_a_server_a_team_runs_is_reached_at_its_url_and_held_to_the_cells_config
     refuses the plain ones in one line (it cannot decode plainly), and a k other than its own."""
     (tmp_path / "fake.py").write_text(FAKE_VLLM)
     port = free_port()
+    url = f"http://127.0.0.1:{port}"
     config = json.dumps({"method": "ngram", "num_speculative_tokens": 3})
     server = subprocess.Popen([sys.executable, str(tmp_path / "fake.py"), "--port", str(port), "--speculative-config",
                                config], env={**os.environ, "FAKE_PLAIN_REQUESTS": "0"})
     try:
         for _ in range(100):
             with contextlib.suppress(VllmError):
-                get(f"http://127.0.0.1:{port}", "/version")
+                get(url, "/version")
                 break
             time.sleep(0.1)
         db = tmp_path / "runs.duckdb"
         sweep = SweepConfig(target=DEFAULT_MODEL, drafts=(parse("ngram:2"),), ks=(3, 2), decodings=(GREEDY,),
                             prompts=tuple(select_prompts(load_prompts(), ["code"], 1)), max_new_tokens=3, seed=0,
-                            db=db, device="cpu", dtype="float32", threads=1, engine=f"vllm:http://127.0.0.1:{port}")
+                            db=db, device="cpu", dtype="float32", threads=1, engine=f"vllm:{url}")
         run_sweep(sweep, Console(quiet=True))
     finally:
         server.kill()
         server.wait()
     with duckdb.connect(str(db), read_only=True) as con:
         assert con.execute("SELECT draft, k, status, error, engine FROM runs ORDER BY draft, k").fetchall() == [
-            ("ngram:2", 2, "error", f"VllmError: the server at http://127.0.0.1:{port} drafts k = 3, not the cell's 2", "vllm"),
+            ("ngram:2", 2, "error", f"VllmError: the server at {url} drafts k = 3, not the cell's 2", "vllm"),
             ("ngram:2", 3, "ok", None, "vllm"),
-            ("none", None, "error", f"VllmError: the server at http://127.0.0.1:{port} decodes speculatively (k = 3): it cannot "
+            ("none", None, "error", f"VllmError: the server at {url} decodes speculatively (k = 3): it cannot "
                                     "record plain decoding", "vllm")]
 
 

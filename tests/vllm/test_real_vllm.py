@@ -1,5 +1,6 @@
 """A real vLLM, started from .venv-vllm: plain decoding, prompt lookup and the shipped EAGLE-3 head swept on vLLM and
-on our engine over the same prompts (greedy, k = 4), one vLLM server per speculative config for the module.
+on our engine over the same prompts (greedy, k = 4; two of the built-in suite and one of SPEED-Bench's qualitative
+split, from the fixture in its published shape), one vLLM server per speculative config for the module.
 
 What vLLM reports is held to its own totals and to the output; its plain outputs to ours; its prompt lookup to ours
 with vLLM's match rule, step by step; the shipped head's acceptance per position to ours (the gap is printed).
@@ -20,10 +21,12 @@ from runner.engine.round import lossless
 from runner.engine.weights import models
 from runner.pair_engine import GREEDY
 from runner.prompts import load_prompts, select_prompts
+from runner.store import speed_bench
 from runner.sweep.loop import run_sweep
 from runner.sweep.plan import SweepConfig
 from runner.vllm.drafts import parse
 from runner.vllm.head_ids import for_vllm
+from tests.store.speed_bench_fixture import DIRECTORY as SPEED_BENCH
 
 HEAD = str(Path(__file__).resolve().parents[2] / "heads" / "smollm2-135m")
 MAX_NEW_TOKENS = 24
@@ -32,7 +35,8 @@ MAX_NEW_TOKENS = 24
 @pytest.fixture(scope="module")
 def db(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("vllm") / "runs.duckdb"
-    prompts = tuple(select_prompts(load_prompts(), ["summary", "code"], 1))
+    prompts = (*select_prompts(load_prompts(), ["summary", "code"], 1),
+               *select_prompts(load_prompts(SPEED_BENCH, ["qualitative"]), ["coding"], 1))
     common = dict(target=models.DEFAULT_MODEL, ks=(4,), decodings=(GREEDY,), prompts=prompts,
                   max_new_tokens=MAX_NEW_TOKENS, seed=0, db=path, device="cpu", dtype="float32", threads=1)
     began = time.monotonic()
@@ -52,8 +56,8 @@ def rows(db: Path, sql: str, params: list | None = None) -> list[tuple]:
 def test_every_run_is_recorded_ok_with_its_engine(db):
     assert rows(db, "SELECT engine, draft, count(*), count(*) FILTER (status = 'ok') FROM runs GROUP BY ALL "
                     "ORDER BY ALL") == [
-        ("specdash", f"eagle:{HEAD}", 2, 2), ("specdash", "ngram:3:earliest", 2, 2), ("specdash", "none", 2, 2),
-        ("vllm", f"eagle:{HEAD}", 2, 2), ("vllm", "ngram:3", 2, 2), ("vllm", "none", 2, 2)]
+        ("specdash", f"eagle:{HEAD}", 3, 3), ("specdash", "ngram:3:earliest", 3, 3), ("specdash", "none", 3, 3),
+        ("vllm", f"eagle:{HEAD}", 3, 3), ("vllm", "ngram:3", 3, 3), ("vllm", "none", 3, 3)]
     configs = {draft: (version, json.loads(config)) for draft, version, config in rows(
         db, "SELECT DISTINCT draft, engine_version, engine_config FROM runs WHERE engine = 'vllm'")}
     assert configs == {
@@ -82,7 +86,7 @@ def test_plain_outputs_equal_ours_token_for_token_or_at_a_tie(db):
     pairs = rows(db, """SELECT v.prompt_tokens, o.output_tokens, v.output_tokens FROM runs v JOIN runs o
         USING (prompt_id)
         WHERE v.engine = 'vllm' AND o.engine = 'specdash' AND v.draft = 'none' AND o.draft = 'none'""")
-    assert len(pairs) == 2
+    assert len(pairs) == 3
     differ = [(p, ours, theirs) for p, ours, theirs in pairs if ours != theirs]
     if differ:
         target = models.load(models.DEFAULT_MODEL, "cpu", "float32")
@@ -96,7 +100,7 @@ def same_steps(db: Path, theirs: str, ours: str) -> None:
     ours drafted nothing while vLLM drafted once more."""
     pairs = rows(db, """SELECT v.run_id, o.run_id FROM runs v JOIN runs o USING (prompt_id)
         WHERE v.engine = 'vllm' AND v.draft = ? AND o.engine = 'specdash' AND o.draft = ?""", [theirs, ours])
-    assert len(pairs) == 2
+    assert len(pairs) == 3
     for vllm_run, our_run in pairs:
         steps, drafting = (rows(db, "SELECT k, accepted FROM rounds WHERE run_id = ? AND k > 0 ORDER BY round", [run])
                            for run in (vllm_run, our_run))
@@ -130,7 +134,7 @@ def test_the_engines_page_sets_vllms_own_figures_beside_ours_from_the_same_steps
     with duckdb.connect(str(db), read_only=True) as con:
         frame, by_position = side_by_side(con), positions(con)
     theirs = frame[frame["engine"] == "vllm"]
-    assert len(theirs) == 4  # two categories × (ngram, eagle) at k = 4
+    assert len(theirs) == 6  # three categories × (ngram, eagle) at k = 4
     # vLLM's mean acceptance length and acceptance rate, as it reported them, are ours over the same steps
     assert (theirs["own_mean_acceptance_length"] - theirs["tau_drafting_steps"]).abs().max() < 1e-12
     assert (theirs["own_acceptance_rate"] - theirs["accepted_over_drafted"]).abs().max() < 1e-12
@@ -138,3 +142,23 @@ def test_the_engines_page_sets_vllms_own_figures_beside_ours_from_the_same_steps
     assert (theirs["tau"] <= theirs["own_mean_acceptance_length"] + 1e-12).all()
     assert set(differences(frame).columns) >= {"alpha vLLM", "alpha ours", "alpha Δ", "tau Δ", "speedup Δ"}
     assert sorted(by_position["position"].unique()) == [1, 2, 3, 4]
+
+
+def test_speed_bench_s_report_of_the_vllm_sweep_is_vllm_s_own_account(db):
+    """SPEED-Bench's prompt runs in both engines, and the report's τ and acceptance rate for it on vLLM are vLLM's own
+    per-request figures pooled over its drafting steps (1 + accepted / steps, accepted / drafted tokens)."""
+    (prompt_id,) = {p for p, in rows(db, "SELECT prompt_id FROM runs WHERE prompt_id LIKE 'qualitative-%'")}
+    assert rows(db, "SELECT engine, count(*) FILTER (status = 'ok') FROM runs WHERE prompt_id = ? GROUP BY 1 "
+                    "ORDER BY 1", [prompt_id]) == [("specdash", 3), ("vllm", 3)]
+    (sweep_id,), = rows(db, "SELECT DISTINCT sweep_id FROM runs WHERE engine = 'vllm'")
+    with duckdb.connect(str(db), read_only=True) as con:
+        report = speed_bench.acceptance(con, sweep_id)
+    for draft in ("ngram:3", f"eagle:{HEAD}"):
+        (own,), = rows(db, "SELECT engine_report FROM runs WHERE engine = 'vllm' AND prompt_id = ? AND draft = ?",
+                       [prompt_id, draft])
+        own = json.loads(own)
+        (row,) = report[(report["category"] == "coding") & report["method"].str.contains(draft, regex=False)
+                        ].to_dict("records")
+        assert row["engine"] == "vllm" and row["drafts"] == len(own["per_step_drafted"])
+        assert row["tau"] == pytest.approx(1 + own["num_accepted_draft_tokens"] / len(own["per_step_drafted"]))
+        assert row["acceptance_rate"] == pytest.approx(own["num_accepted_draft_tokens"] / own["num_draft_tokens"])
