@@ -16,9 +16,10 @@ import duckdb
 import pytest
 
 from runner.records import Generation, Round, RunRecord
-from runner.store import connect, schema_facts
+from runner.store import connect, run_facts
 from runner.store.connect import init_db
 from runner.store.pending import record_from_dict, record_to_dict, spill
+from runner.store.round_counts import FILL_RUN_TOTALS
 from runner.store.runs import (
     baseline_for,
     count_columns,
@@ -30,7 +31,7 @@ from runner.store.runs import (
     totals_row,
     write_run,
 )
-from runner.store.schema import FILL_RUN_TOTALS, SCHEMA_VERSION, StoreError, migrate
+from runner.store.schema import SCHEMA_VERSION, StoreError, migrate
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -193,7 +194,7 @@ def test_migrating_from_every_older_version_ends_identical(tmp_path, start):
         if start >= 7:  # from version 7 on, a writer records the kernels it ran on
             con.execute("UPDATE runs SET kernels = 'stock'")
         if start >= 23:  # from version 23 on, no migration works run_facts out again: a writer keeps it
-            schema_facts.refresh_all(con)
+            run_facts.refresh_all(con)
     migrate(con)
     migrate(con)  # a second run finds nothing to do
     con.close()
