@@ -32,10 +32,9 @@ sys.path.insert(0, str(ROOT))  # `python bench/scale.py` puts bench/, not the re
 import duckdb  # noqa: E402
 
 from dashboard import filter_queries, overview, queries, replay  # noqa: E402
-from runner.store import advisor, comparable, metrics, schema_facts  # noqa: E402
+from runner.store import advisor, comparable, metrics, run_facts  # noqa: E402
 from runner.store.connect import init_db, upgrade  # noqa: E402
-from runner.store.schema import FILL_RUN_TOTALS  # noqa: E402
-from runner.store.schema_rounds import FILL_ROUND_COUNTS  # noqa: E402
+from runner.store.round_counts import FILL_ROUND_COUNTS, FILL_RUN_TOTALS  # noqa: E402
 from runner.store.sql import EXAMPLES, run_query  # noqa: E402
 
 DRAFTS = ["ngram", "ngram:2", "layerskip:24", "layerskip:15"]
@@ -115,7 +114,7 @@ def build(db: Path, runs: int, rounds_per_run: int) -> None:
         con.execute(RUNS, [TARGET])
         con.execute(FILL_RUN_TOTALS)
         con.execute(FILL_ROUND_COUNTS)
-        schema_facts.refresh_all(con)
+        run_facts.refresh_all(con)
         con.execute("CHECKPOINT")
     print(f"built {db}: {runs:,} runs × {rounds_per_run} rounds in {time.perf_counter() - started:.0f} s, "
           f"{db.stat().st_size / 2**20:,.0f} MiB", flush=True)

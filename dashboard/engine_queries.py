@@ -6,7 +6,7 @@ from __future__ import annotations
 import duckdb
 import pandas as pd
 
-from runner.store.schema_rounds import positions_pooled
+from runner.store.round_counts import positions_pooled
 
 KEYS = ("category", "draft_kind", "k")
 # The speculative runs of prompts that both engines ran (the same prompt ids: run on the same chat template).

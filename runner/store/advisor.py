@@ -6,7 +6,7 @@ recorded, on the prompts that every compared cell of the setup × category ran (
 
 - s_i: the share of the rounds that drafted (of runs whose k reaches position i) that accepted at least i drafts,
   and w_i: the share that drafted at least i (prompt lookup can find fewer; the budget cuts the last rounds), both as
-  `position_stats` counts them (pooled per key first: `schema_rounds.positions_pooled`), over the same fixed-k runs;
+  `position_stats` counts them (pooled per key first: `round_counts.positions_pooled`), over the same fixed-k runs;
 - f: the rounds that drafted nothing (prompt lookup's unmatched text), one token each, as a share of all the tokens
   the rounds emitted. That share, not a share of the rounds, is the same at every k: a longer k crosses the matched
   text in fewer rounds but the unmatched text in as many, so its rounds draft less often. At k a drafting round emits
@@ -49,14 +49,14 @@ from __future__ import annotations
 import duckdb
 import pandas as pd
 
-from runner.store import comparable, schema_rounds
+from runner.store import comparable, round_counts
 from runner.store.metrics import Filters
 
 GROUP = ("target", "device", "kernels", "threads", "batch_size")  # a setup: what the measured costs belong to
 KEY = (*GROUP, "mode", "category", "draft")
 CURVE = (*GROUP, "category", "draft")  # a verify curve per category and draft (see v(r) above)
 WITHIN = 0.03  # a predicted best k "hits" when its measured speed is within 3% of the measured best
-# The runs v may be read from: every pass's rows known (`schema_rounds.add_pass_rows` left lookahead's earlier
+# The runs v may be read from: every pass's rows known (migration `add_pass_rows` left lookahead's earlier
 # rounds NULL: their window was not recorded, so their passes would read as narrow ones at a wide one's cost).
 ROWS_KNOWN = "coalesce(len(list_filter(widths, lambda o: o.rows IS NULL)), 0) = 0"
 # Runs recorded before `threads` existed have none; 0 (never a real thread count) stands for it inside the query,
@@ -77,7 +77,7 @@ def advisor_sql(filters: Filters) -> tuple[str, list]:
     spec_where, spec_params = filters.where()
     base_where, base_params = filters.where(skip=("draft", "k", "k_policy"))
     comparable_runs, comparable_params = comparable.comparable_runs_sql(filters)
-    positions = schema_rounds.positions_pooled(key, "SELECT * FROM fixed")  # the runs `depth` counts, no others
+    positions = round_counts.positions_pooled(key, "SELECT * FROM fixed")  # the runs `depth` counts, no others
     return f"""
     WITH picked AS (
         SELECT * REPLACE ({_THREADS}) FROM run_facts WHERE run_id IN ({comparable_runs})
@@ -256,7 +256,7 @@ def positions(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
     """Per target × mode × draft × category × position: `position_stats` pooled over k and policy (a draft's
     chance at position i, once the round reached it, does not depend on how many more it was asked for)."""
     where, params = filters.where()
-    pooled = schema_rounds.positions_pooled("target, mode, draft, category",
+    pooled = round_counts.positions_pooled("target, mode, draft, category",
                                             f"SELECT * FROM run_facts WHERE {where}")
     return con.execute(f"""SELECT *, alpha(accepted, reached - accepted) AS rate FROM ({pooled})
         ORDER BY ALL""", params).df()

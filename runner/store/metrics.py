@@ -1,5 +1,5 @@
 """The explainer's numbers pooled over runs, on the SQL macros that define each number once
-(`METRIC_MACROS` in runner/store/schema.py): the Overview, the Compare page, the sweep's printed summary,
+(`METRIC_MACROS` in runner/store/schema_now.py): the Overview, the Compare page, the sweep's printed summary,
 the bench and users' SQL examples all read them from here or from those macros.
 
 A cell pools α and the thrown share over its runs' drafts, averages τ and c over runs, and takes the

@@ -13,10 +13,10 @@ import duckdb
 import pandas as pd
 
 from runner.records import BASELINE_KEY, CELL_KEY, RunRecord
-from runner.store import metrics, pending, schema_facts
+from runner.store import metrics, pending, run_facts
 from runner.store.connect import Locked, open_for_write, read, upgrade
+from runner.store.round_counts import OUTCOME
 from runner.store.schema import StoreError, migrate
-from runner.store.schema_rounds import OUTCOME
 
 T = TypeVar("T")
 
@@ -119,7 +119,7 @@ def _insert(con: duckdb.DuckDBPyConnection, record: RunRecord) -> None:
             con.execute(_insert_sql("run_totals", list(totals)), list(totals.values()))
             counts = count_columns(record)
             con.execute(_insert_sql("round_counts", list(counts), _COUNT_TYPES), list(counts.values()))
-        schema_facts.refresh(con, record.run_id)
+        run_facts.refresh(con, record.run_id)
         con.commit()
     except duckdb.Error as error:
         con.rollback()

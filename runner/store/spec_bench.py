@@ -28,28 +28,6 @@ MEAN_ACCEPTED = "#Mean Accepted Tokens"
 OVERALL = "Overall"
 ROW_KEYS = ["draft", "k", "k_policy", "mode", "temperature", "top_p"]
 
-# Per run and context bucket: the rounds that started with `context` tokens in the text (the prompt, which holds a
-# later turn's earlier turns and answers, + the new tokens committed before the round: the prefill's and every
-# earlier round's), in power-of-two buckets [context_from, context_to) after a first one of [0, 128).
-CONTEXT_STATS = """CREATE OR REPLACE VIEW context_stats AS
-    WITH placed AS (
-        SELECT run_id, accepted, rejected, emitted, 1 + coalesce(sum(emitted) OVER (
-                   PARTITION BY run_id ORDER BY round ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS before
-        FROM rounds),
-    bucketed AS (
-        SELECT r.run_id, r.sweep_id, r.target, r.draft, r.category, r.mode, r.k, r.k_policy, r.device, r.turn,
-               len(r.prompt_tokens) + p.before AS context, p.accepted, p.rejected, p.emitted
-        FROM placed p JOIN runs r USING (run_id) WHERE r.status = 'ok' AND r.draft <> 'none'),
-    buckets AS (
-        SELECT * EXCLUDE (context), CASE WHEN context < 128 THEN 0
-                                         ELSE pow(2, floor(log2(context)))::BIGINT END AS context_from
-        FROM bucketed)
-    SELECT run_id, sweep_id, target, draft, category, mode, k, k_policy, device, turn, context_from,
-           greatest(128, 2 * context_from) AS context_to, count(*) AS rounds, sum(accepted)::BIGINT AS accepted,
-           sum(rejected)::BIGINT AS rejected, sum(emitted)::BIGINT AS emitted,
-           alpha(sum(accepted), sum(rejected)) AS alpha, tau(sum(emitted), count(*)) AS tau
-    FROM buckets GROUP BY ALL"""
-
 # Per method (a draft at a k and policy, in one decoding) and question: the sums over its turns, its own and its
 # baselines'. Only turns recorded 'ok' with an 'ok' baseline count, on both sides alike.
 _QUESTIONS = f"""

@@ -9,7 +9,8 @@ import duckdb
 import pytest
 
 from runner.cli import app
-from runner.store.schema import METRIC_MACROS, MIGRATIONS
+from runner.store.schema import migrate
+from runner.store.schema_now import METRIC_MACROS
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 REFERENCE = (DOCS / "reference.md").read_text()
@@ -24,8 +25,7 @@ def _section(title: str) -> str:
 
 def _columns(relation: str) -> list[str]:
     con = duckdb.connect()
-    for migration in MIGRATIONS:
-        migration(con)
+    migrate(con)
     return [name for name, *_ in con.execute(f"DESCRIBE {relation}").fetchall()]
 
 

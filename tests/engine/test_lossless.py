@@ -20,7 +20,7 @@ from runner.engine.round.draft import NoDraft
 from runner.engine.round.sampling import accept_greedy
 from runner.engine.weights import models
 from runner.records import Divergence
-from runner.store import schema_facts
+from runner.store import run_facts
 from tests.dashboard.test_dashboard_app import app, metrics
 from tests.helpers.dashboard_fixtures import build
 from tests.helpers.families import BY_NAME, prompt_text, save
@@ -104,7 +104,7 @@ def test_the_dashboard_shows_the_class_of_a_mismatch(monkeypatch, tmp_path):
     with duckdb.connect(str(db)) as con:
         con.execute("UPDATE runs SET divergence = 'tie', divergence_at = 6, divergence_gap = 0.03125, "
                     "divergence_tolerance = 0.25 WHERE run_id = 'p1-ls-k4'")
-        schema_facts.refresh_all(con)
+        run_facts.refresh_all(con)
     at = app(monkeypatch, db, "replay.py", run="p1-ls-k4")
     assert metrics(at)["lossless"] == "✗ tie"
     said = "a numeric tie at token 6: the target's two best logits there are 0.0312 apart (tie tolerance 0.25 in "

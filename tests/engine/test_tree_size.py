@@ -14,7 +14,8 @@ from runner.engine.drafters.registry import parse_draft
 from runner.engine.pair import DEFAULT_NODES, Pair
 from runner.engine.tree_size import CANDIDATES, GREEDY, Trial, best, line, score
 from runner.engine.weights.models import encode_chat
-from runner.store.schema import MIGRATIONS, migrate
+from runner.store.migrations import MIGRATIONS, add_tree_nodes
+from runner.store.schema import migrate
 
 PROMPT = "Repeat: red green blue, red green blue, red green blue, red green"
 
@@ -95,7 +96,7 @@ def test_a_sweep_records_the_nodes_each_run_drafted(tmp_path, tiny_dir):
 
 def test_runs_recorded_before_the_column_get_the_nodes_they_drafted(tmp_path):
     con = duckdb.connect(str(tmp_path / "old.duckdb"))
-    migrate(con, to_version=[step.__name__ for step in MIGRATIONS].index("_add_tree_nodes"))  # before tree_nodes
+    migrate(con, to_version=MIGRATIONS.index(add_tree_nodes))  # before tree_nodes
     drafts = [("none", "baseline"), ("ngram", "ngram"), ("eagle-tree:heads/h", "eagle-tree"),
               ("ngram-tree:2:nodes=8", "ngram-tree"), ("recycling:nodes=32", "recycling"), ("lookahead", "lookahead"),
               ("lookahead:3,4,3", "lookahead")]

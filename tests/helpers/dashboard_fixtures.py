@@ -18,10 +18,10 @@ from pathlib import Path
 import duckdb
 
 from runner.records import Generation, Round, RunRecord
-from runner.store import schema_facts
+from runner.store import run_facts
 from runner.store.bench_rows import BENCH_COLUMNS, write_bench
+from runner.store.round_counts import FILL_ROUND_COUNTS
 from runner.store.runs import write_run
-from runner.store.schema_rounds import FILL_ROUND_COUNTS
 
 SWEEP = "s1"
 TARGET = "tiny-target"  # not a loadable model: the replay falls back to token ids
@@ -157,7 +157,7 @@ def retimed(path: Path) -> Path:
         con.execute("UPDATE runs r SET verify_s = (SELECT sum(verify_s) FROM rounds d WHERE d.run_id = r.run_id)")
         con.execute("DELETE FROM round_counts")
         con.execute(FILL_ROUND_COUNTS)
-        schema_facts.refresh_all(con)
+        run_facts.refresh_all(con)
     return path
 
 

@@ -19,7 +19,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from dashboard import frames, queries
-from runner.store import advisor, comparable, schema_facts
+from runner.store import advisor, comparable, run_facts
 from runner.store.metrics import Filters
 from runner.store.runs import write_run
 from tests.helpers.dashboard_fixtures import baseline_record, retimed, speculative_record
@@ -94,7 +94,7 @@ def test_the_advisor_counts_positions_over_the_runs_it_compares(tmp_path):
     without.write_bytes(db.read_bytes())
     with duckdb.connect(str(without)) as con:
         con.execute("DELETE FROM runs WHERE run_id = 'c2-ng-k2'")
-        schema_facts.refresh_all(con)
+        run_facts.refresh_all(con)
     with duckdb.connect(str(db), read_only=True) as con:
         assert "c2-ng-k2" not in {r for (r,) in con.execute(*comparable.comparable_runs_sql(Filters())).fetchall()}
         kept, left = advisor.k_curve(con, Filters()), len(con.execute("SELECT * FROM runs").fetchall())

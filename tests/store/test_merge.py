@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from dashboard import filter_queries, queries
 from runner.cli import app
-from runner.store import schema_facts
+from runner.store import run_facts
 from runner.store.connect import init_db
 from runner.store.schema import SCHEMA_VERSION, migrate
 from tests.helpers.dashboard_fixtures import add_benches, build
@@ -38,7 +38,7 @@ def recorded_elsewhere(db: Path, prefix: str, host: str, sweep: str) -> Path:
             con.execute(f"UPDATE {table} SET run_id = ? || run_id", [prefix])
         con.execute("UPDATE runs SET run_id = ? || run_id, baseline_run_id = ? || baseline_run_id, host = ?, "
                     "sweep_id = ?", [prefix, prefix, host, sweep])
-        schema_facts.refresh_all(con)
+        run_facts.refresh_all(con)
     return db
 
 

@@ -24,7 +24,7 @@ import pytest
 
 from dashboard import queries
 from runner.records import Generation, Round, RunRecord
-from runner.store import advisor, schema_facts
+from runner.store import advisor, run_facts
 from runner.store.metrics import Filters
 from runner.store.runs import write_run
 
@@ -226,7 +226,7 @@ def test_lookahead_recorded_before_pass_rows_is_neither_predicted_nor_read_into_
     with duckdb.connect(str(path)) as con:
         for table in ("rounds", "round_counts"):
             con.execute(f"UPDATE {table} SET pass_rows = NULL WHERE run_id = 'la'")
-        schema_facts.refresh_all(con)
+        run_facts.refresh_all(con)
         curve = advisor.k_curve(con, Filters())
         growth = queries.verify_growth(con, Filters())
     assert curve["draft"].tolist() == ["layerskip:2"]

@@ -10,10 +10,11 @@ import pandas as pd
 import pytest
 
 from dashboard import queries
-from runner.store import advisor, schema_rounds
+from runner.store import advisor, round_counts
 from runner.store.metrics import Filters
-from runner.store.schema import MIGRATIONS, migrate
-from runner.store.schema_rounds import FILL_ROUND_COUNTS
+from runner.store.migrations import MIGRATIONS, count_rounds
+from runner.store.round_counts import FILL_ROUND_COUNTS
+from runner.store.schema import migrate
 from tests.helpers.dashboard_fixtures import add_trees, build, retimed
 
 SELECTIONS = [Filters(), Filters(draft=("ngram",), category=("code",)), Filters(host=("nowhere",))]
@@ -105,7 +106,7 @@ def test_an_older_file_gets_the_same_counts_and_numbers_from_its_migration(tmp_p
     recorded = retimed(tmp_path / "recorded.duckdb")
     old = tmp_path / "old.duckdb"
     with duckdb.connect(str(old)) as con:
-        migrate(con, to_version=MIGRATIONS.index(schema_rounds.count_rounds))  # before round_counts
+        migrate(con, to_version=MIGRATIONS.index(count_rounds))  # before round_counts
         con.execute(f"ATTACH '{recorded}' AS a (READ_ONLY)")
         for table in ("runs", "rounds", "run_totals"):
             added = {"runs": "tree_nodes, engine, engine_version, engine_config, engine_report, ttft_s, repeat",
@@ -183,7 +184,7 @@ def summed_position_stats(keys: str, runs: str) -> str:
 def test_positions_pooled_per_key_equal_position_stats_summed(db, keys):
     runs = "SELECT * FROM run_facts"
     with duckdb.connect(str(db), read_only=True) as con:
-        same(con.execute(f"SELECT * FROM ({schema_rounds.positions_pooled(keys, runs)}) ORDER BY ALL").df(),
+        same(con.execute(f"SELECT * FROM ({round_counts.positions_pooled(keys, runs)}) ORDER BY ALL").df(),
              con.execute(f"SELECT * FROM ({summed_position_stats(keys, runs)}) ORDER BY ALL").df())
         # a run's levels, Σ rounds · depth, as the advisor tells a tree from a chain by them
         levels = con.execute("""SELECT run_id, sum(rounds * depth) FROM round_counts WHERE k > 0
@@ -196,7 +197,7 @@ def test_positions_pooled_per_key_equal_position_stats_summed(db, keys):
 def test_the_advisor_on_pooled_positions_equals_it_on_every_runs_positions(db, filters, monkeypatch):
     sql, params = advisor.advisor_sql(filters)
     assert "position_stats" not in sql
-    monkeypatch.setattr(schema_rounds, "positions_pooled", summed_position_stats)
+    monkeypatch.setattr(round_counts, "positions_pooled", summed_position_stats)
     per_run, _ = advisor.advisor_sql(filters)
     with duckdb.connect(str(db), read_only=True) as con:
         same(con.execute(f"SELECT * FROM ({sql}) ORDER BY ALL", params).df(),

@@ -10,10 +10,11 @@ import duckdb
 import pandas as pd
 import pytest
 
-from runner.store import schema_facts, schema_rounds
+from runner.store import run_facts
+from runner.store.migrations import MIGRATIONS, add_pass_rows
+from runner.store.run_facts import RUN_STATS_SELECT
 from runner.store.runs import write_run
-from runner.store.schema import MIGRATIONS, migrate
-from runner.store.schema_facts import RUN_STATS_SELECT
+from runner.store.schema import migrate
 from tests.helpers.dashboard_fixtures import PROMPTS, add_trees, baseline_record, build, retimed, speculative_record
 
 # run_stats as migration 19 made it, a view over runs, run_totals and the baselines' rows of runs (with the runs'
@@ -102,7 +103,7 @@ def test_a_run_written_before_its_baseline_gets_its_speedup_when_the_baseline_co
 def test_an_older_file_gets_the_same_rows_from_its_migration(db, tmp_path):
     old = tmp_path / "old.duckdb"
     with duckdb.connect(str(old)) as con:
-        migrate(con, to_version=MIGRATIONS.index(schema_rounds.add_pass_rows))  # before run_facts as it is now
+        migrate(con, to_version=MIGRATIONS.index(add_pass_rows))  # before run_facts as it is now
         con.execute(f"ATTACH '{db}' AS a (READ_ONLY)")
         for table in ("runs", "rounds", "run_totals", "round_counts"):
             # columns of later migrations
@@ -125,7 +126,7 @@ def test_refresh_all_works_out_a_file_changed_by_hand(db, tmp_path):
     with duckdb.connect(str(changed)) as con:
         con.execute("UPDATE runs SET wall_s = wall_s * 2 WHERE run_id = 'code-01-base'")
         stale = con.execute("SELECT measured_speedup FROM run_stats WHERE run_id = 'c1-ng-k2'").fetchone()[0]
-        schema_facts.refresh_all(con)
+        run_facts.refresh_all(con)
         fresh = con.execute("SELECT measured_speedup FROM run_stats WHERE run_id = 'c1-ng-k2'").fetchone()[0]
     assert fresh == pytest.approx(2 * stale)  # the baseline took twice as long: the run's speedup doubles
     same(facts(changed), plain(changed))

@@ -16,9 +16,10 @@ import duckdb
 import pytest
 
 from runner.records import Generation, Round, RunRecord
-from runner.store import connect, schema_facts
+from runner.store import connect, run_facts
 from runner.store.connect import init_db
 from runner.store.pending import record_from_dict, record_to_dict, spill
+from runner.store.round_counts import FILL_RUN_TOTALS
 from runner.store.runs import (
     baseline_for,
     count_columns,
@@ -30,7 +31,8 @@ from runner.store.runs import (
     totals_row,
     write_run,
 )
-from runner.store.schema import FILL_RUN_TOTALS, SCHEMA_VERSION, StoreError, migrate
+from runner.store.schema import SCHEMA_VERSION, StoreError, migrate
+from tests.helpers.catalog import catalog, differences
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -165,13 +167,9 @@ def test_each_field_lands_in_its_own_column(db):
     assert query(db, "SELECT accepted, rejected, thrown, drafted, emitted FROM run_totals") == [(7, 2, 3, 12, 10)]
 
 
-def schema_dump(db: Path) -> list:
-    return [query(db, "SELECT table_name, column_name, data_type FROM information_schema.columns "
-                      "ORDER BY ALL"),
-            query(db, "SELECT view_name, sql FROM duckdb_views() WHERE NOT internal ORDER BY ALL"),
-            query(db, "SELECT function_name, parameters, macro_definition FROM duckdb_functions() "
-                      "WHERE function_type = 'macro' AND NOT internal ORDER BY ALL"),
-            query(db, "SELECT version, name FROM schema_migrations ORDER BY version")]
+def schema_differences(old: Path, fresh: Path) -> list[tuple]:
+    with duckdb.connect(str(old), read_only=True) as one, duckdb.connect(str(fresh), read_only=True) as other:
+        return differences(catalog(one), catalog(other))
 
 
 @pytest.mark.parametrize("start", range(SCHEMA_VERSION))
@@ -193,11 +191,11 @@ def test_migrating_from_every_older_version_ends_identical(tmp_path, start):
         if start >= 7:  # from version 7 on, a writer records the kernels it ran on
             con.execute("UPDATE runs SET kernels = 'stock'")
         if start >= 23:  # from version 23 on, no migration works run_facts out again: a writer keeps it
-            schema_facts.refresh_all(con)
+            run_facts.refresh_all(con)
     migrate(con)
     migrate(con)  # a second run finds nothing to do
     con.close()
-    assert schema_dump(old) == schema_dump(fresh)
+    assert schema_differences(old, fresh) == []
     if start >= 1:
         # Runs recorded before kernels were recorded ran stock F.linear, on a thread count nobody wrote down.
         assert query(old, "SELECT run_id, accepted, rejected, thrown, drafted, alpha, tau, kernels, threads "
@@ -261,7 +259,7 @@ def test_a_file_from_before_the_metric_macros_gets_them_and_the_new_view(tmp_pat
     con.execute("INSERT INTO run_totals VALUES ('spec', 2, 1, 1, 4, 3)")
     migrate(con)
     con.close()
-    assert schema_dump(old) == schema_dump(fresh)
+    assert schema_differences(old, fresh) == []
     # α = 2 / (2 + 1), τ = 3 emitted over 2 rounds, thrown share 1 of 4 drafted
     assert query(old, "SELECT alpha, tau, thrown_share FROM run_stats") == [(2 / 3, 1.5, 0.25)]
 

@@ -11,7 +11,8 @@ import torch
 from rich.console import Console
 
 from dashboard import queries
-from runner.store.schema import MIGRATIONS, migrate
+from runner.store.migrations import MIGRATIONS, add_training_categories
+from runner.store.schema import migrate
 from runner.train import fit, resume
 from runner.train.pipeline import train_draft
 from tests.train.test_train import tiny_config
@@ -65,16 +66,12 @@ def test_a_rerun_continues_from_the_last_finished_epoch_and_ends_where_a_straigh
 def old_file(path: Path) -> Path:
     """A database of the schema before per-category scores, with one training's pooled rows."""
     with duckdb.connect(str(path)) as con:
-        migrate(con, MIGRATIONS.index(categories_migration()))
+        migrate(con, MIGRATIONS.index(add_training_categories))
         con.execute("INSERT INTO trainings (train_id, status, draft, target, saved_epoch) "
                     "VALUES ('t', 'ok', 'eagle:h', 'm', 1)")
         con.execute("INSERT INTO training_epochs VALUES ('t', 0, NULL, 5.0, 1.0, NULL), ('t', 1, 3.0, 4.0, 1.0, 0.1)")
         con.execute("INSERT INTO training_positions VALUES ('t', 0, 1, 10, 1), ('t', 1, 1, 10, 4), ('t', 1, 2, 4, 1)")
     return path
-
-
-def categories_migration():
-    return next(m for m in MIGRATIONS if m.__name__ == "add_training_categories")
 
 
 def test_an_older_files_pooled_rows_read_before_and_after_the_migration(tmp_path):

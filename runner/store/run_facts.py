@@ -1,11 +1,10 @@
-"""`run_facts`: every 'ok' run's row of `run_stats` worked out once, as the run is written, instead of on every query
-(migration `add_pass_rows` in `schema_rounds.py` makes the table; kept here to keep `schema.py` short).
+"""`run_facts`: every 'ok' run's row of `run_stats` worked out once, as the run is written, instead of on every query.
 
 run_stats joined runs to run_totals and to the baseline's row of runs on every query, a cost that grows with the
 runs for each of the Overview's and Compare's queries. Its rows are now a table, written with the run (`refresh`), and
-run_stats is a view of that table, so its columns and numbers are what they were. The table adds the run's own
-times (wall, prefill, drafting, verifying: what the k advisor splits a round into) and what the dashboard pooled
-from round_counts per run: the rounds that drafted (`drafting_rounds`) and whether any drafted a tree (`tree`,
+run_stats is a view of that table (schema_now.py), so its columns and numbers are what they were. The table adds the
+run's own times (wall, prefill, drafting, verifying: what the k advisor splits a round into) and what the dashboard
+pooled from round_counts per run: the rounds that drafted (`drafting_rounds`) and whether any drafted a tree (`tree`,
 for nodes per round), the verify passes by width (`widths`: per k and pass rows, rounds and summed verify seconds),
 and the drafting rounds by outcome (`outcomes`: per depth, accepted and rejected, the rounds), which acceptance by
 position spreads.
@@ -20,7 +19,7 @@ from __future__ import annotations
 import duckdb
 
 # One row per 'ok' run: its totals, the explainer's numbers, and its speedups against its baseline b. Migrations 8, 11
-# and 19 made it the view run_stats itself; `create_run_facts` works it out into run_facts instead.
+# and 19 made it the view run_stats itself; `facts_sql` works it out into run_facts instead.
 RUN_STATS_SELECT = """
     WITH measured AS (
         SELECT r.*, t.accepted::BIGINT AS accepted, t.rejected::BIGINT AS rejected, t.thrown::BIGINT AS thrown,
@@ -43,14 +42,12 @@ RUN_STATS_SELECT = """
            measured_speedup, target_pass_s, verify_pass_s, draft_token_s, c,
            formula_speedup(alpha, k, c) AS theoretical_speedup, lossless, divergence, kernels, threads{more}
     FROM with_c"""
-RUN_STATS = "CREATE OR REPLACE VIEW run_stats AS" + RUN_STATS_SELECT
 
 # run_stats' columns after the runs' own, as migration 19 left them, then the engine's (migration `add_engines`), then
 # the run's own times the advisor splits
 _COLUMNS = ", k_policy, batch_size"
-ENGINE_COLUMNS = ", engine, engine_version, ttft_s"
-TIMES = ("wall_s", "prefill_s", "draft_s", "verify_s")
-ADDED = (*TIMES, "drafting_rounds", "tree", "widths", "outcomes")
+_ENGINE_COLUMNS = ", engine, engine_version, ttft_s"
+_TIMES = ("wall_s", "prefill_s", "draft_s", "verify_s")
 # Per run from round_counts: the rounds that drafted, whether any drafted a tree, per (k, pass rows) the rounds verified
 # and their summed verify seconds, and the drafting rounds counted by (depth, accepted, rejected).
 _PER_RUN = """SELECT * FROM (
@@ -68,19 +65,14 @@ _PER_RUN = """SELECT * FROM (
         GROUP BY run_id) USING (run_id)"""
 
 
-def _facts(where: str, engines: bool = True) -> str:
-    """run_facts' rows of the runs `where` picks (a condition on run_id); `engines`: with the engine's columns, which
-    files before migration `add_engines` lack."""
-    more = _COLUMNS + (ENGINE_COLUMNS if engines else "") + "".join(f", {name}" for name in TIMES)
-    return f"""SELECT s.*, {", ".join(f"c.{name}" for name in ADDED[len(TIMES):])}
+def facts_sql(where: str, engines: bool = True) -> str:
+    """run_facts' rows of the runs `where` picks (a condition on run_id), in the table's column order; `engines`: with
+    the engine's columns, which files before migration `add_engines` lack."""
+    more = _COLUMNS + (_ENGINE_COLUMNS if engines else "") + "".join(f", {name}" for name in _TIMES)
+    return f"""SELECT s.*, c.drafting_rounds, c.tree, c.widths, c.outcomes
         FROM ({RUN_STATS_SELECT.format(more=more)}) s
         LEFT JOIN ({_PER_RUN.format(where=where)}) c USING (run_id)
         WHERE s.{where}"""
-
-
-def create_run_facts(con: duckdb.DuckDBPyConnection, engines: bool = True) -> None:
-    con.execute(f"CREATE TABLE run_facts AS {_facts('run_id IS NOT NULL', engines)} ORDER BY s.run_id")
-    con.execute(f"CREATE OR REPLACE VIEW run_stats AS SELECT * EXCLUDE ({', '.join(ADDED)}) FROM run_facts")
 
 
 def refresh(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
@@ -90,7 +82,7 @@ def refresh(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
     # Constants, not a subquery: the condition then reaches each table's scan, so a row costs its own runs only.
     picked = f"run_id IN ({', '.join(f'${n}' for n in range(1, len(ids) + 1))})"
     con.execute(f"DELETE FROM run_facts WHERE {picked}", ids)
-    con.execute(f"INSERT INTO run_facts {_facts(picked)}", ids)
+    con.execute(f"INSERT INTO run_facts {facts_sql(picked)}", ids)
 
 
 def refresh_all(con: duckdb.DuckDBPyConnection) -> None:
@@ -98,4 +90,4 @@ def refresh_all(con: duckdb.DuckDBPyConnection) -> None:
     engines = bool(con.execute("SELECT count(*) FROM duckdb_columns() WHERE table_name = 'run_facts' "
                                "AND column_name = 'engine'").fetchone()[0])  # a file before `add_engines`: without
     con.execute("DELETE FROM run_facts")
-    con.execute(f"INSERT INTO run_facts {_facts('run_id IS NOT NULL', engines)} ORDER BY s.run_id")
+    con.execute(f"INSERT INTO run_facts {facts_sql('run_id IS NOT NULL', engines)} ORDER BY s.run_id")
