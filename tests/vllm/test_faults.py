@@ -54,6 +54,20 @@ def test_a_server_that_cannot_start_says_why_in_one_line(monkeypatch, tmp_path):
                                   f"config.json (log: {server.log})")
 
 
+def test_a_server_s_threads_bound_its_numba_pool_too(monkeypatch, tmp_path):
+    # The server's process reports the thread counts it was given: numba's pool (vLLM's n-gram matcher) included.
+    python = tmp_path / "bin" / "python"
+    python.parent.mkdir()
+    python.write_text("#!/bin/sh\necho \"Error: omp $OMP_NUM_THREADS numba $NUMBA_NUM_THREADS bind "
+                      "$VLLM_CPU_OMP_THREADS_BIND\"\nexit 1\n")
+    python.chmod(0o755)
+    monkeypatch.setenv("SPECDASH_VLLM_PYTHON", str(python))
+    monkeypatch.setenv("NUMBA_NUM_THREADS", "8")
+    server = Server(ServerSettings("model", threads=2), None)
+    with pytest.raises(VllmError, match=r"did not start: Error: omp 2 numba 2 bind 0-1 \(log"):
+        server.wait()
+
+
 FAKE_VLLM = """
 import json, os, sys
 from http.server import BaseHTTPRequestHandler, HTTPServer
