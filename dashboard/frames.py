@@ -67,14 +67,14 @@ def speedup_by_k(cells: pd.DataFrame, curve: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True)
 
 
-def default_series(frame: pd.DataFrame, x: str, most: int) -> list[str]:
-    """The series a chart draws before anyone picks: those measured at 2 or more values of `x` in some category
-    (a line, not a lone dot), the `most` fastest."""
+def default_series(frame: pd.DataFrame, x: str, most: int, by: str = "speedup") -> list[str]:
+    """The series a chart draws before anyone picks: those measured at 2 or more values of `x` (in some category,
+    where the frame has categories): a line, not a lone dot; the `most` with the highest `by` (the fastest)."""
     measured = frame[frame["source"] == MEASURED] if "source" in frame else frame
-    points = measured.groupby(["series", "category"])[x].nunique()
+    points = measured.groupby(["series", "category"] if "category" in measured else ["series"])[x].nunique()
     lines = points[points >= 2].index.get_level_values("series").unique()
-    fastest = measured[measured["series"].isin(lines)].groupby("series")["speedup"].max()
-    return fastest.sort_values(ascending=False).index[:most].tolist()
+    highest = measured[measured["series"].isin(lines)].groupby("series")[by].max()
+    return highest.sort_values(ascending=False).index[:most].tolist()
 
 
 def leaderboard(per_category: pd.DataFrame, lossless: pd.DataFrame) -> pd.DataFrame:

@@ -403,10 +403,18 @@ def test_many_series_get_a_panel_each_coloured_by_category(count):
 def test_per_position_rates_show_how_many_rounds_each_rests_on():
     frame = pd.DataFrame({"series": ["a", "a"], "category": ["code", "code"], "position": [1, 6], "reached": [40, 3],
                           "accepted": [20, 1], "rate": [0.5, 1 / 3]})
-    points = charts.position_rates(frame).to_dict()["spec"]["layer"][1]["encoding"]
+    points = charts.position_rates(frame).to_dict()["layer"][1]["encoding"]
     assert points["size"]["field"] == "reached"
     assert points["opacity"]["condition"]["test"] == f"datum.reached >= {charts.FEW_ROUNDS}"
     assert (points["opacity"]["condition"]["value"], points["opacity"]["value"]) == (1.0, 0.25)
+
+
+def test_the_position_series_drawn_first_are_lines_with_the_most_rounds():
+    # s0..s6 judged at positions 1 and 2, s7 at position 1 alone (a lone dot, however many rounds); reached at d1
+    # grows with the index.
+    frame = pd.DataFrame([{"series": f"s{i}", "position": position, "reached": 10 * (i + 1) // position}
+                          for i in range(8) for position in ((1,) if i == 7 else (1, 2))])
+    assert frames.default_series(frame, "position", 6, by="reached") == ["s6", "s5", "s4", "s3", "s2", "s1"]
 
 
 def test_run_choices_are_the_newest_runs_and_those_asked_for(db):
