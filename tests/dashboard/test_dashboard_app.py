@@ -5,6 +5,7 @@ The expected numbers are the ones worked out in tests/dashboard/test_dashboard_q
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -35,6 +36,18 @@ SPAN = re.compile(r'<span class="tok-(\w+)" data-fate="\w+" title="[^"]*">([^<]*
 @pytest.fixture(scope="module")
 def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build(tmp_path_factory.mktemp("app") / "runs.duckdb")
+
+
+@pytest.fixture(scope="module")
+def mismatch_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The fixture and four more runs of ngram k=2 on code-01 whose output differs from the baseline's: two numeric
+    ties, a real divergence and one a vLLM engine could not judge."""
+    db = build(tmp_path_factory.mktemp("app_mismatch") / "runs.duckdb")
+    for i, divergence in enumerate(["tie", "tie", "real", "unjudged"]):
+        record = speculative_record(f"c1-ng-k2-{divergence}-{i}", "code-01", "ngram", 2, [2, 1, 2, 2, 0], 0.6,
+                                    lossless=False, minute=40 + i)
+        write_run(db, dataclasses.replace(record, divergence=divergence))
+    return db
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +142,8 @@ def test_compare_leaderboard_and_head_to_head(monkeypatch, db):
     assert board.loc[skip, ["poem best", "poem speedup", "poem α"]].tolist() == \
         ["k=4 · fixed", pytest.approx(1.0), pytest.approx(0.8)]
     assert board["setup"].unique().tolist() == ["greedy · skinny kernels · 2 threads · cpu"]
-    assert board["lossless_rate"].to_dict() == {ngram: "100%", skip: "75%"}
+    # p1-ls-k4's output differs, and nothing classified the mismatch
+    assert board["lossless"].to_dict() == {ngram: "100%", skip: "75% (1 unjudged)"}
     at.selectbox(key="a").select("ngram").run()
     at.selectbox(key="b").select("layerskip:2").run()
     duel = at.dataframe[1].value.set_index(["category", "k"])
@@ -171,6 +185,20 @@ def test_compare_says_which_k(monkeypatch, db):
     assert ngram["rate"].tolist() == pytest.approx([12 / 30, 10 / 12, 2 / 3, 1.0])
     _, curve = chart_data(at.get("vega_lite_chart")[2])
     assert set(curve["source"]) == {"advisor", "measured", "theory"}
+
+
+def test_overview_and_compare_split_the_lossless_mismatches_the_same_way(monkeypatch, mismatch_db):
+    at = app(monkeypatch, mismatch_db)
+    cells = at.dataframe[1].value.set_index(["category", "draft", "k"])["lossless"]
+    # ngram k=2 on code, on code-01 alone (the prompt every code cell ran): c1-ng-k2 equal, then the four that differ
+    assert cells[("code", "ngram", 2)] == "20% (1 real divergence, 2 numeric ties, 1 unjudged)"
+    assert cells[("poem", "layerskip:2", 4)] == "0% (1 unjudged)"  # p1-ls-k4, recorded unclassified
+    assert cells[("poem", "ngram", 4)] == "100%"
+    at = app(monkeypatch, mismatch_db, "compare.py")
+    board = at.dataframe[0].value.set_index("draft")["lossless"]
+    # Over every selected run: ngram's 5 equal runs and the 4 that differ; layerskip:2's 3 and p1-ls-k4
+    assert board.to_dict() == {"prompt lookup (ngram)": "56% (1 real divergence, 2 numeric ties, 1 unjudged)",
+                               "layer skip (layerskip:2)": "75% (1 unjudged)"}
 
 
 def test_compare_draws_the_position_series_with_the_most_rounds_until_others_are_picked(monkeypatch, db):
