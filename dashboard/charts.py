@@ -203,24 +203,24 @@ def position_acceptance(frame: pd.DataFrame, position: str = "draft position") -
     ).properties(width=420, height=240, title="acceptance by draft position: recorded runs and held-out prompts")
 
 
-def position_rates(frame: pd.DataFrame, position_axis: str = "draft position") -> alt.FacetChart:
-    """Per category (per series when there are many, `panels`): the acceptance rate of each draft position (a
-    tree's: each level) among the rounds that reached it; `position_axis` titles the axis (`position_title`)."""
+def position_rates(frame: pd.DataFrame, position_axis: str = "draft position") -> alt.LayerChart:
+    """A line per series: the acceptance rate of each draft position (a tree's: each level) among the rounds that
+    reached it, pooled over the categories shown; `position_axis` titles the axis (`position_title`)."""
     position = alt.X("position:Q", title=position_axis, axis=alt.Axis(tickMinStep=1, format="d"))
     rate = alt.Y("rate:Q", title="accepted / reached", scale=alt.Scale(domain=[0, 1]))
-    panel, series = panels(frame, "draft · mode")
-    tooltip = ["series:N", "category:N", "position:Q", alt.Tooltip("reached:Q", title="rounds that reached it"),
-               "accepted:Q", alt.Tooltip("rate:Q", format=".3f", title="rate")]
+    series = colour(frame, "series", title="draft · mode")
+    tooltip = ["series:N", "position:Q", alt.Tooltip("reached:Q", title="rounds that reached it"), "accepted:Q",
+               alt.Tooltip("rate:Q", format=".3f", title="rate")]
     base = alt.Chart(frame).encode(position, rate, series, tooltip=tooltip)
     # A rate from a handful of rounds is noise: its point is small and faint, so it does not read as a finding.
     points = base.mark_circle().encode(
         size=alt.Size("reached:Q", title="rounds that reached it", scale=alt.Scale(type="sqrt", range=[20, 220])),
         opacity=alt.condition(f"datum.reached >= {FEW_ROUNDS}", alt.value(1.0), alt.value(0.25)))
-    return alt.layer(base.mark_line(), points).properties(**PANEL).facet(
-        facet=alt.Facet(f"{panel}:N", title=None), columns=FACET_COLUMNS).properties(title=alt.TitleParams(
-            "acceptance per draft position, of the rounds that reached it",
-            subtitle=[f"reached: the drafts before it were accepted (a tree: the path reached that level); point size "
-                      f"is the rounds behind a rate, faint when fewer than {FEW_ROUNDS}"]))
+    return alt.layer(base.mark_line(), points).properties(width=520, height=300, title=alt.TitleParams(
+        "acceptance per draft position, of the rounds that reached it",
+        subtitle=["pooled over the categories selected: accepted / reached, each summed over them",
+                  f"reached: the drafts before it were accepted (a tree: the path reached that level); point size "
+                  f"is the rounds behind a rate, faint when fewer than {FEW_ROUNDS}"]))
 
 
 def k_advisor(frame: pd.DataFrame) -> alt.FacetChart:

@@ -14,6 +14,7 @@ from typing import TypeVar
 import duckdb
 import pandas as pd
 import streamlit as st
+from streamlit.errors import StreamlitAPIException
 
 from dashboard import filter_queries, queries, words
 from runner.store.connect import READ_BOUND_S, open_db, upgrade
@@ -147,6 +148,7 @@ FILTERS = ("engine", "target", "draft", "category", "k", "k_policy", "mode", "de
            "batch_size", "sweep_id", "host", "concurrent_workers")
 _KEPT = "_filters"  # session state: the filters picked on any page, carried to the next page's URL
 _SYNCED = "_filters_synced_on"  # session state: the page last run again to put carried filters in its URL
+_REWRITTEN = "_url_rewritten"  # session state: the raw URL values last given to widgets already drawn
 
 
 def _label(name: str) -> Callable[[object], str]:
@@ -167,19 +169,43 @@ def _unknown_warning(key: str, missing: list[str]) -> None:
     st.warning(f"{key}: no speculative run has {', '.join(hints)}; that filter value was left out.")
 
 
-def _seed(key: str, options: list, label: Callable[[object], str], kept: dict) -> bool:
-    """Give the widget of `key` its value before it is drawn, where the URL does not: the values the URL names by
-    their raw form (`?draft=ngram`; the widget's URL holds the label it shows), else those picked on the page
-    before. Names a URL value that matches nothing. True when it set a value the URL does not show yet."""
-    by_label = {label(option): option for option in options}
-    raw = {str(option): option for option in options}
-    asked = st.query_params.get_all(key)
-    if missing := [value for value in asked if value not in by_label and value not in raw]:
-        _unknown_warning(key, missing)
-    if any(value not in by_label and value in raw for value in asked):
-        st.session_state[key] = [by_label.get(value, raw.get(value)) for value in asked
-                                 if value in by_label or value in raw]
+def _canonical_url(options: dict[str, list], names: Sequence[str]) -> bool:
+    """Rewrite each URL value that names an option by its raw form (`?draft=ngram`) to the label its widget shows
+    and writes (`prompt lookup (ngram)`), so the address bar names what the filter uses. A widget takes its value
+    from the URL its page run started with, so the rewrite takes effect on a run of its own: True when the page
+    must run again."""
+    rewritten, picks = {}, {}
+    for name in names:
+        key, label = _URL_KEYS.get(name, name), _label(name)
+        by_label = {label(option): option for option in options[name]}
+        by_raw = {str(option): label(option) for option in options[name]}
+        asked = st.query_params.get_all(key)
+        canonical = [value if value in by_label else by_raw.get(value, value) for value in asked]
+        if canonical != asked:
+            rewritten[key] = canonical
+            picks[key] = [by_label[value] for value in canonical if value in by_label]
+    if not rewritten:
+        st.session_state.pop(_REWRITTEN, None)
+        return False
+    try:
+        st.query_params.update(rewritten)
         return True
+    except StreamlitAPIException:
+        # The browser stepped back to the address as typed while its widgets are drawn: bound to the URL, they alone
+        # may change it, and on such a step they take its values as they are (so none). They are given the options
+        # instead, which they take, and write to the URL, on one more run.
+        st.session_state.update(picks)
+        again = st.session_state.get(_REWRITTEN) != rewritten
+        st.session_state[_REWRITTEN] = rewritten
+        return again
+
+
+def _seed(key: str, options: list, label: Callable[[object], str], kept: dict) -> bool:
+    """Give the widget of `key` the values picked on the page before, where the URL names none. Names a URL value
+    that matches nothing. True when it set a value the URL does not show yet."""
+    asked, known = st.query_params.get_all(key), {text for option in options for text in (label(option), str(option))}
+    if missing := [value for value in asked if value not in known]:
+        _unknown_warning(key, missing)
     if not asked and kept.get(key):
         st.session_state[key] = [value for value in kept[key] if value in options]
         return True
@@ -188,9 +214,12 @@ def _seed(key: str, options: list, label: Callable[[object], str], kept: dict) -
 
 def filter_widgets(options: dict[str, list], page: str, names: Sequence[str] = FILTERS) -> Filters:
     """Sidebar multiselects bound to the URL, so a copied URL carries them; none picked means all. A URL value
-    that matches nothing is named in a warning, not dropped silently. A filter picked on another page is picked
+    that names an option by its raw form is rewritten to the option's label (`_canonical_url`); one that matches
+    nothing is named in a warning, not dropped silently. A filter picked on another page is picked
     here too: a page opened from the sidebar starts with an empty URL, and a value set before its widget is drawn
     reaches the URL on the page's next run, so the page runs once more."""
+    if _canonical_url(options, names):
+        st.rerun()
     kept = st.session_state.setdefault(_KEPT, {})
     picked, seeded = {}, False
     for name in names:

@@ -43,18 +43,8 @@ def _leaderboard_config(table: pd.DataFrame) -> dict:
     config["prompts"] = st.column_config.NumberColumn(
         "prompts", help="per category: the prompts every compared (draft, k, policy) cell of this setup ran; "
         "each cell is measured on these only")
-    config["lossless_rate"] = st.column_config.TextColumn(
-        "lossless", help="greedy runs whose output equals the baseline's token for token; a mismatch is a numeric "
-        "tie (the target's contested logits within rounding of each other) or a real divergence")
+    config["lossless"] = st.column_config.TextColumn("lossless", help=words.GLOSSARY["lossless"])
     return config
-
-
-def _lossless(rate: float, ties: int, real: int) -> str:
-    """The rate, then what the mismatches were: a real divergence is a bug, a numeric tie is rounding."""
-    if pd.isna(rate):
-        return "n/a (sampling)"
-    notes = [f"{n} {name}{'s' * (n > 1)}" for n, name in ((real, "real divergence"), (ties, "numeric tie")) if n]
-    return f"{rate:.0%}" + (f" ({', '.join(notes)})" if notes else "")
 
 
 def _head_to_head(cells: pd.DataFrame, drafts: list[str]) -> None:
@@ -82,8 +72,7 @@ def render() -> None:
     filters, cells = start
     st.subheader("Leaderboard")
     rates = common.load(comparable.lossless_by_setup, filters)
-    rates["lossless_rate"] = [_lossless(*row) for row in
-                              rates[["lossless_rate", "numeric_ties", "real_divergences"]].itertuples(index=False)]
+    rates["lossless"] = [words.lossless(counts) for counts in rates.to_dict("records")]
     best = common.load(comparable.best_cells, filters)
     table = frames.best_leaderboard(best, rates)
     st.dataframe(table, hide_index=True, column_config=_leaderboard_config(table))

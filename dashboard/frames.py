@@ -67,14 +67,14 @@ def speedup_by_k(cells: pd.DataFrame, curve: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True)
 
 
-def default_series(frame: pd.DataFrame, x: str, most: int) -> list[str]:
-    """The series a chart draws before anyone picks: those measured at 2 or more values of `x` in some category
-    (a line, not a lone dot), the `most` fastest."""
+def default_series(frame: pd.DataFrame, x: str, most: int, by: str = "speedup") -> list[str]:
+    """The series a chart draws before anyone picks: those measured at 2 or more values of `x` (in some category,
+    where the frame has categories): a line, not a lone dot; the `most` with the highest `by` (the fastest)."""
     measured = frame[frame["source"] == MEASURED] if "source" in frame else frame
-    points = measured.groupby(["series", "category"])[x].nunique()
+    points = measured.groupby(["series", "category"] if "category" in measured else ["series"])[x].nunique()
     lines = points[points >= 2].index.get_level_values("series").unique()
-    fastest = measured[measured["series"].isin(lines)].groupby("series")["speedup"].max()
-    return fastest.sort_values(ascending=False).index[:most].tolist()
+    highest = measured[measured["series"].isin(lines)].groupby("series")[by].max()
+    return highest.sort_values(ascending=False).index[:most].tolist()
 
 
 def leaderboard(per_category: pd.DataFrame, lossless: pd.DataFrame) -> pd.DataFrame:
@@ -139,8 +139,9 @@ def k_curve(curve: pd.DataFrame) -> pd.DataFrame:
 
 def best_leaderboard(best: pd.DataFrame, lossless: pd.DataFrame) -> pd.DataFrame:
     """One row per setup × draft (`comparable.best_cells`): per category the best k and policy, its speedup with the
-    interval, whether the draft's runner-up (k, policy) ties it, and α; the lossless rate; ranked within each setup
-    by the geometric mean of the best speedups over categories."""
+    interval, whether the draft's runner-up (k, policy) ties it, and α; the lossless checks in words (the
+    `lossless` column of `lossless`, `words.lossless`); ranked within each setup by the geometric mean of the best
+    speedups over categories."""
     keys = ["setup", "draft"]
     best = best.assign(setup=comparable.labelled(best), interval=[_interval(row) for _, row in best.iterrows()],
                        tie=[f"≈ {row.runner_up}" if row.tied else "" for row in best.itertuples()])
@@ -152,9 +153,9 @@ def best_leaderboard(best: pd.DataFrame, lossless: pd.DataFrame) -> pd.DataFrame
     overall = best.groupby(keys)["speedup"].apply(lambda x: float(np.exp(np.log(x).mean())))
     prompts = best.groupby("setup")["prompts"].agg(lambda x: f"{x.min()}" if x.min() == x.max()
                                                    else f"{x.min()}–{x.max()}").rename("prompts")
-    rates = lossless.assign(setup=comparable.labelled(lossless)).set_index(keys)["lossless_rate"]
+    rates = lossless.assign(setup=comparable.labelled(lossless)).set_index(keys)["lossless"]
     table = wide.join(overall.rename("speedup (geo-mean)")).join(rates).join(prompts, on="setup")
-    table = table[["speedup (geo-mean)", "lossless_rate", "prompts", *wide.columns]].reset_index()
+    table = table[["speedup (geo-mean)", "lossless", "prompts", *wide.columns]].reset_index()
     table = table.sort_values(["setup", "speedup (geo-mean)"], ascending=[True, False], ignore_index=True)
     return table.assign(draft=table["draft"].map(words.draft_name))
 

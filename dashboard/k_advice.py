@@ -10,6 +10,8 @@ from dashboard import charts, common, frames, queries, words
 from runner.store import advisor, comparable
 from runner.store.metrics import Filters
 
+MANY = 6  # series the position chart draws before anyone picks more
+
 ADVICE_COLUMNS = {
     "setup": st.column_config.TextColumn("setup", help="mode, kernels, threads and device: never pooled"),
     "category": st.column_config.TextColumn("category"),
@@ -40,12 +42,30 @@ def _headline(advice: pd.DataFrame) -> None:
     cols[2].metric("flat formula error", f"{advice['formula_error'].mean():.1%}")
 
 
+def _positions(filters: Filters) -> None:
+    """Acceptance per draft position, a line per draft · mode, pooled over the selected categories; past MANY
+    series, the MANY with the most rounds are drawn until others are picked."""
+    rates = common.load(advisor.positions, filters)
+    if rates.empty:
+        return
+    rates = rates.assign(series=frames.series_label(rates))
+    options = sorted(rates["series"].unique())
+    if len(options) > MANY:
+        picked = st.multiselect("series drawn", options, default=frames.default_series(rates, "position", MANY,
+                                                                                         by="reached"),
+                                key="position_series", help="draft · mode: those judged at 2 or more positions "
+                                "are drawn first, the most rounds first; add any other here")
+        rates = rates[rates["series"].isin(picked)]
+    if rates.empty:
+        st.info("Pick a series to draw.")
+        return
+    axis = charts.position_title(set(rates["draft"]), set(common.load(queries.tree_drafts)))
+    st.altair_chart(charts.position_rates(rates, axis))
+
+
 def render(filters: Filters) -> None:
     st.subheader("Which k")
-    rates = common.load(advisor.positions, filters)
-    if len(rates):
-        axis = charts.position_title(set(rates["draft"]), set(common.load(queries.tree_drafts)))
-        st.altair_chart(charts.position_rates(rates.assign(series=frames.series_label(rates)), axis))
+    _positions(filters)
     advice, curve = common.load(advisor.k_answer, filters)
     if advice.empty:
         st.info("The advisor needs fixed-k runs and their baselines on one target, device, kernels and threads.")

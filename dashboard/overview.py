@@ -40,7 +40,7 @@ CELL_COLUMNS = {
                                                   help="drafts after a rejection, never judged, of all drafts"),
     "predicted_speedup": st.column_config.NumberColumn("formula ×", format="%.2f",
                                                        help="the flat formula at each run's α and c, geometric mean"),
-    "lossless_failures": st.column_config.NumberColumn("lossless ✗", help="greedy runs whose output differs"),
+    "lossless": st.column_config.TextColumn("lossless", help=G["lossless"]),
 }
 HEADLINE_COLUMNS = {
     "setup": st.column_config.TextColumn("setup", help="mode, kernels, threads, device and batch: never pooled"),
@@ -102,7 +102,8 @@ def _runs_table(filters: metrics.Filters, total: int) -> None:
 
 def _cells_table(cells) -> None:
     st.subheader("Every cell")
-    shown = cells.assign(name=cells["draft"].map(words.draft_name))
+    shown = cells.assign(name=cells["draft"].map(words.draft_name),
+                         lossless=[words.lossless(counts) for counts in cells.to_dict("records")])
     order = [c for c in CELL_COLUMNS if c != "target" or shown["target"].nunique() > 1]
     st.dataframe(shown, hide_index=True, column_config=CELL_COLUMNS, column_order=order)
     st.caption(frames.rule_caption(cells) + " τ and c: mean over the runs; \"runs\" below has the raw values.")

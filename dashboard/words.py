@@ -38,7 +38,14 @@ GLOSSARY = {
                "ran.",
     "sweep_id": "sweep: one `runner sweep` command's runs, named by what it ran and when it started.",
     "draft": "draft: the technique, then its spec as `--draft` takes it (prompt lookup is `ngram`).",
+    "lossless": "lossless: the share of greedy runs whose output equals the baseline's token for token; a mismatch is "
+                "a real divergence (a bug), a numeric tie (the target's contested logits within rounding of each "
+                "other) or unjudged (no logits came back to tell, or it was recorded before mismatches were "
+                "classified).",
 }
+# A mismatch's classes (`comparable.LOSSLESS`), the one that is a bug first: column, one, many.
+_MISMATCHES = (("real_divergences", "real divergence", "real divergences"),
+               ("numeric_ties", "numeric tie", "numeric ties"), ("unjudged", "unjudged", "unjudged"))
 
 # A filter's title in the sidebar where its column's name is not what a reader calls it.
 FILTER_TITLES = {"k_policy": "policy", "batch_size": "batch size", "sweep_id": "sweep",
@@ -67,6 +74,17 @@ def sweep_label(row: pd.Series) -> str:
     if list(row["batches"]) != [1]:
         parts.append(f"batch {_listed(row['batches'])}")
     return " · ".join([p for p in parts if p] + [f"{int(row['runs'])} runs ({row['sweep_id']})"])
+
+
+def lossless(counts: dict) -> str:
+    """'100%', '75% (1 real divergence, 2 numeric ties)', 'n/a (sampling)': of the runs checked against their
+    baseline, the share equal to it, then what the mismatches were (`counts` holds `comparable.LOSSLESS`'s)."""
+    if not counts["checked"]:
+        return "n/a (sampling)"
+    found = [(int(counts[column]), one, many) for column, one, many in _MISMATCHES]
+    equal = counts["checked"] - sum(n for n, _, _ in found)
+    notes = [f"{n} {one if n == 1 else many}" for n, one, many in found if n]
+    return f"{equal / counts['checked']:.0%}" + (f" ({', '.join(notes)})" if notes else "")
 
 
 def number(value: float, digits: int = 3) -> str:

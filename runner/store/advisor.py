@@ -253,10 +253,10 @@ def _advice(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
 
 
 def positions(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
-    """Per target × mode × draft × category × position: `position_stats` pooled over k and policy (a draft's
-    chance at position i, once the round reached it, does not depend on how many more it was asked for)."""
+    """Per target × mode × draft × position: `position_stats` pooled over k and policy (a draft's chance at position
+    i, once the round reached it, does not depend on how many more it was asked for) and over the selected
+    categories, so its rate is the accepted over the reached summed over them, not a mean of their rates."""
     where, params = filters.where()
-    pooled = round_counts.positions_pooled("target, mode, draft, category",
-                                            f"SELECT * FROM run_facts WHERE {where}")
+    pooled = round_counts.positions_pooled("target, mode, draft", f"SELECT * FROM run_facts WHERE {where}")
     return con.execute(f"""SELECT *, alpha(accepted, reached - accepted) AS rate FROM ({pooled})
         ORDER BY ALL""", params).df()

@@ -63,13 +63,25 @@ def comparable_runs_sql(filters: Filters) -> tuple[str, list]:
 
 # The cells' keys: a setup × category, then what is compared within it.
 CELL = (*SETUP, "category", "draft", "k", "k_policy")
+# A greedy run's output against its baseline's, in counts that add up over runs: the runs checked (a sampled run is
+# not) and their mismatches by class (docs/measuring.md, "Lossless, classified"): a numeric tie (the contested logits
+# within rounding of each other), a real divergence (a bug), or unjudged (no logits came back to tell, or it was
+# recorded before mismatches were classified). The Overview's cells and the Compare page's leaderboard count so.
+LOSSLESS = {
+    "checked": "count(lossless)",
+    "real_divergences": "count(*) FILTER (NOT lossless AND divergence = 'real')",
+    "numeric_ties": "count(*) FILTER (NOT lossless AND divergence = 'tie')",
+    "unjudged": "count(*) FILTER (NOT lossless AND coalesce(divergence, '') NOT IN ('real', 'tie'))",
+}
+_LOSSLESS = ", ".join(f"{count} AS {name}" for name, count in LOSSLESS.items())
 
 
 def cells(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
     """Every kept cell of a setup × category, pooled by `spread.POOLING` over the common prompts: its speedup, the
     interval and the prompts' min–max of it, α pooled over its runs' drafts with the prompts' min–max, τ and c (mean
     over runs), the thrown share, the formula's speedup (geometric mean over runs), runs, prompts and lossless
-    failures. The Overview's table, the headline, the leaderboard and the Batches page read these numbers."""
+    checks (`LOSSLESS`). The Overview's table, the headline, the leaderboard and the Batches page read these
+    numbers."""
     sql, params = cells_sql(filters)
     return spread.with_intervals(con.execute(sql, params).df())
 
@@ -88,7 +100,7 @@ def cells_sql(filters: Filters) -> tuple[str, list]:
         per_prompt AS (SELECT {keys}, prompt_id, count(*) AS runs, ln(geomean(measured_speedup)) AS ln_speedup,
                 sum(accepted) AS accepted, sum(rejected) AS rejected, sum(thrown) AS thrown, sum(drafted) AS drafted,
                 sum(tau) AS tau_sum, sum(c) AS c_sum, count(c) AS c_runs, sum(ln(theoretical_speedup)) AS ln_theory,
-                count(theoretical_speedup) AS theory_runs, count(*) FILTER (lossless = false) AS lossless_failures
+                count(theoretical_speedup) AS theory_runs, {_LOSSLESS}
             FROM kept GROUP BY ALL)
         SELECT {keys}, sum(runs)::BIGINT AS runs, count(*) AS prompts, exp(avg(ln_speedup)) AS speedup,
             avg(ln_speedup) AS mean_ln, stddev_samp(ln_speedup) AS sd_ln,
@@ -98,7 +110,7 @@ def cells_sql(filters: Filters) -> tuple[str, list]:
             sum(c_sum) / nullif(sum(c_runs), 0) AS c, thrown_share(sum(thrown), sum(drafted)) AS thrown_share,
             exp(sum(ln_theory) / nullif(sum(theory_runs), 0)) AS predicted_speedup,
             sum(accepted)::BIGINT AS accepted, sum(rejected)::BIGINT AS rejected, sum(thrown)::BIGINT AS thrown,
-            sum(drafted)::BIGINT AS drafted, sum(lossless_failures)::BIGINT AS lossless_failures
+            sum(drafted)::BIGINT AS drafted, {", ".join(f"sum({name})::BIGINT AS {name}" for name in LOSSLESS)}
         FROM per_prompt GROUP BY ALL ORDER BY ALL""", params + more
 
 
@@ -127,15 +139,13 @@ def left_out(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
 
 
 def lossless_by_setup(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
-    """Per setup × draft over every selected run: the share of checked runs equal to their baseline, and the
-    mismatches by class (`queries.lossless_rates`, per setup). Every column it reads is one of runs, so it reads the
-    'ok' runs (those of run_stats) without the view's joins."""
+    """Per setup × draft over every selected run: its runs, those checked against their baseline and their
+    mismatches by class (`LOSSLESS`). Every column it reads is one of runs, so it reads the 'ok' runs (those of
+    run_stats) without the view's joins."""
     where, params = filters.where()
     return con.execute(f"""
         SELECT * REPLACE ({_NORMALISED}) FROM (
-            SELECT {_KEYS}, draft, count(*) AS runs, avg(lossless::INTEGER) AS lossless_rate,
-                count(*) FILTER (divergence = 'tie') AS numeric_ties,
-                count(*) FILTER (divergence = 'real') AS real_divergences
+            SELECT {_KEYS}, draft, count(*) AS runs, {_LOSSLESS}
             FROM runs WHERE status = 'ok' AND draft <> 'none' AND {where} GROUP BY ALL)
         ORDER BY ALL""", params).df()
 

@@ -5,6 +5,7 @@ The expected numbers are the ones worked out in tests/dashboard/test_dashboard_q
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -22,6 +23,7 @@ from tokenizers import Tokenizer, pre_tokenizers
 from tokenizers import models as tok_models
 from transformers import PreTrainedTokenizerFast
 
+from dashboard import k_advice
 from runner.store import connect
 from runner.store.runs import write_run
 from runner.store.sql import EXAMPLES
@@ -34,6 +36,18 @@ SPAN = re.compile(r'<span class="tok-(\w+)" data-fate="\w+" title="[^"]*">([^<]*
 @pytest.fixture(scope="module")
 def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build(tmp_path_factory.mktemp("app") / "runs.duckdb")
+
+
+@pytest.fixture(scope="module")
+def mismatch_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The fixture and four more runs of ngram k=2 on code-01 whose output differs from the baseline's: two numeric
+    ties, a real divergence and one a vLLM engine could not judge."""
+    db = build(tmp_path_factory.mktemp("app_mismatch") / "runs.duckdb")
+    for i, divergence in enumerate(["tie", "tie", "real", "unjudged"]):
+        record = speculative_record(f"c1-ng-k2-{divergence}-{i}", "code-01", "ngram", 2, [2, 1, 2, 2, 0], 0.6,
+                                    lossless=False, minute=40 + i)
+        write_run(db, dataclasses.replace(record, divergence=divergence))
+    return db
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +142,8 @@ def test_compare_leaderboard_and_head_to_head(monkeypatch, db):
     assert board.loc[skip, ["poem best", "poem speedup", "poem α"]].tolist() == \
         ["k=4 · fixed", pytest.approx(1.0), pytest.approx(0.8)]
     assert board["setup"].unique().tolist() == ["greedy · skinny kernels · 2 threads · cpu"]
-    assert board["lossless_rate"].to_dict() == {ngram: "100%", skip: "75%"}
+    # p1-ls-k4's output differs, and nothing classified the mismatch
+    assert board["lossless"].to_dict() == {ngram: "100%", skip: "75% (1 unjudged)"}
     at.selectbox(key="a").select("ngram").run()
     at.selectbox(key="b").select("layerskip:2").run()
     duel = at.dataframe[1].value.set_index(["category", "k"])
@@ -157,14 +172,48 @@ def test_compare_says_which_k(monkeypatch, db):
                     strict=True)) == {(skip, "code"): "k=2 · fixed", (skip, "poem"): "k=4 · fixed",
                                       (ngram, "code"): "k=4 · fixed", (ngram, "poem"): "k=2 · fixed"}
     assert at.metric[0].value == "2 of 2"
-    _, positions = chart_data(at.get("vega_lite_chart")[1])
-    ngram_code = positions[(positions["series"] == "prompt lookup (ngram) · greedy")
-                           & (positions["category"] == "code")]
-    # ngram on code, accepted per round 2 1 2 2 (0: no room left to draft) | 4 2 3 | 2 2 2 2: all 11 rounds that
-    # drafted accepted d1, and 10 of them accepted d2
-    assert ngram_code["rate"].tolist()[:2] == pytest.approx([1.0, 10 / 11])
+    spec, positions = chart_data(at.get("vega_lite_chart")[1])
+    assert "facet" not in spec and set(positions["series"]) == {"prompt lookup (ngram) · greedy",
+                                                                "layer skip (layerskip:2) · greedy"}
+    ngram = positions[positions["series"] == "prompt lookup (ngram) · greedy"].set_index("position")
+    # ngram, pooled over code and poem. On code, accepted per round 2 1 2 2 (0: no room left to draft) | 4 2 3 |
+    # 2 2 2 2 (depths 2 | 4 4 3 | 2): all 11 rounds that drafted accepted d1, 10 of the 11 that reached d2 accepted
+    # it, 2 of the 3 at d3, the 1 at d4. On poem, k=2: 8 rounds drafted (the one at 10 tokens a single draft), one
+    # accepted d1 and went on to reject d2; k=4: 11 rounds, each rejected d1. A mean of the two categories' rates at
+    # d1 would be (11/11 + 1/19) / 2 = 0.53; pooled, it is 12 of 30.
+    assert ngram[["reached", "accepted"]].values.tolist() == [[30, 12], [12, 10], [3, 2], [1, 1]]
+    assert ngram["rate"].tolist() == pytest.approx([12 / 30, 10 / 12, 2 / 3, 1.0])
     _, curve = chart_data(at.get("vega_lite_chart")[2])
     assert set(curve["source"]) == {"advisor", "measured", "theory"}
+
+
+def test_overview_and_compare_split_the_lossless_mismatches_the_same_way(monkeypatch, mismatch_db):
+    at = app(monkeypatch, mismatch_db)
+    cells = at.dataframe[1].value.set_index(["category", "draft", "k"])["lossless"]
+    # ngram k=2 on code, on code-01 alone (the prompt every code cell ran): c1-ng-k2 equal, then the four that differ
+    assert cells[("code", "ngram", 2)] == "20% (1 real divergence, 2 numeric ties, 1 unjudged)"
+    assert cells[("poem", "layerskip:2", 4)] == "0% (1 unjudged)"  # p1-ls-k4, recorded unclassified
+    assert cells[("poem", "ngram", 4)] == "100%"
+    at = app(monkeypatch, mismatch_db, "compare.py")
+    board = at.dataframe[0].value.set_index("draft")["lossless"]
+    # Over every selected run: ngram's 5 equal runs and the 4 that differ; layerskip:2's 3 and p1-ls-k4
+    assert board.to_dict() == {"prompt lookup (ngram)": "56% (1 real divergence, 2 numeric ties, 1 unjudged)",
+                               "layer skip (layerskip:2)": "75% (1 unjudged)"}
+
+
+def test_compare_draws_the_position_series_with_the_most_rounds_until_others_are_picked(monkeypatch, db):
+    monkeypatch.setattr(k_advice, "MANY", 1)
+    at = app(monkeypatch, db, "compare.py")
+    # Both drafts were judged at 2 or more positions; ngram's rounds reached d1 30 times, layerskip:2's 23 times
+    # (7 + 5 rounds that drafted on code-01, 7 + 4 on poem-01).
+    picker = at.multiselect(key="position_series")
+    assert picker.value == ["prompt lookup (ngram) · greedy"]
+    _, positions = chart_data(at.get("vega_lite_chart")[1])
+    assert set(positions["series"]) == {"prompt lookup (ngram) · greedy"}
+    picker.select("layer skip (layerskip:2) · greedy").run()
+    _, positions = chart_data(at.get("vega_lite_chart")[1])
+    skip = positions[positions["series"] == "layer skip (layerskip:2) · greedy"]
+    assert skip.loc[skip["position"] == 1, "reached"].tolist() == [23]
 
 
 def test_replay_colours_every_token_by_its_fate(monkeypatch, db):
@@ -206,7 +255,7 @@ def test_overview_and_compare_show_a_trees_nodes_per_round(monkeypatch, tree_db)
     assert "prompt lookup tree (ngram-tree)" not in set(at.dataframe[0].value["draft"])
     assert any(left_out in caption.value for caption in at.caption)
     spec, positions = chart_data(at.get("vega_lite_chart")[1])
-    assert spec["spec"]["layer"][0]["encoding"]["x"]["title"] == "draft position / tree depth"  # chains and a tree
+    assert spec["layer"][0]["encoding"]["x"]["title"] == "draft position / tree depth"  # chains and a tree
     tree = positions[positions["series"] == "prompt lookup tree (ngram-tree) · greedy"]
     assert tree[["position", "reached", "accepted"]].values.tolist() == [[1, 4, 3], [2, 3, 3], [3, 2, 1]]
 

@@ -14,7 +14,7 @@ import duckdb
 import pandas as pd
 import pytest
 
-from dashboard import charts, fates, filter_queries, frames, queries, tree_layout
+from dashboard import charts, fates, filter_queries, frames, queries, tree_layout, words
 from runner import records
 from runner.store import advisor, comparable, metrics
 from runner.store.metrics import Filters
@@ -403,10 +403,27 @@ def test_many_series_get_a_panel_each_coloured_by_category(count):
 def test_per_position_rates_show_how_many_rounds_each_rests_on():
     frame = pd.DataFrame({"series": ["a", "a"], "category": ["code", "code"], "position": [1, 6], "reached": [40, 3],
                           "accepted": [20, 1], "rate": [0.5, 1 / 3]})
-    points = charts.position_rates(frame).to_dict()["spec"]["layer"][1]["encoding"]
+    points = charts.position_rates(frame).to_dict()["layer"][1]["encoding"]
     assert points["size"]["field"] == "reached"
     assert points["opacity"]["condition"]["test"] == f"datum.reached >= {charts.FEW_ROUNDS}"
     assert (points["opacity"]["condition"]["value"], points["opacity"]["value"]) == (1.0, 0.25)
+
+
+def test_the_position_series_drawn_first_are_lines_with_the_most_rounds():
+    # s0..s6 judged at positions 1 and 2, s7 at position 1 alone (a lone dot, however many rounds); reached at d1
+    # grows with the index.
+    frame = pd.DataFrame([{"series": f"s{i}", "position": position, "reached": 10 * (i + 1) // position}
+                          for i in range(8) for position in ((1,) if i == 7 else (1, 2))])
+    assert frames.default_series(frame, "position", 6, by="reached") == ["s6", "s5", "s4", "s3", "s2", "s1"]
+
+
+def test_lossless_in_words_gives_the_share_equal_then_each_class_of_mismatch():
+    counts = {"checked": 9, "real_divergences": 1, "numeric_ties": 2, "unjudged": 0}
+    assert words.lossless(counts) == "67% (1 real divergence, 2 numeric ties)"  # 6 of 9 equal
+    assert words.lossless(counts | {"real_divergences": 0, "numeric_ties": 0}) == "100%"
+    assert words.lossless(counts | {"numeric_ties": 0, "unjudged": 3}) == "56% (1 real divergence, 3 unjudged)"
+    assert words.lossless({"checked": 0, "real_divergences": 0, "numeric_ties": 0, "unjudged": 0}) == \
+        "n/a (sampling)"
 
 
 def test_run_choices_are_the_newest_runs_and_those_asked_for(db):
@@ -425,9 +442,8 @@ def test_lossless_by_setup_on_runs_alone_equals_it_on_run_stats(db):
     # It reads the 'ok' runs directly: run_stats holds exactly those runs, with the same columns.
     keys = ", ".join(comparable.SETUP)
     plain = f"""SELECT * REPLACE (coalesce(kernels, 'not recorded') AS kernels, coalesce(threads, 0) AS threads)
-        FROM (SELECT {keys}, draft, count(*) AS runs, avg(lossless::INTEGER) AS lossless_rate,
-                count(*) FILTER (divergence = 'tie') AS numeric_ties,
-                count(*) FILTER (divergence = 'real') AS real_divergences
+        FROM (SELECT {keys}, draft, count(*) AS runs, {", ".join(f"{count} AS {name}"
+                                                               for name, count in comparable.LOSSLESS.items())}
             FROM run_stats WHERE draft <> 'none' GROUP BY ALL) ORDER BY ALL"""
     fast = queries.read(db, comparable.lossless_by_setup, Filters())
     assert len(fast) > 0

@@ -124,6 +124,7 @@ def test_an_empty_page_says_which_filter_emptied_it(monkeypatch, db):
 def test_the_filters_travel_with_the_sidebars_links_and_a_url_may_name_a_drafts_spec(monkeypatch, db):
     at = app(monkeypatch, db, draft="ngram", category="code")
     assert at.multiselect(key="draft").value == ["ngram"]
+    assert dict(at.query_params) == {"draft": "prompt lookup (ngram)", "category": "code"}
     links = {link.proto.page: link.proto.query_string for link in at.get("page_link")}
     assert links["compare"] == "draft=prompt+lookup+%28ngram%29&category=code"
     assert links["replay"] == links["batches"] == links["compare"]
@@ -133,3 +134,13 @@ def test_the_filters_travel_with_the_sidebars_links_and_a_url_may_name_a_drafts_
     at.run()
     assert at.multiselect(key="category").value == ["poem"]
     assert set(at.dataframe[0].value["run_id"]) == {"p1-ngram-k2-r0", "p2-ngram-k2-r0"}
+
+
+def test_a_url_that_names_a_drafts_spec_shows_the_filters_label_after_the_first_run(monkeypatch, db):
+    # The address bar names the draft as the filter does before anything is picked; a value that matches nothing is
+    # named in a warning and leaves the URL.
+    at = app(monkeypatch, db, draft=["layerskip:2", "medusa"], category="code")
+    assert dict(at.query_params) == {"draft": "layer skip (layerskip:2)", "category": "code"}
+    assert at.multiselect(key="draft").value == ["layerskip:2"]
+    assert at.metric[0].value == "3"  # layerskip:2 on c1, c2 and c3
+    assert [w.value for w in at.warning] == ["draft: no speculative run has “medusa”; that filter value was left out."]

@@ -141,6 +141,17 @@ def test_a_copied_url_reopens_the_same_view(server, browser):
     assert _metric(shared, "speculative runs") == "4"
     expect(shared.locator(".st-key-category")).to_contain_text("poem")
 
+    # A URL may name a draft by its spec: the address bar names it as the filter does once the page is there.
+    page = _open(browser, f"{server}/compare?draft=layerskip:2&category=poem", '[data-testid="stVegaLiteChart"]')
+    _wait_for_param(page, "draft", "layer skip (layerskip:2)")
+    assert page.url == f"{server}/compare?draft=layer+skip+%28layerskip%3A2%29&category=poem"
+    expect(page.locator(".st-key-draft")).to_contain_text("layer skip (layerskip:2)")
+    page.go_back()  # to the address as typed: its widgets are drawn by now, and the filter holds all the same
+    page.wait_for_url(f"{server}/compare?draft=layer+skip+%28layerskip%3A2%29&category=poem")
+    _settle(page, '[data-testid="stVegaLiteChart"]')
+    expect(page.locator(".st-key-draft")).to_contain_text("layer skip (layerskip:2)")
+    expect(page.locator('[data-testid="stException"]')).to_have_count(0)
+
     page = _open(browser, f"{server}/replay", ".st-key-run input")
     _pick(page, "run", "p1-ng-k2")
     _wait_for_param(page, "run", "p1-ng-k2")

@@ -203,6 +203,6 @@ def test_the_advisor_on_pooled_positions_equals_it_on_every_runs_positions(db, f
         same(con.execute(f"SELECT * FROM ({sql}) ORDER BY ALL", params).df(),
              con.execute(f"SELECT * FROM ({per_run}) ORDER BY ALL", params).df())
         where, where_params = filters.where()
-        picked = summed_position_stats("target, mode, draft, category", f"SELECT * FROM runs WHERE {where}")
+        picked = summed_position_stats("target, mode, draft", f"SELECT * FROM runs WHERE {where}")
         same(advisor.positions(con, filters), con.execute(
             f"SELECT *, alpha(accepted, reached - accepted) AS rate FROM ({picked}) ORDER BY ALL", where_params).df())
