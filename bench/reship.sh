@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The shipped runs.duckdb, recorded again with today's engine (the better part of an hour on a 2-core CPU, one thread):
+# The shipped runs.duckdb, recorded again with today's engines (over an hour on a 2-core CPU, one thread):
 #   bench/reship.sh [OLD] [NEW]     (default: runs.duckdb and runs.new.duckdb; move NEW over OLD when it is done)
 # NEW gets the sweeps below, all from this machine, then OLD's draft-head trainings and benchmarks (none of its runs).
 # Its sweeps are listed in bench/results/shipped-sweeps.txt, the ones the docs describe: once NEW is moved over OLD,
@@ -30,6 +30,19 @@ $SWEEP $P --k 1,2,3,4 --k-policy fixed --mode greedy
 $SWEEP $P --k 2,4 --k-policy heuristic --k-policy auto --k-policy confidence:0.5 --mode greedy
 $SWEEP $P --k 1,2,3,4 --k-policy fixed --mode sample --temperature 0.7
 $SWEEP $P --k 2,4 --k-policy heuristic --k-policy auto --k-policy confidence:0.5 --mode sample --temperature 0.7
+
+# ENGINES: vLLM beside ours on the same prompts at k = 4: plain decoding (each engine's own baseline), prompt lookup
+# with vLLM's match rule (ours `ngram:3:earliest`, vLLM's `ngram:3`) and the head, which vLLM runs as EAGLE-3.
+$SWEEP --draft ngram:3:earliest --draft eagle:$H --k 4 --prompts-per-category 4
+$SWEEP --engine vllm --draft ngram:3 --draft eagle:$H --k 4 --prompts-per-category 4
+# REPEATS: every cell three times, its baseline again before each, so a speedup's noise is measured, not guessed.
+$SWEEP --draft ngram --draft eagle:$H --k 3 --repeats 3 --prompts-per-category 2
+# BENCHMARK FORMATS: the tests' hand-written files in Spec-Bench's and SPEED-Bench's shapes (the project ships neither
+# benchmark's prompts), so their pages show something; SPEED-Bench in both engines (vLLM's context here is 2,048).
+$SWEEP --prompts tests/data/spec_bench_sample.jsonl --draft ngram --draft eagle:$H --k 4
+$SWEEP --prompts tests/data/speed_bench --draft ngram:3:earliest --draft eagle:$H --k 4
+$SWEEP --engine vllm --prompts tests/data/speed_bench --splits qualitative,throughput_1k --draft ngram:3 \
+    --draft eagle:$H --k 4
 
 # The sweeps just recorded, the ones the docs describe.
 $PY -c "import duckdb, sys; print(*(row[0] for row in duckdb.connect(sys.argv[1], read_only=True).execute(
