@@ -21,6 +21,8 @@ NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3,
 def serve(model_dir: str, mode: str, threads: int, max_model_len: int) -> None:
     # vLLM's CPU workers bind their OpenMP threads to this list: the same thread count as the engines beside it.
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in sorted(os.sched_getaffinity(0))[:threads])
+    # Its n-gram matcher's numba pool too (else a thread per core, beside the bound ones: runner/vllm/server.py).
+    os.environ["NUMBA_NUM_THREADS"] = str(threads)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from vllm import LLM, SamplingParams
