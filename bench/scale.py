@@ -152,14 +152,16 @@ def page_queries(newest_run: str, drafts: list[str]) -> dict[str, list[tuple[Cal
     everything = metrics.Filters()
     head_to_head = metrics.Filters(draft=tuple(drafts[:2]))  # Compare's draft A and B: the first two, sorted
     return {
-        "overview": [(queries.run_count, ()), (filter_queries.filter_options, ()), (queries.cells, (everything,)),
-                     (comparable.best_cells, (everything,)), (comparable.left_out, (everything,)),
+        "overview": [(queries.run_count, ()), (filter_queries.filter_options, ()),
+                     (queries.comparable_cells, (everything,)), (comparable.best_cells, (everything,)),
+                     (comparable.left_out, (everything,)),
                      (queries.runs, (everything, overview.THEORY_DOTS, min(KS))),
                      (queries.runs, (everything, overview.RUNS_SHOWN)),
                      (metrics.formula_over_alpha, (everything, min(KS))),
                      (metrics.formula_over_k, (everything,)), (queries.verify_growth, (everything,))],
-        "compare": [(queries.run_count, ()), (filter_queries.filter_options, ()), (queries.cells, (everything,)),
-                    (comparable.lossless_by_setup, (everything,)), (comparable.best_cells, (everything,)),
+        "compare": [(queries.run_count, ()), (filter_queries.filter_options, ()),
+                    (queries.comparable_cells, (everything,)), (comparable.lossless_by_setup, (everything,)),
+                    (comparable.best_cells, (everything,)),
                     (comparable.left_out, (everything,)), (metrics.formula_over_k, (head_to_head,)),
                     (advisor.positions, (everything,)), (queries.tree_drafts, ()),
                     (advisor.k_answer, (everything,))],

@@ -77,26 +77,6 @@ def default_series(frame: pd.DataFrame, x: str, most: int, by: str = "speedup") 
     return highest.sort_values(ascending=False).index[:most].tolist()
 
 
-def leaderboard(per_category: pd.DataFrame, lossless: pd.DataFrame) -> pd.DataFrame:
-    """One row per target × mode × draft: per category α and nodes per round over every k, τ at the best k, the
-    best k and its speedup; the lossless rate; ranked by the geometric mean of the best speedups over categories."""
-    keys = ["target", "mode", "draft"]
-    metrics = {"alpha": "α", "nodes_per_round": "nodes/round", "tau_at_best_k": "τ", "best_k": "best k",
-               "best_speedup": "speedup"}
-    wide = per_category.pivot(index=keys, columns="category", values=list(metrics))
-    categories = sorted(per_category["category"].unique())
-    wide = wide[[(metric, category) for category in categories for metric in metrics]]
-    wide.columns = [f"{category} {metrics[metric]}" for metric, category in wide.columns]
-    # The pivot widened best k to float; it is a count of drafts.
-    wide = wide.astype({column: "Int64" for column in wide.columns if column.endswith("best k")})
-    overall = per_category.groupby(keys)["overall_speedup"].first()
-    # The ranking and the lossless rate first: they must stay in view however many categories follow.
-    table = lossless.set_index(keys).join(overall.rename("speedup (geo-mean)"), how="inner").join(wide)
-    table = table[["speedup (geo-mean)", "lossless_rate", "runs", *wide.columns]]
-    return table.reset_index().sort_values(["target", "mode", "speedup (geo-mean)"], ascending=[True, True, False],
-                                           ignore_index=True)
-
-
 def head_to_head(cells: pd.DataFrame, a: str, b: str) -> pd.DataFrame:
     """Per setup × category × k × policy both drafts ran: each one's speedup with its interval (`comparable.cells`)
     and α, then B over A (`b_over_a`, > 1: B faster) and whether the two tie (`spread.TIE`)."""

@@ -14,10 +14,10 @@ from typing import TypeVar
 import duckdb
 import pandas as pd
 
-from runner.store import advisor, comparable, metrics
+from runner.store import advisor, comparable
 from runner.store import trainings as trainings_store
 from runner.store.connect import READ_BOUND_S, reading
-from runner.store.metrics import CELL, PASS_SETUP, Filters
+from runner.store.metrics import PASS_SETUP, Filters
 from runner.store.schema import schema_version
 
 T = TypeVar("T")
@@ -70,13 +70,6 @@ def nodes_per_round(con: duckdb.DuckDBPyConnection, filters: Filters, keys: tupl
         FROM run_facts WHERE draft <> 'none' AND {where} GROUP BY ALL ORDER BY ALL""", params)
 
 
-def cells(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
-    """The Overview's cells (`metrics.cells`), kept apart by device, kernels and threads (they change the pass, so
-    pooling them makes a speedup curve zigzag), each with its nodes per round and whether it drafted trees."""
-    keys = (*CELL, *PASS_SETUP)
-    return metrics.cells(con, filters, keys).merge(nodes_per_round(con, filters, keys), on=list(keys), how="left")
-
-
 def comparable_cells(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
     """Every kept cell by the one pooling rule (`comparable.cells`), with its nodes per round over the same runs'
     cell (every run of the cell: a tree's size does not depend on the prompt set) and whether it drafted trees."""
@@ -85,13 +78,6 @@ def comparable_cells(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.Dat
     nodes = nodes_per_round(con, filters, keys).fillna({"kernels": "not recorded", "threads": 0})
     return cells.merge(nodes.astype({"threads": cells["threads"].dtype}) if len(cells) else nodes, on=list(keys),
                        how="left")
-
-
-def draft_categories(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
-    """The leaderboard's rows (`metrics.draft_categories`), each with its nodes per round over every k."""
-    keys = ("target", "mode", "draft", "category")
-    return metrics.draft_categories(con, filters).merge(nodes_per_round(con, filters, keys), on=list(keys),
-                                                        how="left")
 
 
 def tree_drafts(con: duckdb.DuckDBPyConnection) -> list[str]:
@@ -127,18 +113,6 @@ def verify_growth(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFr
         FROM picked p LEFT JOIN one_token o ON o.target = p.target AND o.device = p.device
             AND o.kernels IS NOT DISTINCT FROM p.kernels AND o.threads IS NOT DISTINCT FROM p.threads
         GROUP BY ALL ORDER BY p.target, p.device, p.kernels, p.threads, p.k""", spec_params + base_params)
-
-
-def lossless_rates(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
-    """Per target × mode × draft: runs, the share of checked runs whose output equals the baseline's, and the
-    mismatches by class."""
-    where, params = filters.where()
-    return _frame(con, f"""
-        SELECT target, mode, draft, count(*) AS runs, avg(lossless::INTEGER) AS lossless_rate,
-            count(*) FILTER (divergence = 'tie') AS numeric_ties,
-            count(*) FILTER (divergence = 'real') AS real_divergences
-        FROM run_stats WHERE draft <> 'none' AND {where}
-        GROUP BY ALL ORDER BY target, mode, draft""", params)
 
 
 def run_choices(con: duckdb.DuckDBPyConnection, newest: int, also: tuple[str, ...] = (),

@@ -10,7 +10,7 @@ from dashboard import common, filter_queries, queries
 from runner.store import comparable, metrics
 from tests.helpers.dashboard_fixtures import build
 
-READS = [(queries.run_count, ()), (filter_queries.filter_options, ()), (queries.cells, (metrics.Filters(),)),
+READS = [(queries.run_count, ()), (filter_queries.filter_options, ()), (queries.comparable_cells, (metrics.Filters(),)),
          (comparable.best_cells, (metrics.Filters(),)), (metrics.formula_over_k, (metrics.Filters(),))]
 
 
@@ -50,7 +50,7 @@ def test_one_connection_serves_every_read_of_the_block_with_the_short_connection
     with pytest.raises(duckdb.ConnectionException):  # closed when the block ends
         shared.execute("SELECT 1")
     st.cache_data.clear()
-    assert _equal(common.load(queries.cells, metrics.Filters()), expected[2])
+    assert _equal(common.load(queries.comparable_cells, metrics.Filters()), expected[2])
     assert opens == [True]  # outside a block: a short connection of queries.read, not the shared path
 
 

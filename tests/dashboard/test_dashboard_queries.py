@@ -165,46 +165,39 @@ NODES = {
 
 
 def test_cells_carry_nodes_per_round_and_mark_no_chain_as_a_tree(db):
-    cells = queries.read(db, queries.cells, Filters()).set_index(["category", "draft", "k"])
+    cells = queries.read(db, queries.comparable_cells, Filters()).set_index(["category", "draft", "k"])
     assert cells["nodes_per_round"].to_dict() == pytest.approx(NODES)
     assert not cells["tree"].any()
-    # Everything metrics.cells says, unchanged.
-    assert cells["alpha"].to_dict() == pytest.approx({cell: expected[5] for cell, expected in CELLS.items()})
 
 
 def test_a_tree_runs_tau_and_nodes_per_round(db, tree_db):
     # c2-tree-k3 (TREE_ROUNDS): 4, 4, 3 nodes, a draftless round, then a 2-node chain: 13 nodes in 4 rounds that
     # drafted; accepted 2 + 3 + 0 + 2 of 2 + 3 + 1 + 2 judged; 12 tokens in 5 rounds; 0.2 / (0.8 / 12) = 3×.
-    cells = queries.read(tree_db, queries.cells, Filters(draft=("ngram-tree",)))
+    cells = queries.read(tree_db, queries.comparable_cells, Filters(draft=("ngram-tree",)))
     assert rows(cells, ["category", "draft", "k", "runs", "tree", "accepted", "rejected", "thrown", "drafted"]) == [
         ["code", "ngram-tree", 3, 1, True, 7, 2, 4, 13]]
-    assert cells[["nodes_per_round", "tau", "alpha", "measured_speedup"]].iloc[0].tolist() == pytest.approx(
+    assert cells[["nodes_per_round", "tau", "alpha", "speedup"]].iloc[0].tolist() == pytest.approx(
         [13 / 4, 12 / 5, 7 / 9, 3.0])
-    per_category = queries.read(tree_db, queries.draft_categories, Filters(category=("code",)))
+    keys = ("target", "mode", "draft", "category")
+    per_category = queries.read(tree_db, queries.nodes_per_round, Filters(category=("code",)), keys)
     assert per_category.set_index("draft")["nodes_per_round"].to_dict() == pytest.approx(
         {"layerskip:2": (14 + 20) / (7 + 5), "ngram": (16 + 11) / (8 + 3), "ngram-tree": 13 / 4})
     assert queries.read(tree_db, queries.tree_drafts) == ["ngram-tree"]
     assert queries.read(db, queries.tree_drafts) == []
 
 
-def test_leaderboard_ranks_drafts_with_best_k_and_lossless_rate(db):
-    per_category = queries.read(db, queries.draft_categories, Filters())
-    table = frames.leaderboard(per_category, queries.read(db, queries.lossless_rates, Filters()))
-    assert table.columns.tolist() == [
-        "target", "mode", "draft", "speedup (geo-mean)", "lossless_rate", "runs", "code α", "code nodes/round",
-        "code τ", "code best k", "code speedup", "poem α", "poem nodes/round", "poem τ", "poem best k",
-        "poem speedup"]
-    ngram, layerskip = table.to_dict("records")
-    assert ngram["draft"] == "ngram" and layerskip["draft"] == "layerskip:2"
-    # ngram: code α (15 + 9) / (16 + 10), 27 drafts in 11 rounds; best k 2 (√8 ≈ 2.83× beats 2.4×) with τ 2.7;
-    # poem α 1/20, 53 drafts in 19 rounds, best k 2 (1.2×)
-    assert [ngram[c] for c in table.columns[3:]] == pytest.approx(
-        [math.sqrt(math.sqrt(8) * 1.2), 1.0, 5, 24 / 26, 27 / 11, 2.7, 2, math.sqrt(8), 1 / 20, 53 / 19, 12 / 11, 2,
-         1.2])
-    # layerskip: code α 10/22, 34 drafts in 12 rounds, best k 2 (0.8×); poem α 12/20, 26 in 11, best k 4 (1.0× beats
-    # 0.5×); 3 of 4 runs lossless
-    assert [layerskip[c] for c in table.columns[3:]] == pytest.approx(
-        [math.sqrt(0.8 * 1.0), 0.75, 4, 10 / 22, 34 / 12, 1.5, 2, 0.8, 12 / 20, 26 / 11, 3.0, 4, 1.0])
+def test_each_category_s_best_k_and_the_geo_mean_over_them(db):
+    per_category = queries.read(db, metrics.draft_categories, Filters()).set_index(["draft", "category"])
+    columns = ["alpha", "tau_at_best_k", "best_k", "best_speedup", "overall_speedup"]
+    # ngram: code α (15 + 9) / (16 + 10); best k 2 (√8 ≈ 2.83× beats 2.4×) with τ 2.7; poem α 1/20, best k 2 (1.2×)
+    ngram = math.sqrt(math.sqrt(8) * 1.2)
+    assert per_category.loc[("ngram", "code"), columns].tolist() == pytest.approx(
+        [24 / 26, 2.7, 2, math.sqrt(8), ngram])
+    assert per_category.loc[("ngram", "poem"), columns].tolist() == pytest.approx([1 / 20, 12 / 11, 2, 1.2, ngram])
+    # layerskip: code α 10/22, best k 2 (0.8×); poem α 12/20, best k 4 (1.0× beats 0.5×)
+    skip = math.sqrt(0.8 * 1.0)
+    assert per_category.loc[("layerskip:2", "code"), columns].tolist() == pytest.approx([10 / 22, 1.5, 2, 0.8, skip])
+    assert per_category.loc[("layerskip:2", "poem"), columns].tolist() == pytest.approx([12 / 20, 3.0, 4, 1.0, skip])
 
 
 def test_head_to_head_puts_two_drafts_side_by_side(db):

@@ -274,8 +274,8 @@ def _dashboard_reads(db: Path, seen: dict) -> None:
     if queries.read(db, queries.run_count) == 0:
         return
     filters = metrics.Filters()
-    for fn in (filter_queries.filter_options, metrics.cells, queries.verify_growth,
-               queries.lossless_rates, metrics.draft_categories, metrics.formula_over_k):
+    for fn in (filter_queries.filter_options, queries.comparable_cells, queries.verify_growth,
+               metrics.draft_categories, metrics.formula_over_k):
         queries.read(db, fn, *([] if fn is filter_queries.filter_options else [filters]))
         seen["queries"] += 1
     queries.read(db, queries.runs, filters, 1000)

@@ -115,7 +115,7 @@ def test_an_older_file_gets_the_same_counts_and_numbers_from_its_migration(tmp_p
             con.execute(f"INSERT INTO {table} BY NAME SELECT {columns} FROM a.{table}")
         migrate(con)
         assert con.execute(COUNTS).fetchall() == con.execute("SELECT * FROM a.round_counts ORDER BY ALL").fetchall()
-    for fn, args in ((queries.cells, (Filters(),)), (queries.verify_growth, (Filters(),)),
+    for fn, args in ((queries.comparable_cells, (Filters(),)), (queries.verify_growth, (Filters(),)),
                      (queries.tree_drafts, ()), (advisor.positions, (Filters(),))):
         upgraded, written = queries.read(old, fn, *args), queries.read(recorded, fn, *args)
         if isinstance(upgraded, pd.DataFrame):
