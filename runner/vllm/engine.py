@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 
 from runner.cells import Cell, check_fit
 from runner.engine.weights.sources import DEFAULT_MODEL, dequantized, smollm2_gguf
@@ -62,13 +62,20 @@ class VllmEngine:
         self.running: dict | None = None  # the speculative config of the cells now running
         self.refused: dict[str, str] = {}  # a config's JSON -> why its server did not start
         served = client.get(url, "/v1/models")["data"][0] if url else {}
-        self.served, self.context = served.get("id"), served.get("max_model_len", ServerSettings.max_model_len)
+        # a team's server: the context it serves; ours: the target's own (SmolLM2's 8,192 positions)
+        self.served = served.get("id")
+        self.context = served.get("max_model_len") or AutoConfig.from_pretrained(
+            self.model, local_files_only=True).max_position_embeddings
+        self.longest = self.context  # what a server started here serves: the longest prompt + max_new_tokens
         self.version = client.get(url, "/version").get("version") if url else None
         self.provenance = host_provenance()
 
     def prepare(self, workload: Workload) -> None:
         """Every prompt checked against the server's context; a server warms up when it starts (`use`)."""
-        check_fit([(p.id, len(self.prompt_ids(p))) for p in workload.prompts], self.max_new_tokens, self.context)
+        lengths = [(p.id, len(self.prompt_ids(p))) for p in workload.prompts]
+        check_fit(lengths, self.max_new_tokens, self.context)
+        # no more than the sweep needs: its KV cache must hold one whole sequence of that length to start
+        self.longest = max(n for _, n in lengths) + self.max_new_tokens
 
     def prompt_ids(self, prompt: Prompt) -> list[int]:
         """The ids our engine feeds for the prompt: its chat template applied, ready for the answer."""
@@ -104,7 +111,7 @@ class VllmEngine:
         self.close()
         self.running = config
         try:
-            self.server = Server(ServerSettings(self.model, self.threads), config)
+            self.server = Server(ServerSettings(self.model, self.threads, max_model_len=self.longest), config)
             self.server.wait()
             self.served = self.model
             self.version = client.get(self.server.url, "/version").get("version")

@@ -42,7 +42,7 @@ class ServerSettings:
     model: str  # the directory (or cached repo id) vLLM loads
     threads: int = 1  # CPU cores its OpenMP threads are bound to (0..threads-1)
     dtype: str = "float32"  # the target's dtype, as our engine runs it on CPU
-    max_model_len: int = 2048  # SmolLM2's context
+    max_model_len: int = 2048  # the longest sequence it serves: prompt and new tokens (the engine sets it)
     kv_cache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE: a few requests of a 135M model need little
     start_timeout_s: float = 900.0  # a first start under load compiles and imports for minutes
 

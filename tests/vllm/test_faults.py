@@ -16,12 +16,14 @@ import pytest
 from rich.console import Console
 
 from runner.engine.weights.models import DEFAULT_MODEL
+from runner.engines import Workload
 from runner.pair_engine import GREEDY
-from runner.prompts import load_prompts, select_prompts
+from runner.prompts import Prompt, load_prompts, select_prompts
 from runner.sweep.loop import run_sweep
 from runner.sweep.plan import SweepConfig
 from runner.vllm.client import get
 from runner.vllm.drafts import parse
+from runner.vllm.engine import VllmEngine
 from runner.vllm.server import Server, ServerSettings, VllmError, free_port, last_line, vllm_python
 
 
@@ -196,3 +198,16 @@ def test_a_config_whose_server_does_not_start_is_tried_once_and_its_cells_are_er
     assert [(d, k, n, distinct) for d, k, n, _, distinct in rows] == [("ngram:2", 2, 2, 1), ("ngram:2", 3, 2, 1),
                                                                      ("none", None, 2, 1)]
     assert all(error.startswith(reason) for *_, error, _ in rows)
+
+
+def test_a_started_server_serves_the_sweep_s_longest_sequence_and_a_longer_prompt_is_refused():
+    engine = VllmEngine(DEFAULT_MODEL, None, 1, 16, 0)
+    assert engine.context == 8192  # SmolLM2's own positions, as our engine runs it
+    prompts = tuple(select_prompts(load_prompts(), ["code", "summary"], 1))
+    longest = max(len(engine.prompt_ids(p)) for p in prompts)
+    engine.prepare(Workload(prompts, (), (4,), (GREEDY,)))
+    assert engine.longest == longest + 16  # the --max-model-len its servers start with
+    long = Prompt(id="long-1", category="code", text="word " * 9000)
+    with pytest.raises(ValueError, match=r'^prompt "long-1" \([\d,]+ tokens\) \+ max-new-tokens \(16\) exceeds the '
+                                         r"model's context of 8,192 tokens; nothing is truncated"):
+        engine.prepare(Workload((*prompts, long), (), (4,), (GREEDY,)))
