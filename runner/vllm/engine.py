@@ -66,7 +66,7 @@ class VllmEngine:
         self.served = served.get("id")
         self.context = served.get("max_model_len") or AutoConfig.from_pretrained(
             self.model, local_files_only=True).max_position_embeddings
-        self.longest = self.context  # what a server started here serves: the longest prompt + max_new_tokens
+        self.longest = self.context  # what a server started here serves: the longest sequence a cell may ask
         self.version = client.get(url, "/version").get("version") if url else None
         self.provenance = host_provenance()
 
@@ -74,8 +74,9 @@ class VllmEngine:
         """Every prompt checked against the server's context; a server warms up when it starts (`use`)."""
         lengths = [(p.id, len(self.prompt_ids(p))) for p in workload.prompts]
         check_fit(lengths, self.max_new_tokens, self.context)
-        # no more than the sweep needs: its KV cache must hold one whole sequence of that length to start
-        self.longest = max(n for _, n in lengths) + self.max_new_tokens
+        # No more than the sweep needs (its KV cache must hold one whole sequence to start), with room for a last
+        # step's k drafts: vLLM drafts fewer where they would pass its --max-model-len.
+        self.longest = min(self.context, max(n for _, n in lengths) + self.max_new_tokens + max(workload.ks, default=0))
 
     def prompt_ids(self, prompt: Prompt) -> list[int]:
         """The ids our engine feeds for the prompt: its chat template applied, ready for the answer."""

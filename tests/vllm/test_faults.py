@@ -206,7 +206,7 @@ def test_a_started_server_serves_the_sweep_s_longest_sequence_and_a_longer_promp
     prompts = tuple(select_prompts(load_prompts(), ["code", "summary"], 1))
     longest = max(len(engine.prompt_ids(p)) for p in prompts)
     engine.prepare(Workload(prompts, (), (4,), (GREEDY,)))
-    assert engine.longest == longest + 16  # the --max-model-len its servers start with
+    assert engine.longest == longest + 16 + 4  # its servers' --max-model-len: room for the last step's 4 drafts
     long = Prompt(id="long-1", category="code", text="word " * 9000)
     with pytest.raises(ValueError, match=r'^prompt "long-1" \([\d,]+ tokens\) \+ max-new-tokens \(16\) exceeds the '
                                          r"model's context of 8,192 tokens; nothing is truncated"):
