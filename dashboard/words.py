@@ -43,7 +43,7 @@ GLOSSARY = {
                 "other) or unjudged (no logits came back to tell, or it was recorded before mismatches were "
                 "classified).",
 }
-# A mismatch's classes (`comparable.LOSSLESS`), the one that is a bug first: column, one, many.
+# A mismatch's classes (`metrics.LOSSLESS`), the one that is a bug first: column, one, many.
 _MISMATCHES = (("real_divergences", "real divergence", "real divergences"),
                ("numeric_ties", "numeric tie", "numeric ties"), ("unjudged", "unjudged", "unjudged"))
 
@@ -78,7 +78,7 @@ def sweep_label(row: pd.Series) -> str:
 
 def lossless(counts: dict) -> str:
     """'100%', '75% (1 real divergence, 2 numeric ties)', 'n/a (sampling)': of the runs checked against their
-    baseline, the share equal to it, then what the mismatches were (`counts` holds `comparable.LOSSLESS`'s)."""
+    baseline, the share equal to it, then what the mismatches were (`counts` holds `metrics.LOSSLESS`'s)."""
     if not counts["checked"]:
         return "n/a (sampling)"
     found = [(int(counts[column]), one, many) for column, one, many in _MISMATCHES]

@@ -13,7 +13,7 @@ app = typer.Typer(
     add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
     help="Run speculative decoding on real models and record every round.",
 )
-stdout = Console(width=None if sys.stdout.isatty() else 160)
+stdout = Console(width=None if sys.stdout.isatty() else 200)  # piped: the summary's 14 columns whole
 stderr = Console(stderr=True)
 
 

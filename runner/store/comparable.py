@@ -16,7 +16,7 @@ import duckdb
 import pandas as pd
 
 from runner.store import spread
-from runner.store.metrics import Filters
+from runner.store.metrics import LOSSLESS, LOSSLESS_SQL, Filters
 
 SETUP = ("engine", "target", "device", "kernels", "threads", "mode", "temperature", "top_p", "batch_size")
 # NULL never matches in a join: runs recorded before kernels or threads existed get a stand-in value.
@@ -67,20 +67,13 @@ CELL = (*SETUP, "category", "draft", "k", "k_policy")
 # not) and their mismatches by class (docs/measuring.md, "Lossless, classified"): a numeric tie (the contested logits
 # within rounding of each other), a real divergence (a bug), or unjudged (no logits came back to tell, or it was
 # recorded before mismatches were classified). The Overview's cells and the Compare page's leaderboard count so.
-LOSSLESS = {
-    "checked": "count(lossless)",
-    "real_divergences": "count(*) FILTER (NOT lossless AND divergence = 'real')",
-    "numeric_ties": "count(*) FILTER (NOT lossless AND divergence = 'tie')",
-    "unjudged": "count(*) FILTER (NOT lossless AND coalesce(divergence, '') NOT IN ('real', 'tie'))",
-}
-_LOSSLESS = ", ".join(f"{count} AS {name}" for name, count in LOSSLESS.items())
 
 
 def cells(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
     """Every kept cell of a setup × category, pooled by `spread.POOLING` over the common prompts: its speedup, the
     interval and the prompts' min–max of it, α pooled over its runs' drafts with the prompts' min–max, τ and c (mean
     over runs), the thrown share, the formula's speedup (geometric mean over runs), runs, prompts and lossless
-    checks (`LOSSLESS`). The Overview's table, the headline, the leaderboard and the Batches page read these
+    checks (`metrics.LOSSLESS`). The Overview's table, the headline, the leaderboard and the Batches page read these
     numbers."""
     sql, params = cells_sql(filters)
     return spread.with_intervals(con.execute(sql, params).df())
@@ -100,7 +93,7 @@ def cells_sql(filters: Filters) -> tuple[str, list]:
         per_prompt AS (SELECT {keys}, prompt_id, count(*) AS runs, ln(geomean(measured_speedup)) AS ln_speedup,
                 sum(accepted) AS accepted, sum(rejected) AS rejected, sum(thrown) AS thrown, sum(drafted) AS drafted,
                 sum(tau) AS tau_sum, sum(c) AS c_sum, count(c) AS c_runs, sum(ln(theoretical_speedup)) AS ln_theory,
-                count(theoretical_speedup) AS theory_runs, {_LOSSLESS}
+                count(theoretical_speedup) AS theory_runs, {LOSSLESS_SQL}
             FROM kept GROUP BY ALL)
         SELECT {keys}, sum(runs)::BIGINT AS runs, count(*) AS prompts, exp(avg(ln_speedup)) AS speedup,
             avg(ln_speedup) AS mean_ln, stddev_samp(ln_speedup) AS sd_ln,
@@ -140,12 +133,12 @@ def left_out(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
 
 def lossless_by_setup(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:
     """Per setup × draft over every selected run: its runs, those checked against their baseline and their
-    mismatches by class (`LOSSLESS`). Every column it reads is one of runs, so it reads the 'ok' runs (those of
+    mismatches by class (`metrics.LOSSLESS`). Every column it reads is one of runs, so it reads the 'ok' runs (those of
     run_stats) without the view's joins."""
     where, params = filters.where()
     return con.execute(f"""
         SELECT * REPLACE ({_NORMALISED}) FROM (
-            SELECT {_KEYS}, draft, count(*) AS runs, {_LOSSLESS}
+            SELECT {_KEYS}, draft, count(*) AS runs, {LOSSLESS_SQL}
             FROM runs WHERE status = 'ok' AND draft <> 'none' AND {where} GROUP BY ALL)
         ORDER BY ALL""", params).df()
 

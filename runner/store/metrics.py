@@ -53,6 +53,17 @@ class Filters:
         return " AND ".join(clauses), params
 
 
+# A run's lossless check, counted one way wherever runs are pooled: the checked ones, then the mismatches by class
+# (a real divergence, a numeric tie, or unjudged: no logits came back to classify it by, as from vLLM).
+LOSSLESS = {
+    "checked": "count(lossless)",
+    "real_divergences": "count(*) FILTER (NOT lossless AND divergence = 'real')",
+    "numeric_ties": "count(*) FILTER (NOT lossless AND divergence = 'tie')",
+    "unjudged": "count(*) FILTER (NOT lossless AND coalesce(divergence, '') NOT IN ('real', 'tie'))",
+}
+LOSSLESS_SQL = ", ".join(f"{count} AS {name}" for name, count in LOSSLESS.items())
+
+
 def cells_sql(filters: Filters, keys: tuple[str, ...] = CELL) -> tuple[str, list]:
     """The pooled numbers of the selected speculative runs, one row per value of `keys` (none: one row)."""
     where, params = filters.where()
@@ -64,9 +75,7 @@ def cells_sql(filters: Filters, keys: tuple[str, ...] = CELL) -> tuple[str, list
             alpha(sum(accepted), sum(rejected)) AS alpha, thrown_share(sum(thrown), sum(drafted)) AS thrown_share,
             avg(tau) AS tau, avg(c) AS c,
             geomean(measured_speedup) AS measured_speedup, geomean(theoretical_speedup) AS predicted_speedup,
-            count(*) FILTER (lossless = false) AS lossless_failures,
-            count(*) FILTER (divergence = 'real') AS real_divergences,
-            count(*) FILTER (divergence = 'tie') AS numeric_ties
+            count(*) FILTER (lossless = false) AS lossless_failures, {LOSSLESS_SQL}
         FROM run_stats WHERE draft <> 'none' AND {where} {group}""", params
 
 

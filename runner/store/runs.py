@@ -225,7 +225,7 @@ def list_sweeps(db_path: str | os.PathLike, lock_timeout_s: float = 30.0) -> pd.
 
 SUMMARY_KEYS = ("category", "draft", "k", "mode", "k_policy")
 SUMMARY_COLUMNS = (*SUMMARY_KEYS, "runs", "alpha", "tau", "thrown_share", "measured_speedup", "predicted_speedup",
-                   "real_divergences", "numeric_ties")
+                   "real_divergences", "numeric_ties", "unjudged")
 
 
 def sweep_summary(db_path: str | os.PathLike, sweep_id: str, lock_timeout_s: float = 30.0) -> pd.DataFrame:

@@ -436,7 +436,7 @@ def test_lossless_by_setup_on_runs_alone_equals_it_on_run_stats(db):
     keys = ", ".join(comparable.SETUP)
     plain = f"""SELECT * REPLACE (coalesce(kernels, 'not recorded') AS kernels, coalesce(threads, 0) AS threads)
         FROM (SELECT {keys}, draft, count(*) AS runs, {", ".join(f"{count} AS {name}"
-                                                               for name, count in comparable.LOSSLESS.items())}
+                                                               for name, count in metrics.LOSSLESS.items())}
             FROM run_stats WHERE draft <> 'none' GROUP BY ALL) ORDER BY ALL"""
     fast = queries.read(db, comparable.lossless_by_setup, Filters())
     assert len(fast) > 0

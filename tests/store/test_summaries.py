@@ -67,7 +67,7 @@ def test_the_sweep_summary_holds_every_column_by_hand(db):
     summary = sweep_summary(db, "s1")
     assert list(summary.columns) == ["category", "draft", "k", "mode", "k_policy", "runs", "alpha", "tau",
                                      "thrown_share", "measured_speedup", "predicted_speedup", "real_divergences",
-                                     "numeric_ties"]
+                                     "numeric_ties", "unjudged"]
     got = {(r[0], r[1], r[2]): r[3:] for r in values(summary)}
     assert list(got) == list(CELL_RUNS)  # ordered by category, draft, k
     for cell, runs in CELL_RUNS.items():
@@ -80,7 +80,8 @@ def test_the_sweep_summary_holds_every_column_by_hand(db):
             sum(RUNS[r][2] for r in runs) / sum(RUNS[r][3] for r in runs),
             geomean([RUNS[r][5] for r in runs]),
             geomean([formula(a, k, RUNS[r][6]) for a, r in zip(alphas, runs, strict=True)]),
-            0, 0,  # the lossy run's mismatch is not classified (no divergence recorded for it)
+            # the lossy run's mismatch is not classified (no divergence recorded for it): unjudged
+            0, 0, int(cell == ("poem", "layerskip:2", 4)),
         ]
         assert got[cell][3:] == pytest.approx(expected, rel=1e-9), cell
     # the pooled cell, worked out: α 9/21 (not the mean 0.45), τ (4 + 1)/2, thrown 28/49, √(2.4·2.0)
