@@ -207,19 +207,20 @@ def baseline_for(db_path: str | os.PathLike, sweep_id: str, key: tuple,
     return None
 
 
-_SWEEPS = """SELECT sweep_id, min(started_at) AS started,
+_SWEEPS = f"""SELECT sweep_id, min(started_at) AS started,
     string_agg(DISTINCT target, ', ' ORDER BY target) AS target,
     string_agg(DISTINCT draft, ', ' ORDER BY draft) AS drafts, count(*) AS runs,
     count(*) FILTER (status = 'error') AS errors,
     count(*) FILTER (lossless = false) AS lossless_failures,
-    count(*) FILTER (divergence = 'real') AS real_divergences
+    {metrics.LOSSLESS["real_divergences"]} AS real_divergences, {metrics.LOSSLESS["unjudged"]} AS unjudged
     FROM runs GROUP BY sweep_id ORDER BY started DESC, sweep_id"""
 
 
 def list_sweeps(db_path: str | os.PathLike, lock_timeout_s: float = 30.0) -> pd.DataFrame:
     """One row per sweep, newest first; a file of an older specdash is upgraded first, as the dashboard does."""
     upgrade(db_path, lock_timeout_s)
-    columns = ["sweep_id", "started", "target", "drafts", "runs", "errors", "lossless_failures", "real_divergences"]
+    columns = ["sweep_id", "started", "target", "drafts", "runs", "errors", "lossless_failures", "real_divergences",
+               "unjudged"]
     return pd.DataFrame(read(Path(db_path), _SWEEPS, [], lock_timeout_s), columns=columns)
 
 

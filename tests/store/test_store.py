@@ -273,7 +273,9 @@ def test_runner_list_reads_a_file_of_an_older_specdash(tmp_path):
                 "('x', 's1', '2025-03-01 12:01', 't', 'ngram', 2, 'ok', false)")
     con.close()
     sweeps = list_sweeps(old)
-    assert sweeps[["sweep_id", "runs", "lossless_failures", "real_divergences"]].values.tolist() == [["s1", 2, 1, 0]]
+    # the failure has no class recorded (the file predates the divergence columns): unjudged
+    assert sweeps[["sweep_id", "runs", "lossless_failures", "real_divergences", "unjudged"]].values.tolist() == [
+        ["s1", 2, 1, 0, 1]]
     assert query(old, "SELECT max(version) FROM schema_migrations") == [(SCHEMA_VERSION,)]
 
 
@@ -570,7 +572,7 @@ def test_reads_for_the_runner(db):
     assert baseline_for(db, "s1", ("vllm", "p1", "greedy", 0.0, 1.0, 0, [1, 2, 3], "cpu", "float32", 1, 0, 0)) is None
     sweeps = list_sweeps(db)
     assert list(sweeps.columns) == ["sweep_id", "started", "target", "drafts", "runs", "errors", "lossless_failures",
-                                    "real_divergences"]
+                                    "real_divergences", "unjudged"]
     assert sweeps[["sweep_id", "target", "drafts", "runs", "errors", "lossless_failures"]].values.tolist() == [
         ["s1", "smollm2", "ngram, none", 3, 1, 0], ["s2", "smollm2", "ngram", 1, 0, 0]]
 
