@@ -1,5 +1,6 @@
 """SPEED-Bench's section of the Spec-Bench page: the acceptance matrix of the qualitative split (draft × category),
-per-position acceptance, and τ and speedup by input length over the throughput splits, one set per engine."""
+per-position acceptance, and τ and speedup by input length over the throughput splits, one set per engine: the
+page's sweep, and beside it each other engine's newest SPEED-Bench sweep."""
 
 from __future__ import annotations
 
@@ -33,14 +34,16 @@ def positions(matrix: pd.DataFrame) -> pd.DataFrame:
 
 def show(sweep: str) -> None:
     st.header("SPEED-Bench")
-    matrix = common.load(speed_bench.acceptance, sweep)
-    lengths = common.load(speed_bench.by_length, sweep)
+    sweeps = common.load(speed_bench.beside_other_engines, sweep)
+    matrix = common.load(speed_bench.acceptance, sweeps)
+    lengths = common.load(speed_bench.by_length, sweeps)
     if matrix.empty and lengths.empty:
         others = [s for s in common.load(speed_bench.sweeps) if s != sweep]
         st.info(NEEDS + (f" Sweeps with them: {', '.join(others)}." if others else ""))
         return
     st.caption("vLLM's definitions (`vllm bench serve`): a draft is a round that proposed tokens; per-position "
-               "acceptance at i = drafts that accepted at least i tokens / drafts, so τ = 1 + their sum.")
+               "acceptance at i = drafts that accepted at least i tokens / drafts, so τ = 1 + their sum."
+               + (f" Beside this sweep, each other engine's newest: {', '.join(sweeps[1:])}." if sweeps[1:] else ""))
     metric = st.radio("matrix", list(METRICS), format_func=METRICS.get, key="speed_metric", bind="query-params")
     for engine, part in matrix.groupby("engine", sort=True):
         st.subheader(f"{engine}: {METRICS[metric].split(':')[0]} by category (qualitative split)")

@@ -59,35 +59,34 @@ def _table(con: duckdb.DuckDBPyConnection, sweep: str | None) -> tuple[str, obje
 def speed_bench_command(
     db: Annotated[Path, typer.Option(help="the DuckDB file")] = Path("runs.duckdb"),
     sweep: Annotated[str | None, typer.Option(
-        help="the sweep (default: the last one that ran SPEED-Bench prompts)")] = None,
+        help="the sweep (default: the last one that ran SPEED-Bench prompts); the newest SPEED-Bench sweep of each "
+             "other engine is reported beside it")] = None,
 ) -> None:
     """SPEED-Bench's report of a sweep as Markdown, by vLLM's definitions: τ, α and per-position acceptance per
     draft × category of the qualitative split, then acceptance and speedup by input length over the throughput
-    splits; one set of tables per engine."""
+    splits; one set of tables per engine, each other engine's from its newest SPEED-Bench sweep."""
     if not db.is_file():
         fail(f"{db}: no such file")
     try:
         upgrade(db, LOCK_TIMEOUT_S)
-        sweep_id, matrix, lengths = reading(db, lambda con: _speed_tables(con, sweep), LOCK_TIMEOUT_S)
+        sweep_ids, matrix, lengths = reading(db, lambda con: _speed_tables(con, sweep), LOCK_TIMEOUT_S)
     except (StoreError, duckdb.Error) as exc:
         fail(str(exc).splitlines()[0])
     if matrix.empty and lengths.empty:
-        fail(f"sweep {sweep_id} has no speculative run of a SPEED-Bench prompt (ids like qualitative-12 or "
+        fail(f"sweep {sweep_ids[0]} has no speculative run of a SPEED-Bench prompt (ids like qualitative-12 or "
              "throughput_2k-3): record one with `runner sweep --prompts <SPEED-Bench directory>`")
     print(speed_bench.markdown(matrix, lengths))
-    stderr.print(f"sweep {sweep_id}", highlight=False, markup=False)
+    stderr.print(f"sweep{'s' if len(sweep_ids) > 1 else ''} {', '.join(sweep_ids)}", highlight=False, markup=False)
 
 
-def _speed_tables(con: duckdb.DuckDBPyConnection, sweep: str | None) -> tuple[str, object, object]:
-    if sweep is None:
-        found = speed_bench.sweeps(con)
-        if not found:
-            raise StoreError("no sweep in the file ran SPEED-Bench prompts (ids like qualitative-12 or "
-                             "throughput_2k-3): record one with `runner sweep --prompts <SPEED-Bench directory>`")
-        sweep = found[0]
-    elif not con.execute("SELECT 1 FROM runs WHERE sweep_id = ? LIMIT 1", [sweep]).fetchone():
+def _speed_tables(con: duckdb.DuckDBPyConnection, sweep: str | None) -> tuple[tuple[str, ...], object, object]:
+    if sweep is not None and not con.execute("SELECT 1 FROM runs WHERE sweep_id = ? LIMIT 1", [sweep]).fetchone():
         raise StoreError(f'no sweep "{sweep}" in the file')
-    return sweep, speed_bench.acceptance(con, sweep), speed_bench.by_length(con, sweep)
+    sweep_ids = speed_bench.beside_other_engines(con, sweep)
+    if not sweep_ids:
+        raise StoreError("no sweep in the file ran SPEED-Bench prompts (ids like qualitative-12 or "
+                         "throughput_2k-3): record one with `runner sweep --prompts <SPEED-Bench directory>`")
+    return sweep_ids, speed_bench.acceptance(con, sweep_ids), speed_bench.by_length(con, sweep_ids)
 
 
 @report_app.command("docs")

@@ -38,7 +38,7 @@ def engine_column(con: duckdb.DuckDBPyConnection) -> str:
     return "r.engine" if found else "'specdash'"
 
 
-def _histogram(con: duckdb.DuckDBPyConnection, sweep_id: str) -> pd.DataFrame:
+def _histogram(con: duckdb.DuckDBPyConnection, sweep_ids: tuple[str, ...]) -> pd.DataFrame:
     """Per method × split × category × accepted count: the drafts that accepted that many, and their sums."""
     keys = ", ".join(f"r.{key}" for key in spec_bench.ROW_KEYS)
     return con.execute(f"""
@@ -46,9 +46,9 @@ def _histogram(con: duckdb.DuckDBPyConnection, sweep_id: str) -> pd.DataFrame:
                r.category, o.accepted, count(*) AS drafts, sum(o.k)::BIGINT AS drafted,
                sum(o.rejected)::BIGINT AS rejected, max(o.k) AS k_max
         FROM runs r JOIN rounds o USING (run_id)
-        WHERE r.sweep_id = ? AND r.status = 'ok' AND r.draft <> 'none' AND o.k > 0
+        WHERE list_contains(?, r.sweep_id) AND r.status = 'ok' AND r.draft <> 'none' AND o.k > 0
               AND regexp_matches(r.prompt_id, '{PROMPT_ID}')
-        GROUP BY ALL ORDER BY ALL""", [sweep_id]).df()
+        GROUP BY ALL ORDER BY ALL""", [list(sweep_ids)]).df()
 
 
 def _pooled(rows: pd.DataFrame) -> dict[str, float]:
@@ -63,10 +63,11 @@ def _pooled(rows: pd.DataFrame) -> dict[str, float]:
     return out
 
 
-def acceptance(con: duckdb.DuckDBPyConnection, sweep_id: str) -> pd.DataFrame:
-    """The matrix in long form: one row per engine × method × category of the qualitative split, and one for the
-    categories pooled (`all`), with drafts, τ, acceptance rate, α and p1..pk (per-position acceptance)."""
-    hist = _histogram(con, sweep_id)
+def acceptance(con: duckdb.DuckDBPyConnection, sweep_ids: tuple[str, ...]) -> pd.DataFrame:
+    """The matrix of the sweeps' runs in long form: one row per engine × method × category of the qualitative
+    split, and one for the categories pooled (`all`), with drafts, τ, acceptance rate, α and p1..pk (per-position
+    acceptance)."""
+    hist = _histogram(con, sweep_ids)
     hist = hist[hist["split"] == QUALITATIVE]
     rows = []
     for _, method in hist.groupby(KEYS, dropna=False, sort=True):
@@ -90,17 +91,17 @@ def split_tokens(split: str) -> int:
     return int(split.removeprefix("throughput_").removesuffix("k")) * 1000
 
 
-def by_length(con: duckdb.DuckDBPyConnection, sweep_id: str) -> pd.DataFrame:
+def by_length(con: duckdb.DuckDBPyConnection, sweep_ids: tuple[str, ...]) -> pd.DataFrame:
     """One row per engine × method × throughput split, shortest first: the mean prompt length, drafts, τ,
     acceptance rate, α, p1..pk and the speedup over plain decoding of the same prompts."""
-    hist = _histogram(con, sweep_id)
+    hist = _histogram(con, sweep_ids)
     hist = hist[hist["split"] != QUALITATIVE]
     rows = [{**dict(zip([*KEYS, "split"], key, strict=True)), "method": spec_bench.label(group.iloc[0]),
              **_pooled(group)} for key, group in hist.groupby([*KEYS, "split"], dropna=False, sort=True)]
     if not rows:
         return _ordered(pd.DataFrame(rows), ["engine", "method", "split", "bucket", "prompt_tokens", "speedup"])
     # pandas merges missing keys (a baseline's policy) as equal, as the groups above were made
-    frame = pd.DataFrame(rows).merge(_speeds(con, sweep_id), on=[*KEYS, "split"], how="left")
+    frame = pd.DataFrame(rows).merge(_speeds(con, sweep_ids), on=[*KEYS, "split"], how="left")
     frame["bucket"] = frame["split"].str.removeprefix("throughput_")
     frame["order"] = frame["split"].map(split_tokens)
     frame = frame.sort_values(["engine", "method", "order"], ignore_index=True)
@@ -108,7 +109,7 @@ def by_length(con: duckdb.DuckDBPyConnection, sweep_id: str) -> pd.DataFrame:
                     ["engine", "method", "split", "bucket", "prompt_tokens", "speedup"])
 
 
-def _speeds(con: duckdb.DuckDBPyConnection, sweep_id: str) -> pd.DataFrame:
+def _speeds(con: duckdb.DuckDBPyConnection, sweep_ids: tuple[str, ...]) -> pd.DataFrame:
     """Per method × split: the mean prompt length and Σtokens/Σseconds over the same for its baselines."""
     keys = ", ".join(f"r.{key}" for key in spec_bench.ROW_KEYS)
     return con.execute(f"""
@@ -116,16 +117,37 @@ def _speeds(con: duckdb.DuckDBPyConnection, sweep_id: str) -> pd.DataFrame:
                avg(len(r.prompt_tokens)) AS prompt_tokens,
                (sum(r.new_tokens) / sum(r.wall_s)) / (sum(b.new_tokens) / sum(b.wall_s)) AS speedup
         FROM runs r JOIN runs b ON b.run_id = r.baseline_run_id
-        WHERE r.sweep_id = ? AND r.status = 'ok' AND b.status = 'ok' AND r.draft <> 'none'
+        WHERE list_contains(?, r.sweep_id) AND r.status = 'ok' AND b.status = 'ok' AND r.draft <> 'none'
               AND regexp_matches(r.prompt_id, '{PROMPT_ID}')
-        GROUP BY ALL""", [sweep_id]).df()
+        GROUP BY ALL""", [list(sweep_ids)]).df()
 
 
 def sweeps(con: duckdb.DuckDBPyConnection) -> list[str]:
     """The file's sweeps with a speculative run of a SPEED-Bench prompt, newest first."""
-    return [row[0] for row in con.execute(
-        f"SELECT sweep_id FROM runs GROUP BY sweep_id HAVING bool_or(draft <> 'none' AND "
-        f"regexp_matches(prompt_id, '{PROMPT_ID}')) ORDER BY min(started_at) DESC, sweep_id").fetchall()]
+    return [sweep for sweep, _ in _sweep_engines(con)]
+
+
+def _sweep_engines(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str]]:
+    """`sweeps`, each with its engine (a sweep runs on one)."""
+    return [tuple(row) for row in con.execute(
+        f"SELECT sweep_id, any_value({engine_column(con).removeprefix('r.')}) FROM runs GROUP BY sweep_id "
+        f"HAVING bool_or(draft <> 'none' AND regexp_matches(prompt_id, '{PROMPT_ID}')) "
+        "ORDER BY min(started_at) DESC, sweep_id").fetchall()]
+
+
+def beside_other_engines(con: duckdb.DuckDBPyConnection, sweep_id: str | None = None) -> tuple[str, ...]:
+    """The sweep (default: the newest with SPEED-Bench prompts), then the newest such sweep of each other engine,
+    so one report sets the engines side by side on the benchmark; a sweep without SPEED-Bench prompts alone."""
+    found = _sweep_engines(con)
+    engines = dict(found)
+    if sweep_id is None and found:
+        sweep_id = found[0][0]
+    if sweep_id not in engines:
+        return () if sweep_id is None else (sweep_id,)
+    newest = {}
+    for sweep, engine in found:
+        newest.setdefault(engine, sweep)
+    return (sweep_id, *(sweep for engine, sweep in newest.items() if engine != engines[sweep_id]))
 
 
 def _cell(value: object, suffix: str = "") -> str:

@@ -7,13 +7,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import duckdb
 import pandas as pd
 import pyarrow as pa
 import pytest
 from streamlit.testing.v1 import AppTest
 
 from runner.store.runs import write_run
-from tests.store.test_speed_bench_report import RUNS, plain, rounds, run
+from tests.store.test_speed_bench_report import RUNS, copied_as_vllm, plain, rounds, run
 
 APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
 
@@ -66,3 +67,15 @@ def test_each_section_says_what_it_needs(tmp_path, monkeypatch):
     notes = [i.value for i in at.info]
     assert any("None of this sweep's categories (code) is one of Spec-Bench's" in n for n in notes)
     assert any(n.startswith("This sweep ran no SPEED-Bench prompt") for n in notes)
+
+
+def test_each_other_engine_s_newest_speed_bench_sweep_is_shown_beside(tmp_path, monkeypatch):
+    db = tmp_path / "runs.duckdb"
+    for record in RUNS:
+        write_run(db, record)
+    with duckdb.connect(str(db)) as con:
+        copied_as_vllm(con, "v", "13:00")
+    at = page(db, monkeypatch, spec_sweep="s")
+    assert [h.value for h in at.subheader if "by category" in h.value] == [
+        "specdash: τ by category (qualitative split)", "vllm: τ by category (qualitative split)"]
+    assert any("Beside this sweep, each other engine's newest: v." in c.value for c in at.caption)

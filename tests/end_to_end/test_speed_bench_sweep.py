@@ -94,7 +94,7 @@ def test_a_sweep_of_two_splits_on_smollm2_is_lossless_and_reported(tmp_path, smo
     report = CliRunner().invoke(app, ["report", "speed-bench", "--db", str(db)])
     assert report.exit_code == 0, report.output
     with duckdb.connect(str(db), read_only=True) as con:
-        (row,) = speed_bench.by_length(con, speed_bench.sweeps(con)[0]).itertuples()
+        (row,) = speed_bench.by_length(con, (speed_bench.sweeps(con)[0],)).itertuples()
     assert row.tau == pytest.approx(1 + accepted / drafts)
     assert f"| ngram k=3 | throughput_1k | {runs[-1][4]} | {row.tau:.2f} |" in report.stdout
     assert "| method | coding | summarization | all |" in report.stdout

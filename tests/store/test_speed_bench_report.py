@@ -82,7 +82,7 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def matrix(db: Path) -> object:
     with duckdb.connect(str(db), read_only=True) as con:
-        return speed_bench.acceptance(con, "s").set_index(["engine", "method", "category"])
+        return speed_bench.acceptance(con, ("s",)).set_index(["engine", "method", "category"])
 
 
 def test_the_matrix_equals_a_hand_computation(db):
@@ -111,7 +111,7 @@ def test_the_matrix_equals_a_hand_computation(db):
 
 def test_the_throughput_splits_by_input_length_equal_a_hand_computation(db):
     with duckdb.connect(str(db), read_only=True) as con:
-        table = speed_bench.by_length(con, "s")
+        table = speed_bench.by_length(con, ("s",))
     assert list(table["split"]) == ["throughput_1k", "throughput_2k"]
     one, two = table.iloc[0], table.iloc[1]
     assert (one["bucket"], one["prompt_tokens"], one["drafts"]) == ("1k", 1100, 4)
@@ -131,6 +131,37 @@ def test_runs_of_another_engine_are_grouped_apart(db, tmp_path):
     assert table.loc[("vllm", "ngram k=3", "summarization"), "tau"] == pytest.approx(1 + 8 / 3)
     assert table.loc[("specdash", "ngram k=3", "all"), "tau"] == pytest.approx(1 + 9 / 5)
     assert ("specdash", "ngram k=3", "summarization") not in table.index
+
+
+def copied_as_vllm(con: duckdb.DuckDBPyConnection, sweep: str, hour: str) -> None:
+    """Sweep s's runs, rounds and totals again as vLLM's sweep `sweep`, started at `hour`."""
+    con.execute(f"""INSERT INTO runs SELECT * REPLACE ('{sweep}-' || run_id AS run_id, '{sweep}' AS sweep_id,
+        'vllm' AS engine, TIMESTAMPTZ '2026-12-06 {hour}:00+00' AS started_at,
+        CASE WHEN baseline_run_id IS NULL THEN NULL ELSE '{sweep}-' || baseline_run_id END AS baseline_run_id)
+        FROM runs WHERE sweep_id = 's'""")
+    for table in ("rounds", "run_totals"):
+        con.execute(f"INSERT INTO {table} SELECT * REPLACE ('{sweep}-' || run_id AS run_id) FROM {table} "
+                    "WHERE run_id IN (SELECT run_id FROM runs WHERE sweep_id = 's')")
+
+
+def test_each_other_engine_s_newest_sweep_is_reported_beside_the_sweep(db, tmp_path):
+    copy = tmp_path / "two-sweeps.duckdb"
+    shutil.copy(db, copy)
+    with duckdb.connect(str(copy)) as con:  # the same runs again as vLLM's sweep v2, and an older vLLM sweep v1
+        copied_as_vllm(con, "v1", "11:00")
+        copied_as_vllm(con, "v2", "13:00")
+        con.execute("DELETE FROM rounds WHERE run_id = 'v2-n-q3'")  # so that v2's numbers are told from s's
+        con.execute("DELETE FROM runs WHERE run_id = 'v2-n-q3'")
+        assert speed_bench.beside_other_engines(con, "s") == ("s", "v2")
+        assert speed_bench.beside_other_engines(con, "v1") == ("v1", "s")  # an older vLLM sweep, beside ours
+        assert speed_bench.beside_other_engines(con) == ("v2", "s")  # the newest, then ours
+        table = speed_bench.acceptance(con, ("s", "v2")).set_index(["engine", "method", "category"])
+    assert table.loc[("specdash", "ngram k=3", "all"), "tau"] == pytest.approx(1 + 17 / 8)
+    assert table.loc[("vllm", "ngram k=3", "all"), "tau"] == pytest.approx(1 + 9 / 5)  # coding alone
+    result = CliRunner().invoke(app, ["report", "speed-bench", "--db", str(copy), "--sweep", "s"])
+    assert result.exit_code == 0, result.output
+    assert "## specdash: τ by category" in result.stdout and "## vllm: τ by category" in result.stdout
+    assert result.stderr.strip() == "sweeps s, v2"
 
 
 def test_the_command_prints_the_report_as_markdown(db):

@@ -152,7 +152,7 @@ def test_speed_bench_s_report_of_the_vllm_sweep_is_vllm_s_own_account(db):
                     "ORDER BY 1", [prompt_id]) == [("specdash", 3), ("vllm", 3)]
     (sweep_id,), = rows(db, "SELECT DISTINCT sweep_id FROM runs WHERE engine = 'vllm'")
     with duckdb.connect(str(db), read_only=True) as con:
-        report = speed_bench.acceptance(con, sweep_id)
+        report = speed_bench.acceptance(con, (sweep_id,))
     for draft in ("ngram:3", f"eagle:{HEAD}"):
         (own,), = rows(db, "SELECT engine_report FROM runs WHERE engine = 'vllm' AND prompt_id = ? AND draft = ?",
                        [prompt_id, draft])
