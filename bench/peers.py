@@ -1,19 +1,20 @@
 """`make bench`'s comparison with the peers a user would pick instead: our engine against vLLM's CPU engine and
-transformers' own `generate`, plain decoding and prompt lookup at k = 4, side by side in one run, and each pass's
-fraction of the machine's limits.
+transformers' own `generate`, plain decoding, prompt lookup and the shipped head at k = 4, side by side in one run, and
+each pass's fraction of the machine's limits.
 
-The same prompt ids (first turns of prompts the project never trained on), the same thread count, greedy, float32,
-the same new-token budget. Per repeat every prompt runs on every engine, the engines taking turns in an order that
-turns round each time, after one warm-up generation each. Prompt lookup: ours `ngram:3:earliest` at k = 4 (vLLM's
-match rule: the longest n-gram of 3 down to 1 ending the text, at its earliest occurrence), vLLM's `ngram` method
-with 4 speculative tokens and n-grams of 3 down to 1, transformers' `prompt_lookup_num_tokens=4` with
-`max_matching_ngram_size=3`. vLLM runs from its own environment (`bench/vllm_peer.py`), one process per mode, each
-stopped (SIGSTOP) while the others run, so that its idle engine loop takes no CPU from them.
+The same prompt ids (first turns of prompts the project never trained on), the same thread count, greedy, float32, the
+same new-token budget. Per repeat every prompt runs on every engine, the engines taking turns in an order that turns
+round each time, after one warm-up generation each. Prompt lookup: ours `ngram:3:earliest` at k = 4 (vLLM's match rule:
+the longest n-gram of 3 down to 1 ending the text, at its earliest occurrence), vLLM's `ngram` method with 4 speculative
+tokens and n-grams of 3 down to 1, transformers' `prompt_lookup_num_tokens=4` with `max_matching_ngram_size=3`. The
+shipped EAGLE-3 head at k = 4 in ours and in vLLM (`eagle3`, given the head with its layer ids in vLLM's convention:
+runner/vllm/head_ids.py); transformers has no EAGLE. vLLM runs from its own environment (`bench/vllm_peer.py`), one
+process per mode, each stopped (SIGSTOP) while the others run, so that its idle engine loop takes no CPU from them.
 
-Rows (`bench_results`, per repeat the mean over prompts of tokens/s, as Spec-Bench's speed.py does):
-vllm_tokens_per_s and hf_tokens_per_s (ours | theirs, draft none and ngram at k 4), lookup_speedup_vllm and
-lookup_speedup_hf (prompt lookup over plain decoding: ours | theirs), pass_bandwidth (a one-token pass's weight bytes
-per second | a large copy's) and pass_flops (a 64-row pass's FLOP/s | a large product's).
+Rows (`bench_results`, per repeat the mean over prompts of tokens/s, as Spec-Bench's speed.py does): vllm_tokens_per_s
+and hf_tokens_per_s (ours | theirs, draft none, ngram and, against vLLM, the head at k 4), lookup_speedup_vllm,
+lookup_speedup_hf and head_speedup_vllm (the draft over plain decoding: ours | theirs), pass_bandwidth (a one-token
+pass's weight bytes per second | a large copy's) and pass_flops (a 64-row pass's FLOP/s | a large product's).
 
 `python bench/peers.py [--prompts 4] [--max-new-tokens 64] [--repeats 3] [--db runs.duckdb] [--report FILE]`
 """
@@ -55,13 +56,20 @@ from runner.prompts import PromptError, load_prompts  # noqa: E402
 from runner.store.bench_rows import write_bench  # noqa: E402
 from runner.store.connect import init_db  # noqa: E402
 from runner.store.schema import StoreError  # noqa: E402
+from runner.vllm.head_ids import for_vllm  # noqa: E402
 
 GREEDY = Decoding("greedy", 0.0, 1.0)
 K = 4
 LOOKUP = parse_draft("ngram:3:earliest")
+HEAD_DIR = ROOT / "heads" / "smollm2-135m"
+HEAD = parse_draft(f"eagle:{HEAD_DIR}")
 PROMPTS = ROOT / "tests" / "data" / "spec_bench_sample.jsonl"
 MARKER = "@@peer "
-PLAIN_MODE, LOOKUP_MODE = "plain", "ngram"
+PLAIN_MODE, LOOKUP_MODE, HEAD_MODE = "plain", "ngram", "eagle"
+# What each engine runs: transformers has no EAGLE head.
+MODES = {"ours": (PLAIN_MODE, LOOKUP_MODE, HEAD_MODE), "transformers": (PLAIN_MODE, LOOKUP_MODE),
+         "vllm": (PLAIN_MODE, LOOKUP_MODE, HEAD_MODE)}
+DRAFTS = {PLAIN_MODE: ("none", None), LOOKUP_MODE: ("ngram", K), HEAD_MODE: ("eagle:heads/smollm2-135m", K)}
 
 
 class UsageError(ValueError):
@@ -113,7 +121,7 @@ class VllmPeer:
 @dataclass(frozen=True)
 class Sample:
     engine: str  # 'ours' | 'transformers' | 'vllm'
-    mode: str  # PLAIN_MODE | LOOKUP_MODE
+    mode: str  # PLAIN_MODE | LOOKUP_MODE | HEAD_MODE
     prompt: int  # index into the prompts
     repeat: int
     tokens: tuple[int, ...]
@@ -129,10 +137,11 @@ class Engines:
 
     def __init__(self, target: models.Loaded, vllm_python: Path | None, threads: int, max_len: int) -> None:
         # vLLM's engines load while ours measures its kernel table; none of it is timed
+        peer_modes = {PLAIN_MODE: PLAIN_MODE, LOOKUP_MODE: LOOKUP_MODE, HEAD_MODE: f"eagle3:{for_vllm(HEAD_DIR)}"}
         self.vllm = {} if vllm_python is None else {
-            mode: VllmPeer(vllm_python, models._source(target.spec), mode, threads, max_len)
-            for mode in (PLAIN_MODE, LOOKUP_MODE)}
-        self.target, self.pair = target, Pair(target, [LOOKUP], SKINNY)
+            mode: VllmPeer(vllm_python, models._source(target.spec), peer_modes[mode], threads, max_len)
+            for mode in MODES["vllm"]}
+        self.target, self.pair = target, Pair(target, [LOOKUP, HEAD], SKINNY)
         for peer in self.vllm.values():
             peer.ready()
 
@@ -144,7 +153,7 @@ class Engines:
         if engine == "vllm":
             return self.vllm[mode].generate(prompt, n)
         if engine == "ours":
-            spec, k = (PLAIN, None) if mode == PLAIN_MODE else (LOOKUP, K)
+            spec, k = {PLAIN_MODE: (PLAIN, None), LOOKUP_MODE: (LOOKUP, K), HEAD_MODE: (HEAD, K)}[mode]
             generation = self.pair.run(spec, prompt, k, GREEDY, n, seed=0)
             return generation.output_tokens, generation.wall_s
         options = {} if mode == PLAIN_MODE else {"prompt_lookup_num_tokens": K, "max_matching_ngram_size": 3}
@@ -162,7 +171,7 @@ class Engines:
 
 def measure(engines: Engines, prompts: list[list[int]], repeats: int, n: int) -> list[Sample]:
     """Every engine and mode on every prompt, per repeat, the turn order rotating each time; one warm-up each."""
-    jobs = [(e, m) for e in engines.names for m in (PLAIN_MODE, LOOKUP_MODE)]
+    jobs = [(e, m) for e in engines.names for m in MODES[e]]
     for engine, mode in jobs:
         engines.run(engine, mode, prompts[0], K + 2)
     samples, turn = [], 0
@@ -187,13 +196,16 @@ def throughput_rows(samples: list[Sample], peers: list[str], mismatches: dict[st
     rows = []
     for peer in peers:
         name = "vllm" if peer == "vllm" else "hf"
-        for mode, draft, k in ((PLAIN_MODE, "none", None), (LOOKUP_MODE, "ngram", K)):
-            rows.append(Row(f"{name}_tokens_per_s", draft, k, "all", rates(samples, "ours", mode),
+        both = [m for m in MODES[peer] if any(s.engine == peer and s.mode == m for s in samples)]
+        for mode in both:
+            rows.append(Row(f"{name}_tokens_per_s", *DRAFTS[mode], "all", rates(samples, "ours", mode),
                             rates(samples, peer, mode),
                             mismatches=mismatches.get(f"ours/{mode}", 0) + mismatches.get(f"{peer}/{mode}", 0)))
-        speedup = [[a / b for a, b in zip(rates(samples, e, LOOKUP_MODE), rates(samples, e, PLAIN_MODE), strict=True)]
-                   for e in ("ours", peer)]
-        rows.append(Row(f"lookup_speedup_{name}", "ngram", K, "all", *speedup))
+        for mode, metric in ((LOOKUP_MODE, "lookup"), (HEAD_MODE, "head")):
+            if mode in both:
+                speedup = [[a / b for a, b in zip(rates(samples, e, mode), rates(samples, e, PLAIN_MODE), strict=True)]
+                           for e in ("ours", peer)]
+                rows.append(Row(f"{metric}_speedup_{name}", *DRAFTS[mode], "all", *speedup))
     return rows
 
 

@@ -1,7 +1,8 @@
 """vLLM's offline engine as a peer for `bench/peers.py`, run by the Python of vLLM's own environment (`.venv-vllm`).
 
-`python bench/vllm_peer.py MODEL_DIR plain|ngram THREADS MAX_MODEL_LEN` loads one `vllm.LLM` (float32, greedy; ngram:
-prompt lookup with 4 speculative tokens, n-grams of 3 down to 1), then answers one JSON request per stdin line,
+`python bench/vllm_peer.py MODEL_DIR plain|ngram|eagle3:HEAD_DIR THREADS MAX_MODEL_LEN` loads one `vllm.LLM` (float32,
+greedy; ngram: prompt lookup with 4 speculative tokens, n-grams of 3 down to 1; eagle3: the head at HEAD_DIR drafting
+4), then answers one JSON request per stdin line,
 `{"prompt": [ids], "max_new_tokens": n}`, with one stdout line `@@peer {"tokens": [ids], "seconds": s}`: the whole
 request's wall time, prefill included, as the bench times ours. vLLM's own log lines never start with the marker.
 It imports nothing of specdash: it runs in an environment that does not have it.
@@ -28,8 +29,9 @@ def serve(model_dir: str, mode: str, threads: int, max_model_len: int) -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    llm = LLM(model=model_dir, dtype="float32", max_model_len=max_model_len, seed=0,
-              speculative_config=NGRAM if mode == "ngram" else None)
+    config = {"plain": None, "ngram": NGRAM}.get(mode) or {"method": "eagle3", "model": mode.removeprefix("eagle3:"),
+                                                           "num_speculative_tokens": 4}
+    llm = LLM(model=model_dir, dtype="float32", max_model_len=max_model_len, seed=0, speculative_config=config)
     print(MARKER + json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         request = json.loads(line)
@@ -41,7 +43,7 @@ def serve(model_dir: str, mode: str, threads: int, max_model_len: int) -> None:
 
 
 if __name__ == "__main__":  # vLLM spawns its engine process, which imports this file again
-    if len(sys.argv) != 5 or sys.argv[2] not in ("plain", "ngram"):
-        print("usage: vllm_peer.py MODEL_DIR plain|ngram THREADS MAX_MODEL_LEN", file=sys.stderr)
+    if len(sys.argv) != 5 or not (sys.argv[2] in ("plain", "ngram") or sys.argv[2].startswith("eagle3:")):
+        print("usage: vllm_peer.py MODEL_DIR plain|ngram|eagle3:HEAD_DIR THREADS MAX_MODEL_LEN", file=sys.stderr)
         sys.exit(2)
     serve(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))

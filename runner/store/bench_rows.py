@@ -87,7 +87,8 @@ UNITS = {"plain_tokens_per_s": "tokens/s", "spec_tokens_per_s": "tokens/s", "ada
          "batch_tokens_per_s": "tokens/s",
          "verify_ms": "ms", "verify_ms_stock": "ms", "verify_vs_stock": "ms", "roofline": "GB/s",
          "roofline_stock": "GB/s", "vllm_tokens_per_s": "tokens/s", "hf_tokens_per_s": "tokens/s",
-         "lookup_speedup_vllm": "x", "lookup_speedup_hf": "x", "pass_bandwidth": "GB/s", "pass_flops": "GFLOP/s"}
+         "lookup_speedup_vllm": "x", "lookup_speedup_hf": "x", "head_speedup_vllm": "x", "pass_bandwidth": "GB/s",
+         "pass_flops": "GFLOP/s"}
 ABOUT = {
     "plain_tokens_per_s": "(a) plain decoding, tokens/s: ours | transformers generate(do_sample=False)",
     "spec_tokens_per_s": "(b) speculative decoding, tokens/s: ours | transformers assisted generation",
@@ -115,10 +116,12 @@ ABOUT = {
                 "of a STREAM-style copy (bytes read + written / time) at the same thread count, same run",
     "roofline_stock": "roofline, stock F.linear: the same, on torch's own linears",
     "vllm_tokens_per_s": "(peers) tokens/s, the mean over prompts per repeat: ours | vLLM's CPU engine, plain (draft "
-                         "none) and prompt lookup (ngram, k 4)",
+                         "none), prompt lookup (ngram, k 4) and the shipped EAGLE-3 head (k 4)",
     "hf_tokens_per_s": "(peers) tokens/s: ours | transformers' generate, plain and prompt_lookup_num_tokens=4",
     "lookup_speedup_vllm": "(peers) prompt lookup's tokens/s over the same engine's plain decoding: ours | vLLM's",
     "lookup_speedup_hf": "(peers) prompt lookup's tokens/s over plain decoding: ours | transformers'",
+    "head_speedup_vllm": "(peers) the shipped EAGLE-3 head's tokens/s over the same engine's plain decoding: ours | "
+                         "vLLM's",
     "pass_bandwidth": "(peers) our one-token pass: weight bytes read / its time | a large copy's bytes/s, same run",
     "pass_flops": "(peers) our 64-row pass: the linears' FLOP / its time | a large matrix product's FLOP/s, same run",
 }
@@ -146,6 +149,7 @@ COLUMNS = {
     "hf_tokens_per_s": ("ours", "transformers"),
     "lookup_speedup_vllm": ("ours", "vLLM"),
     "lookup_speedup_hf": ("ours", "transformers"),
+    "head_speedup_vllm": ("ours", "vLLM"),
     "pass_bandwidth": ("one-token pass", "copy"),
     "pass_flops": ("64-row pass", "product"),
 }

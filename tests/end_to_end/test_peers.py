@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bench import peers
-from bench.peers import LOOKUP_MODE, PLAIN_MODE, Sample
+from bench.peers import HEAD_MODE, LOOKUP_MODE, PLAIN_MODE, Sample
 
 
 def _sample(engine: str, mode: str, prompt: int, repeat: int, tokens: int, seconds: float) -> Sample:
@@ -40,6 +40,24 @@ def test_rows_set_ours_against_the_peer_and_each_lookup_speedup_against_its_own_
     # ours: 30 / 15 = 2.0; vLLM: 15 / 15 = 1.0
     assert speedup.metric == "lookup_speedup_vllm" and speedup.ours == [2.0, 2.0] and speedup.theirs == [1.0, 1.0]
     assert speedup.goal() == ("ratio >= 1", True)
+
+
+def test_the_head_is_set_against_vllm_s_and_left_out_of_transformers():
+    head = [  # ours 40 tokens/s with the head, vLLM 30; both plain as in SAMPLES' repeat 0 (15 each)
+        _sample("ours", HEAD_MODE, 0, 0, 40, 1.0), _sample("ours", HEAD_MODE, 1, 0, 40, 1.0),
+        _sample("vllm", HEAD_MODE, 0, 0, 30, 1.0), _sample("vllm", HEAD_MODE, 1, 0, 30, 1.0)]
+    repeat0 = [s for s in SAMPLES if s.repeat == 0]
+    rows = peers.throughput_rows(repeat0 + head, ["vllm"], {})
+    assert [(r.metric, r.draft) for r in rows] == [
+        ("vllm_tokens_per_s", "none"), ("vllm_tokens_per_s", "ngram"),
+        ("vllm_tokens_per_s", "eagle:heads/smollm2-135m"), ("lookup_speedup_vllm", "ngram"),
+        ("head_speedup_vllm", "eagle:heads/smollm2-135m")]
+    assert rows[2].ratios == [40 / 30]
+    assert (rows[4].ours, rows[4].theirs) == ([40 / 15], [30 / 15])
+    hf = [Sample("transformers", s.mode, s.prompt, s.repeat, s.tokens, s.seconds)
+          for s in repeat0 if s.engine == "vllm"]
+    assert [r.metric for r in peers.throughput_rows(repeat0 + head + hf, ["transformers"], {})] == [
+        "hf_tokens_per_s", "hf_tokens_per_s", "lookup_speedup_hf"]
 
 
 @pytest.mark.parametrize("argv", [["--repeats", "0"], ["--vllm-python", "/no/such/python"]])
