@@ -38,7 +38,7 @@ $SWEEP --engine vllm --draft ngram:3 --draft eagle:$H --k 4 --prompts-per-catego
 # REPEATS: every cell three times, its baseline again before each, so a speedup's noise is measured, not guessed.
 $SWEEP --draft ngram --draft eagle:$H --k 3 --repeats 3 --prompts-per-category 2
 # BENCHMARK FORMATS: the tests' hand-written files in Spec-Bench's and SPEED-Bench's shapes (the project ships neither
-# benchmark's prompts), so their pages show something; SPEED-Bench in both engines (vLLM's context here is 2,048).
+# benchmark's prompts), so their pages show something; SPEED-Bench in both engines (vLLM on two of its splits).
 $SWEEP --prompts tests/data/spec_bench_sample.jsonl --draft ngram --draft eagle:$H --k 4
 $SWEEP --prompts tests/data/speed_bench --draft ngram:3:earliest --draft eagle:$H --k 4
 $SWEEP --engine vllm --prompts tests/data/speed_bench --splits qualitative,throughput_1k --draft ngram:3 \
