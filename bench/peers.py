@@ -29,6 +29,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass
@@ -80,10 +81,12 @@ class VllmPeer:
     """One `bench/vllm_peer.py` process (one vLLM engine, one mode), stopped whenever it is not generating."""
 
     def __init__(self, python: Path, model_dir: str, mode: str, threads: int, max_len: int) -> None:
-        self.process = subprocess.Popen(
-            [str(python), str(ROOT / "bench" / "vllm_peer.py"), model_dir, mode, str(threads), str(max_len)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-            start_new_session=True)  # its own process group: its engine process is stopped and woken with it
+        self.log = Path(tempfile.mkstemp(prefix="peers-vllm-", suffix=".log")[1])  # vLLM's own lines, for a failure
+        with self.log.open("w") as log:
+            self.process = subprocess.Popen(
+                [str(python), str(ROOT / "bench" / "vllm_peer.py"), model_dir, mode, str(threads), str(max_len)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
+                start_new_session=True)  # its own process group: its engine process is stopped and woken with it
 
     def ready(self) -> None:
         """Wait until its engine has loaded (minutes the first time: torch.compile), then stop it."""
@@ -94,7 +97,7 @@ class VllmPeer:
         for line in self.process.stdout:
             if line.startswith(MARKER):
                 return json.loads(line[len(MARKER):])
-        raise RuntimeError(f"vLLM exited with code {self.process.wait()} (run bench/vllm_peer.py by hand to see why)")
+        raise RuntimeError(f"vLLM exited with code {self.process.wait()} (its log: {self.log})")
 
     def _signal(self, number: int) -> None:
         os.killpg(self.process.pid, number)

@@ -29,8 +29,8 @@ def serve(model_dir: str, mode: str, threads: int, max_model_len: int) -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    config = {"plain": None, "ngram": NGRAM}.get(mode) or {"method": "eagle3", "model": mode.removeprefix("eagle3:"),
-                                                           "num_speculative_tokens": 4}
+    head = {"method": "eagle3", "model": mode.removeprefix("eagle3:"), "num_speculative_tokens": 4}
+    config = {"plain": None, "ngram": NGRAM}.get(mode, head)
     llm = LLM(model=model_dir, dtype="float32", max_model_len=max_model_len, seed=0, speculative_config=config)
     print(MARKER + json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
