@@ -94,6 +94,8 @@ def _by_batch_size(cells: pd.DataFrame, index: list[str], values: str) -> pd.Dat
 
 
 def _verdict(row) -> str:
+    if pd.isna(row.recommended_k):  # too little measured to predict from (one k of one prompt, say)
+        return f"no advice · k={int(row.measured_best_k)} measured best" if pd.notna(row.measured_best_k) else "–"
     advised = choice(row.recommended_k, row.recommended_policy)
     if row.recommended_policy != "fixed":
         return f"{advised} · beat every fixed k"

@@ -137,10 +137,11 @@ def test_the_advisors_table_says_how_each_advised_k_measured():
     table = batches.advised_k_by_batch(pd.DataFrame([
         advice(1, 3, "fixed", 3, 30.0, 30.0, True), advice(2, 4, "fixed", 3, 20.0, 20.4, True),
         advice(4, 4, "fixed", 2, 10.0, 11.0, False), advice(8, 1, "fixed", 2, None, 8.0, None),
-        advice(16, 2, "auto", 2, 4.0, 4.0, True)]))
+        advice(16, 2, "auto", 2, 4.0, 4.0, True), advice(32, pd.NA, "fixed", 4, None, 2.0, pd.NA)]))
     assert table.drop(columns=["draft", "category"]).iloc[0].tolist() == [
         "k=3 · fixed · measured best", "k=4 · fixed · k=3 +2.0%", "k=4 · fixed · k=2 +10.0%, over 3%",
-        "k=1 · fixed · not measured", "k=2 · auto · beat every fixed k"]
+        "k=1 · fixed · not measured", "k=2 · auto · beat every fixed k",
+        "no advice · k=4 measured best"]  # nothing to predict from, as on one k of one prompt
 
 
 def test_the_advisor_predicts_each_batch_size_from_its_own_shared_passes(db):
