@@ -3,7 +3,8 @@ its own (so the first render pays its imports and an empty cache, as a page open
 
 A render is AppTest's run of the router and the page's script (no browser: `bench/first_view.py` times one); a
 page other than the Overview is first rendered after the Overview, on which the app opens. The replay opens the
-first speculative run. Usage: `python bench/page_times.py [--db runs.duckdb] [--repeats 3]`.
+first speculative run. A filter change is the sidebar's category filter set to its first category, on the pages that
+have it. Usage: `python bench/page_times.py [--db runs.duckdb] [--repeats 3]`.
 """
 
 from __future__ import annotations
@@ -38,7 +39,12 @@ if page == "replay.py":
     at.query_params["run"] = run
 start = time.perf_counter(); at.run(); first = time.perf_counter() - start
 start = time.perf_counter(); at.run(); warm = time.perf_counter() - start
-print(json.dumps({"first": first, "warm": warm, "errors": len(at.exception)}))
+filtered = None  # a filter change: the sidebar's category filter set to its first category
+picks = [m for m in at.multiselect if m.key == "category" and m.options]
+if picks:
+    picks[0].set_value([picks[0].options[0]])
+    start = time.perf_counter(); at.run(); filtered = time.perf_counter() - start
+print(json.dumps({"first": first, "warm": warm, "filter": filtered, "errors": len(at.exception)}))
 """
 
 
@@ -50,12 +56,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         db = Path(folder) / "runs.duckdb"
         shutil.copy(args.db, db)  # the pages upgrade an older file in place: the repository's stays as it is
-        print(f"{'page':<20} {'first s':>8} {'warm s':>8}  (medians of {args.repeats})")
+        print(f"{'page':<20} {'first s':>8} {'warm s':>8} {'filter s':>9}  (medians of {args.repeats})")
         for page in PAGES:
             times = [_one(db, page) for _ in range(args.repeats)]
             first, warm = (statistics.median(t[key] for t in times) for key in ("first", "warm"))
+            filtered = [t["filter"] for t in times if t["filter"] is not None]
+            change = f"{statistics.median(filtered):>9.2f}" if filtered else f"{'–':>9}"
             errors = sum(t["errors"] for t in times)
-            print(f"{page:<20} {first:>8.2f} {warm:>8.2f}" + (f"  {errors} exceptions" if errors else ""))
+            print(f"{page:<20} {first:>8.2f} {warm:>8.2f} {change}" + (f"  {errors} exceptions" if errors else ""))
 
 
 def _one(db: Path, page: str) -> dict:
