@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import duckdb
 import pytest
@@ -41,14 +42,19 @@ def test_the_log_s_last_meaningful_line_is_its_error(tmp_path):
     assert last_line(log) == "ValueError: the model does not exist"
 
 
-def test_a_server_that_cannot_start_says_why_in_one_line(monkeypatch, tmp_path):
-    # An interpreter that fails as vLLM does on a model it cannot load: a traceback, then exit 1.
-    python = tmp_path / "bin" / "python"
+def vllm_interpreter(monkeypatch: pytest.MonkeyPatch, folder: Path, script: str) -> None:
+    """vLLM's environment replaced by a shell script that prints `script`'s lines and exits 1."""
+    python = folder / "bin" / "python"
     python.parent.mkdir()
-    python.write_text("#!/bin/sh\necho 'INFO starting'\necho 'Traceback (most recent call last):'\n"
-                      "echo 'OSError: no-model does not appear to have a file named config.json'\nexit 1\n")
+    python.write_text(f"#!/bin/sh\n{script}exit 1\n")
     python.chmod(0o755)
     monkeypatch.setenv("SPECDASH_VLLM_PYTHON", str(python))
+
+
+def test_a_server_that_cannot_start_says_why_in_one_line(monkeypatch, tmp_path):
+    # An interpreter that fails as vLLM does on a model it cannot load: a traceback, then exit 1.
+    vllm_interpreter(monkeypatch, tmp_path, "echo 'INFO starting'\necho 'Traceback (most recent call last):'\n"
+                     "echo 'OSError: no-model does not appear to have a file named config.json'\n")
     server = Server(ServerSettings(str(tmp_path / "no-model")), None)
     with pytest.raises(VllmError) as refused:
         server.wait()
@@ -58,12 +64,8 @@ def test_a_server_that_cannot_start_says_why_in_one_line(monkeypatch, tmp_path):
 
 def test_a_server_s_threads_bound_its_numba_pool_too(monkeypatch, tmp_path):
     # The server's process reports the thread counts it was given: numba's pool (vLLM's n-gram matcher) included.
-    python = tmp_path / "bin" / "python"
-    python.parent.mkdir()
-    python.write_text("#!/bin/sh\necho \"Error: omp $OMP_NUM_THREADS numba $NUMBA_NUM_THREADS bind "
-                      "$VLLM_CPU_OMP_THREADS_BIND\"\nexit 1\n")
-    python.chmod(0o755)
-    monkeypatch.setenv("SPECDASH_VLLM_PYTHON", str(python))
+    vllm_interpreter(monkeypatch, tmp_path,
+                     "echo \"Error: omp $OMP_NUM_THREADS numba $NUMBA_NUM_THREADS bind $VLLM_CPU_OMP_THREADS_BIND\"\n")
     monkeypatch.setenv("NUMBA_NUM_THREADS", "8")
     server = Server(ServerSettings("model", threads=2), None)
     with pytest.raises(VllmError, match=r"did not start: Error: omp 2 numba 2 bind 0-1 \(log"):
