@@ -63,10 +63,6 @@ def comparable_runs_sql(filters: Filters) -> tuple[str, list]:
 
 # The cells' keys: a setup × category, then what is compared within it.
 CELL = (*SETUP, "category", "draft", "k", "k_policy")
-# A greedy run's output against its baseline's, in counts that add up over runs: the runs checked (a sampled run is
-# not) and their mismatches by class (docs/measuring.md, "Lossless, classified"): a numeric tie (the contested logits
-# within rounding of each other), a real divergence (a bug), or unjudged (no logits came back to tell, or it was
-# recorded before mismatches were classified). The Overview's cells and the Compare page's leaderboard count so.
 
 
 def cells(con: duckdb.DuckDBPyConnection, filters: Filters) -> pd.DataFrame:

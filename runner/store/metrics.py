@@ -53,8 +53,10 @@ class Filters:
         return " AND ".join(clauses), params
 
 
-# A run's lossless check, counted one way wherever runs are pooled: the checked ones, then the mismatches by class
-# (a real divergence, a numeric tie, or unjudged: no logits came back to classify it by, as from vLLM).
+# A greedy run's output against its baseline's, counted one way wherever runs are pooled, in counts that add up over
+# runs: the runs checked (a sampled run is not) and their mismatches by class (docs/measuring.md, "Lossless,
+# classified"): a real divergence (a bug), a numeric tie (the contested logits within rounding of each other), or
+# unjudged (no logits came back to tell, as from vLLM, or it was recorded before mismatches were classified).
 LOSSLESS = {
     "checked": "count(lossless)",
     "real_divergences": "count(*) FILTER (NOT lossless AND divergence = 'real')",
