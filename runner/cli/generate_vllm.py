@@ -17,7 +17,7 @@ from runner.prompts import Prompt
 from runner.report import frame_table
 from runner.sweep.loop import run_sweep
 from runner.sweep.plan import SweepConfig
-from runner.vllm.server import VllmError
+from runner.vllm.process import VllmError
 
 SUMMARY = ("draft", "k", "new_tokens", "n_rounds", "alpha", "tau", "tokens_per_s", "baseline_tokens_per_s",
            "measured_speedup", "lossless")

@@ -9,7 +9,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 
-from runner.vllm.server import VllmError
+from runner.vllm.process import VllmError
 
 
 @dataclass(frozen=True)

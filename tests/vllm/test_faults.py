@@ -1,11 +1,10 @@
-"""vLLM's faults as one line: a missing environment, a server that does not start (its log's last meaningful line),
-a draft vLLM refuses; nothing recorded is lost."""
+"""vLLM's faults as one line: a missing environment, a vLLM that does not start (its log's last meaningful line) or
+exits mid-sweep, a team's server that runs another config; nothing recorded is lost."""
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ import duckdb
 import pytest
 from rich.console import Console
 
+from bench.load import free_port
 from runner.engine.weights.models import DEFAULT_MODEL
 from runner.engines import Workload
 from runner.pair_engine import GREEDY
@@ -25,7 +25,7 @@ from runner.sweep.plan import SweepConfig
 from runner.vllm.client import get
 from runner.vllm.drafts import parse
 from runner.vllm.engine import VllmEngine
-from runner.vllm.server import Server, ServerSettings, VllmError, free_port, last_line, vllm_python
+from runner.vllm.process import Settings, VllmError, VllmProcess, last_line, vllm_python
 
 
 def test_no_environment_names_the_target_that_builds_it(monkeypatch, tmp_path):
@@ -43,7 +43,8 @@ def test_the_log_s_last_meaningful_line_is_its_error(tmp_path):
 
 
 def vllm_interpreter(monkeypatch: pytest.MonkeyPatch, folder: Path, script: str) -> None:
-    """vLLM's environment replaced by a shell script that prints `script`'s lines and exits 1."""
+    """vLLM's environment replaced by a shell script that runs `script` (its lines printed to stderr, the log, as
+    Python's are) and exits 1."""
     python = folder / "bin" / "python"
     python.parent.mkdir()
     python.write_text(f"#!/bin/sh\n{script}exit 1\n")
@@ -51,35 +52,73 @@ def vllm_interpreter(monkeypatch: pytest.MonkeyPatch, folder: Path, script: str)
     monkeypatch.setenv("SPECDASH_VLLM_PYTHON", str(python))
 
 
-def test_a_server_that_cannot_start_says_why_in_one_line(monkeypatch, tmp_path):
+def test_a_vllm_that_cannot_start_says_why_in_one_line(monkeypatch, tmp_path):
     # An interpreter that fails as vLLM does on a model it cannot load: a traceback, then exit 1.
-    vllm_interpreter(monkeypatch, tmp_path, "echo 'INFO starting'\necho 'Traceback (most recent call last):'\n"
-                     "echo 'OSError: no-model does not appear to have a file named config.json'\n")
-    server = Server(ServerSettings(str(tmp_path / "no-model")), None)
+    vllm_interpreter(monkeypatch, tmp_path, "echo 'INFO starting' >&2\necho 'Traceback (most recent call last):' >&2\n"
+                     "echo 'OSError: no-model does not appear to have a file named config.json' >&2\n")
+    local = VllmProcess(Settings(str(tmp_path / "no-model")))
     with pytest.raises(VllmError) as refused:
-        server.wait()
+        local.load(None)
     assert str(refused.value) == ("vLLM did not start: OSError: no-model does not appear to have a file named "
-                                  f"config.json (log: {server.log})")
+                                  f"config.json (log: {local.log})")
 
 
-def test_a_server_s_threads_bound_its_numba_pool_too(monkeypatch, tmp_path):
-    # The server's process reports the thread counts it was given: numba's pool (vLLM's n-gram matcher) included.
-    vllm_interpreter(monkeypatch, tmp_path,
-                     "echo \"Error: omp $OMP_NUM_THREADS numba $NUMBA_NUM_THREADS bind $VLLM_CPU_OMP_THREADS_BIND\"\n")
+def test_a_worker_that_writes_no_answer_is_stopped_with_what_it_wrote(monkeypatch, tmp_path):
+    vllm_interpreter(monkeypatch, tmp_path, "read line\necho 'Segmentation fault'\nsleep 60\n")
+    local = VllmProcess(Settings("model"))
+    with pytest.raises(VllmError, match=r"^vLLM did not start: its worker wrote 'Segmentation fault', not an answer$"):
+        local.load(None)
+    assert local.exited()
+
+
+def test_vllm_s_threads_bound_its_numba_pool_too(monkeypatch, tmp_path):
+    # vLLM's process reports the thread counts it was given: numba's pool (vLLM's n-gram matcher) included.
+    vllm_interpreter(monkeypatch, tmp_path, "echo \"Error: omp $OMP_NUM_THREADS numba $NUMBA_NUM_THREADS bind "
+                                            "$VLLM_CPU_OMP_THREADS_BIND\" >&2\n")
     monkeypatch.setenv("NUMBA_NUM_THREADS", "8")
-    server = Server(ServerSettings("model", threads=2), None)
+    local = VllmProcess(Settings("model", threads=2))
     with pytest.raises(VllmError, match=r"did not start: Error: omp 2 numba 2 bind 0-1 \(log"):
-        server.wait()
+        local.load(None)
 
 
-FAKE_VLLM = """
+FAKE_WORKER = """
 import json, os, sys
+
+# runner/vllm/worker.py's protocol; the plain engine dies once it has decoded FAKE_PLAIN_REQUESTS prompts
+config, decoded = None, 0
+for line in sys.stdin:
+    command = json.loads(line)
+    if "load" in command:
+        config, decoded = command["load"]["speculative_config"], 0
+        print(json.dumps({"version": "fake"}), flush=True)
+        continue
+    replies = []
+    for _ in command["generate"]["prompts"]:
+        decoded += 1
+        if config is None and decoded > int(os.environ["FAKE_PLAIN_REQUESTS"]):
+            print("RuntimeError: the engine core died", file=sys.stderr, flush=True)
+            os._exit(1)
+        k = config and config["num_speculative_tokens"]
+        spec = config and {"mean_acceptance_length": 2.0, "draft_acceptance_rate": 1 / k, "num_spec_steps": 1,
+                           "acceptance_histogram": [0, 1] + [0] * (k - 1), "num_accepted_draft_tokens": 1,
+                           "num_draft_tokens": k, "num_spec_tokens": k, "per_step_accepted": [1],
+                           "per_step_drafted": [k]}
+        replies.append({"choices": [{"token_ids": [5, 6, 7], "finish_reason": "length"}],
+                        "metrics": {"time_to_first_token_ms": 1.0, "generation_time_ms": 2.0,
+                                    "speculative_decoding": spec}})
+    print(json.dumps({"replies": replies}), flush=True)
+"""
+
+
+# A team's server: vLLM's HTTP side, answering /v1/completions as the real one does (its speculative config given as
+# `vllm serve` takes it).
+FAKE_SERVER = """
+import json, sys
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 port = int(sys.argv[sys.argv.index("--port") + 1])
 spec_at = sys.argv.index("--speculative-config") + 1 if "--speculative-config" in sys.argv else None
 config = json.loads(sys.argv[spec_at]) if spec_at else None
-served = [0]
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -99,10 +138,6 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         self.rfile.read(int(self.headers["Content-Length"]))
-        served[0] += 1
-        if config is None and served[0] > int(os.environ["FAKE_PLAIN_REQUESTS"]):
-            print("RuntimeError: the engine core died", flush=True)
-            os._exit(1)
         spec = config and {"mean_acceptance_length": 2.0, "draft_acceptance_rate": 0.25, "num_spec_steps": 1,
                            "acceptance_histogram": [0, 1] + [0] * (config["num_speculative_tokens"] - 1),
                            "num_accepted_draft_tokens": 1, "num_draft_tokens": config["num_speculative_tokens"],
@@ -116,11 +151,12 @@ HTTPServer(("127.0.0.1", port), Handler).serve_forever()
 """
 
 
-def test_a_server_that_dies_mid_sweep_leaves_error_runs_and_the_sweep_resumes(monkeypatch, tmp_path):
-    """A stand-in for vLLM's HTTP side (exact counts; the real one is tests/vllm/test_real_vllm.py) whose plain server
+def test_a_vllm_that_dies_mid_sweep_leaves_error_runs_and_the_sweep_resumes(monkeypatch, tmp_path):
+    """A stand-in for vLLM's worker (exact counts; the real one is tests/vllm/test_real_vllm.py) whose plain engine
     dies on its third request: the warm-up and the first prompt are answered, the second prompt's run is an error
-    run, nothing recorded is lost, and the resumed sweep records the missing run on a new server."""
-    (tmp_path / "fake.py").write_text(FAKE_VLLM)
+    run, the next config starts a new process, nothing recorded is lost, and the resumed sweep records the missing
+    run."""
+    (tmp_path / "fake.py").write_text(FAKE_WORKER)
     python = tmp_path / "python"
     python.write_text(f"#!/bin/sh\nexec {sys.executable} {tmp_path / 'fake.py'} \"$@\"\n")
     python.chmod(0o755)
@@ -131,8 +167,9 @@ def test_a_server_that_dies_mid_sweep_leaves_error_runs_and_the_sweep_resumes(mo
                          prompts=tuple(select_prompts(load_prompts(), ["code"], 2)), max_new_tokens=3, seed=0, db=db,
                          device="cpu", dtype="float32", threads=1, engine="vllm")
     sweep_id, recorder = run_sweep(config, Console(quiet=True))
-    assert [e.split(": ", 1)[1] for e in recorder.errors] == [
-        "VllmError: vLLM did not answer: Remote end closed connection without response"]
+    [error] = recorder.errors
+    assert error.split(": ", 1)[1].startswith(
+        "VllmError: vLLM did not decode the request: RuntimeError: the engine core died (log: ")
     def runs() -> list[tuple]:
         with duckdb.connect(str(db), read_only=True) as con:
             return con.execute("SELECT prompt_id, draft, status, lossless, engine_version FROM runs "
@@ -149,12 +186,12 @@ def test_a_server_that_dies_mid_sweep_leaves_error_runs_and_the_sweep_resumes(mo
 def test_a_server_a_team_runs_is_reached_at_its_url_and_held_to_the_cells_config(tmp_path):
     """`--engine vllm:<url>`: its model and version read from it; a speculative server records the draft's cells and
     refuses the plain ones in one line (it cannot decode plainly), and a k other than its own."""
-    (tmp_path / "fake.py").write_text(FAKE_VLLM)
+    (tmp_path / "fake.py").write_text(FAKE_SERVER)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     config = json.dumps({"method": "ngram", "num_speculative_tokens": 3})
     server = subprocess.Popen([sys.executable, str(tmp_path / "fake.py"), "--port", str(port), "--speculative-config",
-                               config], env={**os.environ, "FAKE_PLAIN_REQUESTS": "0"})
+                               config])
     try:
         for _ in range(100):
             with contextlib.suppress(VllmError):
@@ -177,12 +214,13 @@ def test_a_server_a_team_runs_is_reached_at_its_url_and_held_to_the_cells_config
                                     "record plain decoding", "vllm")]
 
 
-def test_a_config_whose_server_does_not_start_is_tried_once_and_its_cells_are_error_runs(monkeypatch, tmp_path):
-    """Each speculative config starts its own server: one that fails makes every cell of that config an error run
-    with the log's reason, after one try, and the sweep goes on to the next config."""
+def test_a_config_vllm_does_not_start_is_tried_once_and_its_cells_are_error_runs(monkeypatch, tmp_path):
+    """A config vLLM does not start with makes every cell of that config an error run with the log's reason, after
+    one try, and the sweep goes on to the next config, in a new process."""
     starts = tmp_path / "starts"
     python = tmp_path / "python"
-    python.write_text(f"#!/bin/sh\necho \"$*\" >> {starts}\necho 'RuntimeError: no CPU KV cache'\nexit 1\n")
+    python.write_text(f"#!/bin/sh\nread line\necho \"$line\" >> {starts}\necho 'RuntimeError: no CPU KV cache' >&2\n"
+                      "exit 1\n")
     python.chmod(0o755)
     monkeypatch.setenv("SPECDASH_VLLM_PYTHON", str(python))
     db = tmp_path / "runs.duckdb"
@@ -191,8 +229,10 @@ def test_a_config_whose_server_does_not_start_is_tried_once_and_its_cells_are_er
                          device="cpu", dtype="float32", threads=1, engine="vllm")
     run_sweep(config, Console(quiet=True))
     lines = starts.read_text().splitlines()
-    assert len(lines) == 3  # plain, then k = 2, then k = 3: one start each, not one per prompt
-    assert ["--speculative-config" in line for line in lines] == [False, True, True]
+    # plain, then k = 2, then k = 3: one start each, not one per prompt
+    assert [json.loads(line)["load"]["speculative_config"] for line in lines] == [
+        None, {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2, "prompt_lookup_min": 1},
+        {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2, "prompt_lookup_min": 1}]
     with duckdb.connect(str(db), read_only=True) as con:
         rows = con.execute("SELECT draft, k, count(*), any_value(error), count(DISTINCT error) FROM runs "
                            "GROUP BY draft, k ORDER BY draft, k").fetchall()
@@ -202,13 +242,13 @@ def test_a_config_whose_server_does_not_start_is_tried_once_and_its_cells_are_er
     assert all(error.startswith(reason) for *_, error, _ in rows)
 
 
-def test_a_started_server_serves_the_sweep_s_longest_sequence_and_a_longer_prompt_is_refused():
+def test_vllm_here_serves_the_sweep_s_longest_sequence_and_a_longer_prompt_is_refused():
     engine = VllmEngine(DEFAULT_MODEL, None, 1, 16, 0)
     assert engine.context == 8192  # SmolLM2's own positions, as our engine runs it
     prompts = tuple(select_prompts(load_prompts(), ["code", "summary"], 1))
     longest = max(len(engine.prompt_ids(p)) for p in prompts)
     engine.prepare(Workload(prompts, (), (4,), (GREEDY,)))
-    assert engine.longest == longest + 16 + 4  # its servers' --max-model-len: room for the last step's 4 drafts
+    assert engine.longest == longest + 16 + 4  # its engines' max_model_len: room for the last step's 4 drafts
     long = Prompt(id="long-1", category="code", text="word " * 9000)
     with pytest.raises(ValueError, match=r'^prompt "long-1" \([\d,]+ tokens\) \+ max-new-tokens \(16\) exceeds the '
                                          r"model's context of 8,192 tokens; nothing is truncated"):

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from runner.engine.drafters.ngram import NgramDrafter
-from runner.vllm.server import vllm_python
+from runner.vllm.process import vllm_python
 
 # (text, n, k, the proposal worked out by hand)
 CASES = [

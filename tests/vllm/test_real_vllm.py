@@ -1,6 +1,6 @@
 """A real vLLM, started from .venv-vllm: plain decoding, prompt lookup and the shipped EAGLE-3 head swept on vLLM and
 on our engine over the same prompts (greedy, k = 4; two of the built-in suite and one of SPEED-Bench's qualitative
-split, from the fixture in its published shape), one vLLM server per speculative config for the module.
+split, from the fixture in its published shape), one vLLM engine per speculative config for the module.
 
 What vLLM reports is held to its own totals and to the output; its plain outputs to ours; its prompt lookup to ours
 with vLLM's match rule, step by step; the shipped head's acceptance per position to ours (the gap is printed).
@@ -42,7 +42,7 @@ def db(tmp_path_factory) -> Path:
     began = time.monotonic()
     run_sweep(SweepConfig(drafts=(parse("ngram:3"), parse(f"eagle:{HEAD}")), engine="vllm", **common),
               Console(quiet=True))
-    print(f"\nvLLM sweep, 3 servers started one after another: {time.monotonic() - began:.0f} s")
+    print(f"\nvLLM sweep, three configs in one vLLM process: {time.monotonic() - began:.0f} s")
     run_sweep(SweepConfig(drafts=(parse_draft("ngram:3:earliest"), parse_draft(f"eagle:{HEAD}")), **common),
               Console(quiet=True))
     return path

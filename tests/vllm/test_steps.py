@@ -6,7 +6,7 @@ import pytest
 
 from runner.records import Generation
 from runner.vllm.client import reply_of
-from runner.vllm.server import VllmError
+from runner.vllm.process import VllmError
 from runner.vllm.steps import rounds_of
 
 
