@@ -8,8 +8,9 @@ round each time, after one warm-up generation each. Prompt lookup: ours `ngram:3
 the longest n-gram of 3 down to 1 ending the text, at its earliest occurrence), vLLM's `ngram` method with 4 speculative
 tokens and n-grams of 3 down to 1, transformers' `prompt_lookup_num_tokens=4` with `max_matching_ngram_size=3`. The
 shipped EAGLE-3 head at k = 4 in ours and in vLLM (`eagle3`, given the head with its layer ids in vLLM's convention:
-runner/vllm/head_ids.py); transformers has no EAGLE. vLLM runs from its own environment (`bench/vllm_peer.py`), one
-process per mode, each stopped (SIGSTOP) while the others run, so that its idle engine loop takes no CPU from them.
+runner/vllm/head_ids.py); transformers has no EAGLE. vLLM runs from its own environment as sweeps run it
+(runner/vllm/process.py), one process per mode, its engine in that process (idle between requests), compiled as a
+deployment runs it.
 
 Rows (`bench_results`, per repeat the mean over prompts of tokens/s, as Spec-Bench's speed.py does): vllm_tokens_per_s
 and hf_tokens_per_s (ours | theirs, draft none, ngram and, against vLLM, the head at k 4), lookup_speedup_vllm,
@@ -22,15 +23,11 @@ pass's weight bytes per second | a large copy's) and pass_flops (a 64-row pass's
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import os
 import shlex
 import signal
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass
@@ -58,7 +55,11 @@ from runner.prompts import PromptError, load_prompts  # noqa: E402
 from runner.store.bench_rows import write_bench  # noqa: E402
 from runner.store.connect import init_db  # noqa: E402
 from runner.store.schema import StoreError  # noqa: E402
-from runner.vllm.head_ids import for_vllm  # noqa: E402
+from runner.vllm.client import reply_of  # noqa: E402
+from runner.vllm.drafts import parse as parse_vllm  # noqa: E402
+from runner.vllm.drafts import speculative_config  # noqa: E402
+from runner.vllm.engine import REQUEST_TIMEOUT_S  # noqa: E402
+from runner.vllm.process import Settings, VllmProcess  # noqa: E402
 
 GREEDY = Decoding("greedy", 0.0, 1.0)
 K = 4
@@ -66,7 +67,6 @@ LOOKUP = parse_draft("ngram:3:earliest")
 HEAD_DIR = ROOT / "heads" / "smollm2-135m"
 HEAD = parse_draft(f"eagle:{HEAD_DIR}")
 PROMPTS = ROOT / "tests" / "data" / "spec_bench_sample.jsonl"
-MARKER = "@@peer "
 PLAIN_MODE, LOOKUP_MODE, HEAD_MODE = "plain", "ngram", "eagle"
 # What each engine runs: transformers has no EAGLE head.
 MODES = {"ours": (PLAIN_MODE, LOOKUP_MODE, HEAD_MODE), "transformers": (PLAIN_MODE, LOOKUP_MODE),
@@ -76,58 +76,6 @@ DRAFTS = {PLAIN_MODE: ("none", None), LOOKUP_MODE: ("ngram", K), HEAD_MODE: ("ea
 
 class UsageError(ValueError):
     """Bad command-line input: one line, exit code 2."""
-
-
-class VllmPeer:
-    """One `bench/vllm_peer.py` process (one vLLM engine, one mode), stopped whenever it is not generating."""
-
-    def __init__(self, python: Path, model_dir: str, mode: str, threads: int, max_len: int) -> None:
-        self.log = Path(tempfile.mkstemp(prefix="peers-vllm-", suffix=".log")[1])  # vLLM's own lines, for a failure
-        with self.log.open("w") as log:
-            self.process = subprocess.Popen(
-                [str(python), str(ROOT / "bench" / "vllm_peer.py"), model_dir, mode, str(threads), str(max_len)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
-                start_new_session=True)  # its own process group: its engine process is stopped and woken with it
-
-    def ready(self) -> None:
-        """Wait until its engine has loaded (minutes the first time: torch.compile), then stop it."""
-        self._reply()
-        self._signal(signal.SIGSTOP)
-
-    def _reply(self) -> dict:
-        for line in self.process.stdout:
-            if line.startswith(MARKER):
-                return json.loads(line[len(MARKER):])
-        raise RuntimeError(f"vLLM exited with code {self.process.wait()} (its log: {self.log})")
-
-    def _signal(self, number: int) -> None:
-        os.killpg(self.process.pid, number)
-
-    def generate(self, prompt: list[int], max_new_tokens: int) -> tuple[tuple[int, ...], float]:
-        self._signal(signal.SIGCONT)
-        try:
-            self.process.stdin.write(json.dumps({"prompt": prompt, "max_new_tokens": max_new_tokens}) + "\n")
-            self.process.stdin.flush()
-            reply = self._reply()
-        finally:
-            self._signal(signal.SIGSTOP)
-        return tuple(reply["tokens"]), reply["seconds"]
-
-    def close(self) -> None:
-        """Stop the peer and every process its engine started: one left shutting down would take a core from the
-        pass timings that follow."""
-        self._signal(signal.SIGCONT)
-        self.process.stdin.close()
-        try:
-            self.process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            pass
-        deadline = time.monotonic() + 30
-        with contextlib.suppress(ProcessLookupError):  # raised once no process of the group is left
-            while time.monotonic() < deadline:
-                self._signal(signal.SIGKILL)
-                self.process.poll()  # reaps the peer itself: a zombie still belongs to the group
-                time.sleep(0.1)
 
 
 @dataclass(frozen=True)
@@ -152,20 +100,25 @@ class Engines:
         # threaded product at a multiple of its idle time (measured: a 576x576 product at 16 ms instead of 0.1 ms on
         # 2 threads), so the table would keep stock where another product is twice as fast.
         self.target, self.pair = target, Pair(target, [LOOKUP, HEAD], SKINNY)
-        peer_modes = {PLAIN_MODE: PLAIN_MODE, LOOKUP_MODE: LOOKUP_MODE, HEAD_MODE: f"eagle3:{for_vllm(HEAD_DIR)}"}
-        self.vllm = {} if vllm_python is None else {
-            mode: VllmPeer(vllm_python, models._source(target.spec), peer_modes[mode], threads, max_len)
-            for mode in MODES["vllm"]}
-        for peer in self.vllm.values():
-            peer.ready()
+        self.vllm: dict[str, VllmProcess] = {}
+        if vllm_python is not None:
+            os.environ["SPECDASH_VLLM_PYTHON"] = str(vllm_python)
+            settings = Settings(models._source(target.spec), threads, max_model_len=max_len, eager=False)
+            self.vllm = {mode: VllmProcess(settings) for mode in MODES["vllm"]}  # their imports run side by side
+            configs = {PLAIN_MODE: None, LOOKUP_MODE: speculative_config(parse_vllm("ngram:3"), K),
+                       HEAD_MODE: speculative_config(parse_vllm(f"eagle:{HEAD_DIR}"), K)}  # as `--engine vllm` has them
+            for mode, process in self.vllm.items():
+                process.load(configs[mode])
 
     @property
     def names(self) -> list[str]:
         return ["ours", "transformers", *(["vllm"] if self.vllm else [])]
 
     def run(self, engine: str, mode: str, prompt: list[int], n: int) -> tuple[tuple[int, ...], float]:
-        if engine == "vllm":
-            return self.vllm[mode].generate(prompt, n)
+        if engine == "vllm":  # the whole request, as ours is timed
+            start = time.perf_counter()
+            [answer] = self.vllm[mode].generate([prompt], n, [{"temperature": 0.0}], REQUEST_TIMEOUT_S)
+            return reply_of(answer).output_ids, time.perf_counter() - start
         if engine == "ours":
             spec, k = {PLAIN_MODE: (PLAIN, None), LOOKUP_MODE: (LOOKUP, K), HEAD_MODE: (HEAD, K)}[mode]
             generation = self.pair.run(spec, prompt, k, GREEDY, n, seed=0)
@@ -179,8 +132,9 @@ class Engines:
         return tuple(out[0, len(prompt):].tolist()), time.perf_counter() - start
 
     def close(self) -> None:
-        for peer in self.vllm.values():
-            peer.close()
+        """Every vLLM process gone (and whatever they started) before the passes are timed."""
+        for process in self.vllm.values():
+            process.stop()
 
 
 def measure(engines: Engines, prompts: list[list[int]], repeats: int, n: int) -> list[Sample]:

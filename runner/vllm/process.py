@@ -1,11 +1,12 @@
-"""vLLM run here, in its own environment (`make vllm-env`): one process for a sweep (runner/vllm/worker.py), which
-imports vLLM once and holds one offline engine at a time, made anew for each speculative config.
+"""vLLM run here, in its own environment (`make vllm-env`): one process (runner/vllm/worker.py) that imports vLLM
+once and holds one offline engine at a time, made anew for each speculative config.
 
-A start on this project's small CPUs is mostly imports (~15 s of one core for vLLM and torch), an engine 3-7 s more:
-one process instead of a `vllm serve` per config (which imports both twice, its engine core being a second process)
-makes a sweep of three configs start in about a third of the time. Engines are eager (`enforce_eager`: compiling
-would add minutes per config on a small CPU) and run the model in the process (the `uni` executor); their timings
-are eager vLLM's, which is what a CPU deployment runs unless it compiles.
+A start on this project's small CPUs is mostly imports (~15 s of one core for vLLM and torch), an engine 3-7 s more.
+A `vllm serve` per config imported both twice per config (its engine core is a second process): a sweep of three
+configs over two prompts took 52 s in one process against 131 s with a server per config (2-core AMD EPYC, one
+thread). A sweep's engines are eager (`enforce_eager`: compiling would add minutes per config on a small CPU) and run
+the model in the process (the `uni` executor); their timings are eager vLLM's, which is what a CPU deployment runs
+unless it compiles. `bench/peers.py` lets vLLM compile, as a deployment would.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import select
 import signal
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,11 +44,12 @@ class Settings:
     """How vLLM runs here; one per sweep, whatever its speculative configs."""
 
     model: str  # the directory (or cached repo id) vLLM loads
-    threads: int = 1  # CPU cores its OpenMP threads are bound to (0..threads-1)
+    threads: int = 1  # CPU cores its OpenMP threads are bound to (the first this process may run on)
     dtype: str = "float32"  # the target's dtype, as our engine runs it on CPU
     max_model_len: int = 2048  # the longest sequence it serves: prompt and new tokens (the engine sets it)
     kv_cache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE: a few requests of a 135M model need little
-    start_timeout_s: float = 900.0  # a first start under load imports for minutes
+    start_timeout_s: float = 900.0  # a first start under load imports (or compiles) for minutes
+    eager: bool = True  # False: vLLM compiles its graphs, as a deployment runs it (minutes for a first start)
 
 
 def reusable(config: dict | None) -> bool:
@@ -69,7 +72,7 @@ class VllmProcess:
                                             start_new_session=True)
 
     def env(self) -> dict[str, str]:
-        cores = "0" if self.settings.threads == 1 else f"0-{self.settings.threads - 1}"
+        cores = ",".join(str(core) for core in sorted(os.sched_getaffinity(0))[: self.settings.threads])
         # vLLM's n-gram matcher runs in numba's thread pool, which otherwise starts a thread per core of the machine
         # beside the engine's threads bound to `cores`: on 2 cores its requests took 1.5-4x longer, and varied 8x.
         return {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": str(self.settings.kv_cache_gib),
@@ -81,7 +84,8 @@ class VllmProcess:
         config, or the process exits or does not answer in time."""
         s = self.settings
         answer = self.ask({"load": {"model": s.model, "dtype": s.dtype, "max_model_len": s.max_model_len, "seed": 0,
-                                    "speculative_config": config}}, s.start_timeout_s, "vLLM did not start")
+                                    "eager": s.eager, "speculative_config": config}}, s.start_timeout_s,
+                          "vLLM did not start")
         self.config = config
         return answer["version"]
 
@@ -120,16 +124,20 @@ class VllmProcess:
         return self.process.poll() is not None
 
     def stop(self, kill: bool = False) -> None:
-        """The process: it ends at the end of its input, and is killed (its group) if it does not in 30 s, or at
-        once with `kill` (a request it is still decoding)."""
+        """The process, and every process it started: it ends at the end of its input; whatever of its group is left
+        after 30 s (at once with `kill`: a request it is still decoding) is killed. One left shutting down would take
+        a core from whatever runs next."""
         if self.process.poll() is None and not kill:
             with contextlib.suppress(BrokenPipeError):
                 self.process.stdin.close()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(30)
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+        deadline = time.monotonic() + 30
+        with contextlib.suppress(ProcessLookupError):  # raised once no process of the group is left
+            while time.monotonic() < deadline:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.poll()  # reaps the worker itself: a zombie still belongs to the group
+                time.sleep(0.1)
 
 
 # Lines that say nothing of why vLLM stopped: warnings, and what its bindings print as the process exits.

@@ -3,8 +3,8 @@ and holds one offline engine (`vllm.LLM`) at a time, one per speculative config.
 
 It imports nothing of specdash (it runs in an environment that does not have it). It reads one JSON command per stdin
 line and writes one JSON reply per stdout line; everything else the process prints goes to stderr (the log):
-- `{"load": {"model": dir, "dtype": ..., "max_model_len": n, "seed": s, "speculative_config": {...} or null}}`
-  drops the engine it holds, makes the new one and replies `{"version": vLLM's version}`;
+- `{"load": {"model": dir, "dtype": ..., "max_model_len": n, "seed": s, "eager": bool, "speculative_config": {...}
+  or null}}` drops the engine it holds, makes the new one and replies `{"version": vLLM's version}`;
 - `{"generate": {"prompts": [[ids], ...], "max_tokens": n, "sampling": [{temperature, top_p[, seed]}, ...]}}`
   decodes the prompts together, each with its sampling (vLLM schedules them into the same steps), and replies
   `{"replies": [...]}`, each in the shape of a `/v1/completions` response of vLLM's server: `choices[0]` with
@@ -40,9 +40,9 @@ def main() -> None:
                     cleanup_dist_env_and_memory()
                 spec = command["load"]
                 config = spec["speculative_config"]
-                # eager, and the model run in this process: no compiling, no second process to import vLLM again
+                # the model run in this process: no second process to import vLLM again
                 llm = LLM(model=spec["model"], dtype=spec["dtype"], max_model_len=spec["max_model_len"],
-                          seed=spec["seed"], enforce_eager=True, distributed_executor_backend="uni",
+                          seed=spec["seed"], enforce_eager=spec["eager"], distributed_executor_backend="uni",
                           disable_log_stats=False, speculative_config=config,
                           **({"per_request_spec_decode_metrics": "detailed"} if config else {}))
                 reply = {"version": __version__}

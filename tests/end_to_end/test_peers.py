@@ -3,8 +3,6 @@ speed.py averages them, the ratios against each peer, the lookup speedups, and u
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 
 from bench import peers
@@ -67,36 +65,3 @@ def test_bad_input_exits_2_with_one_line(argv, capsys):
     assert peers.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("peers: error: ")
-
-
-# A peer whose "engine" is a child that outlives it (SIGTERM ignored, as an engine mid-shutdown would not stop).
-STUBBORN = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
-FAKE_PEER = """import json, os, subprocess, sys
-child = subprocess.Popen([sys.executable, "-c", "{STUBBORN}"])
-open(os.environ["CHILD_PID_FILE"], "w").write(str(child.pid))
-print("@@peer " + json.dumps({"ready": True}), flush=True)
-sys.stdin.read()
-""".replace("{STUBBORN}", STUBBORN)
-
-
-def _gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"  # exited, not yet reaped
-    except FileNotFoundError:
-        return True
-
-
-def test_closing_a_peer_stops_every_process_its_engine_started(tmp_path, monkeypatch):
-    """A vLLM engine leaves its engine-core process shutting down after the peer exits; close() must not return
-    while it still runs, or it takes a core from the pass timings that follow."""
-    interpreter = tmp_path / "python"
-    interpreter.write_text(f"#!/bin/sh\nexec {sys.executable} -c '{FAKE_PEER}'\n")
-    interpreter.chmod(0o755)
-    monkeypatch.setenv("CHILD_PID_FILE", str(tmp_path / "child"))
-    peer = peers.VllmPeer(interpreter, "model", PLAIN_MODE, 1, 64)
-    peer.ready()
-    child = int((tmp_path / "child").read_text())
-    assert not _gone(child)
-    peer.close()
-    assert _gone(child) and peer.process.returncode == 0

@@ -77,8 +77,43 @@ def test_vllm_s_threads_bound_its_numba_pool_too(monkeypatch, tmp_path):
                                             "$VLLM_CPU_OMP_THREADS_BIND\" >&2\n")
     monkeypatch.setenv("NUMBA_NUM_THREADS", "8")
     local = VllmProcess(Settings("model", threads=2))
-    with pytest.raises(VllmError, match=r"did not start: Error: omp 2 numba 2 bind 0-1 \(log"):
+    with pytest.raises(VllmError, match=r"did not start: Error: omp 2 numba 2 bind 0,1 \(log"):
         local.load(None)
+
+
+# A worker whose engine is a child that outlives it (SIGTERM ignored, as an engine mid-shutdown would not stop).
+STUBBORN = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+OUTLIVED = """import json, os, subprocess, sys
+child = subprocess.Popen([sys.executable, "-c", "{STUBBORN}"])
+open(os.environ["CHILD_PID_FILE"], "w").write(str(child.pid))
+sys.stdin.readline()
+print(json.dumps({"version": "fake"}), flush=True)
+sys.stdin.read()
+""".replace("{STUBBORN}", STUBBORN)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"  # exited, not yet reaped
+    except FileNotFoundError:
+        return True
+
+
+def test_stopping_vllm_stops_every_process_it_started(tmp_path, monkeypatch):
+    """vLLM can leave a process shutting down after the worker exits; stop() must not return while it still runs, or
+    it takes a core from what runs next (the next config's engine, the bench's pass timings)."""
+    interpreter = tmp_path / "python"
+    interpreter.write_text(f"#!/bin/sh\nexec {sys.executable} -c '{OUTLIVED}'\n")
+    interpreter.chmod(0o755)
+    monkeypatch.setenv("SPECDASH_VLLM_PYTHON", str(interpreter))
+    monkeypatch.setenv("CHILD_PID_FILE", str(tmp_path / "child"))
+    process = VllmProcess(Settings("model"))
+    assert process.load(None) == "fake"
+    child = int((tmp_path / "child").read_text())
+    assert not _gone(child)
+    process.stop()
+    assert _gone(child) and process.process.returncode == 0
 
 
 FAKE_WORKER = """
