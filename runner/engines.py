@@ -43,8 +43,8 @@ class Engine(Protocol):
       cannot run), before any cell runs;
     - `prompt_ids(prompt)`: the token ids a prompt is fed as (the chat template applied, a later turn after the
       target's own answers to the earlier ones), the same on every call;
-    - `schedule(cells)`: the cells in the order it runs them best (ours: as planned; vLLM: one server per
-      speculative config, plain decoding first); a batch's cells stay together, in slot order;
+    - `schedule(cells)`: the cells in the order it runs them best (ours: as planned; vLLM: config by config,
+      plain decoding first, prompt lookup's last); a batch's cells stay together, in slot order;
     - `run(cell, ids)`: one cell decoded from `ids` into a `Generation`; an exception is that cell's error (the
       caller records it and goes on);
     - `run_batch(cells, ids_list)`: the cells of one batch (one draft, k, policy and decoding; slots 0..B-1 in

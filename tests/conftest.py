@@ -30,12 +30,13 @@ torch.set_num_threads(1)
 
 # The files that take longest, run first: `make test` hands whole files to its workers in this order, so the long
 # ones start at once and the short ones fill in around them, instead of one long file running alone at the end.
-LONGEST_FIRST = ("vllm/test_real_vllm.py", "reliability/test_reliability_crash.py",
-                 "reliability/test_reliability_load.py", "engine/test_reference.py",
-                 "reliability/test_reliability_concurrency.py", "end_to_end/test_ray.py", "end_to_end/test_browser.py",
-                 "engine/test_families.py", "engine/test_sampling_smollm2.py", "engine/test_heads.py",
-                 "engine/test_trees_sampling.py", "engine/test_trees.py", "engine/test_tree_drafters.py",
-                 "end_to_end/test_serve.py", "engine/test_policies.py", "engine/test_sampling.py")
+LONGEST_FIRST = ("vllm/test_real_vllm.py", "end_to_end/test_ray.py", "reliability/test_reliability_load.py",
+                 "engine/test_reference.py", "end_to_end/test_browser.py", "engine/test_families.py",
+                 "dashboard/test_login.py", "engine/test_medusa.py", "engine/test_lookahead.py",
+                 "engine/test_trees_sampling.py", "engine/test_policies.py", "engine/test_sampling_smollm2.py",
+                 "reliability/test_reliability_crash.py", "reliability/test_reliability_concurrency.py",
+                 "store/test_store.py", "dashboard/test_dashboard_app.py", "engine/test_heads.py",
+                 "engine/test_tree_drafters.py", "engine/test_sampling.py", "end_to_end/test_serve.py")
 TESTS = Path(__file__).resolve().parent
 
 

@@ -14,7 +14,7 @@ from runner.vllm import drafts as vllm_drafts
 
 OURS = "specdash"
 Engine = Annotated[str, typer.Option(
-    help="specdash (ours), vllm (a vLLM server per speculative config, started from .venv-vllm) or vllm:<url> "
+    help="specdash (ours), vllm (run here from .venv-vllm, an engine per speculative config) or vllm:<url> "
          "(a vLLM server already running there, started with --per-request-spec-decode-metrics detailed)")]
 
 

@@ -44,7 +44,7 @@ class SweepConfig:
     # a speedup is then a ratio of runs made one after the other, and its spread over repetitions is measured.
     repeats: int = 1
 
-    engine: str = "specdash"  # what decodes: ours, 'vllm' (servers started here) or 'vllm:<url>' (runner/vllm/)
+    engine: str = "specdash"  # what decodes: ours, 'vllm' (run here) or 'vllm:<url>' (runner/vllm/)
 
     @property
     def engine_name(self) -> str:

@@ -32,7 +32,7 @@ UNJUDGED = "unjudged"  # a vLLM output that differs from vLLM's plain one: vLLM 
 
 
 def engine_url(engine: str) -> str | None:
-    """The server a team runs, from `--engine vllm:<url>`; None for `vllm` (servers started here)."""
+    """The server a team runs, from `--engine vllm:<url>`; None for `vllm` (run here)."""
     return engine.partition(":")[2] or None
 
 
