@@ -95,7 +95,10 @@ class VllmEngine:
         first = {key: n for n, key in enumerate(dict.fromkeys((c.draft.text, c.k) for c in cells))}
 
         def rank(cell: Cell) -> tuple[bool, bool, int]:
-            config = json.loads(self.config(cell))
+            try:
+                config = json.loads(self.config(cell))
+            except (OSError, ValueError):  # a head vLLM cannot be given: the cell's error when it runs (`use`)
+                config = {}
             return config is not None, not reusable(config), first[cell.draft.text, cell.k]
 
         return sorted(cells, key=rank)

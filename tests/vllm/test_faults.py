@@ -21,7 +21,7 @@ from runner.engines import Workload
 from runner.pair_engine import GREEDY
 from runner.prompts import Prompt, load_prompts, select_prompts
 from runner.sweep.loop import run_sweep
-from runner.sweep.plan import SweepConfig
+from runner.sweep.plan import SweepConfig, plan
 from runner.vllm.client import get
 from runner.vllm.drafts import parse
 from runner.vllm.engine import VllmEngine
@@ -288,3 +288,20 @@ def test_vllm_here_serves_the_sweep_s_longest_sequence_and_a_longer_prompt_is_re
     with pytest.raises(ValueError, match=r'^prompt "long-1" \([\d,]+ tokens\) \+ max-new-tokens \(16\) exceeds the '
                                          r"model's context of 8,192 tokens; nothing is truncated"):
         engine.prepare(Workload((*prompts, long), (), (4,), (GREEDY,)))
+
+
+def test_vllm_here_runs_plain_first_and_prompt_lookup_last_and_a_bad_head_waits_for_its_cell(tmp_path):
+    """Prompt lookup's configs go last (vLLM's process cannot make an engine after one of theirs); a head whose config
+    cannot be read does not stop the others: its cells stay in the plan's order, to fail one by one when they run."""
+    bad = tmp_path / "head"
+    bad.mkdir()
+    (bad / "config.json").write_text("{")
+    head = str(Path(__file__).resolve().parents[2] / "heads" / "smollm2-135m")
+    config = SweepConfig(target=DEFAULT_MODEL, drafts=(parse("ngram:2"), parse(f"eagle:{head}"), parse(f"eagle:{bad}")),
+                         ks=(2, 3), decodings=(GREEDY,), prompts=tuple(select_prompts(load_prompts(), ["code"], 1)),
+                         max_new_tokens=3, seed=0, db=tmp_path / "runs.duckdb", device="cpu", dtype="float32",
+                         threads=1, engine="vllm")
+    engine = VllmEngine(DEFAULT_MODEL, None, 1, 3, 0)
+    order = [(cell.draft.text, cell.k) for cell in engine.schedule(list(plan(config)))]
+    assert order == [("none", None), (f"eagle:{head}", 2), (f"eagle:{head}", 3), (f"eagle:{bad}", 2),
+                     (f"eagle:{bad}", 3), ("ngram:2", 2), ("ngram:2", 3)]
