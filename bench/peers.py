@@ -102,9 +102,9 @@ class Engines:
         self.target, self.pair = target, Pair(target, [LOOKUP, HEAD], SKINNY)
         self.vllm: dict[str, VllmProcess] = {}
         if vllm_python is not None:
-            os.environ["SPECDASH_VLLM_PYTHON"] = str(vllm_python)
             settings = Settings(models._source(target.spec), threads, max_model_len=max_len, eager=False)
-            self.vllm = {mode: VllmProcess(settings) for mode in MODES["vllm"]}  # their imports run side by side
+            # started together: their imports run side by side
+            self.vllm = {mode: VllmProcess(settings, vllm_python) for mode in MODES["vllm"]}
             configs = {PLAIN_MODE: None, LOOKUP_MODE: speculative_config(parse_vllm("ngram:3"), K),
                        HEAD_MODE: speculative_config(parse_vllm(f"eagle:{HEAD_DIR}"), K)}  # as `--engine vllm` has them
             for mode, process in self.vllm.items():

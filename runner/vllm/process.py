@@ -60,14 +60,15 @@ def reusable(config: dict | None) -> bool:
 
 
 class VllmProcess:
-    """The worker process: `load` a config's engine, `generate` requests on it, `stop`."""
+    """The worker process, run by `python` (default: `vllm_python()`): `load` a config's engine, `generate` requests
+    on it, `stop`."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, python: Path | None = None) -> None:
         self.settings = settings
         self.config: dict | None = None  # the engine's speculative config, once loaded
         self.log = Path(tempfile.mkstemp(prefix="specdash-vllm-", suffix=".log")[1])
         with self.log.open("w") as log:
-            self.process = subprocess.Popen([str(vllm_python()), str(WORKER)], stdin=subprocess.PIPE,
+            self.process = subprocess.Popen([str(python or vllm_python()), str(WORKER)], stdin=subprocess.PIPE,
                                             stdout=subprocess.PIPE, stderr=log, env=self.env(), text=True,
                                             start_new_session=True)
 

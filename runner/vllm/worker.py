@@ -58,7 +58,7 @@ def main() -> None:
                 reply = {"replies": [response(out, build_per_request_timing_metrics, build_spec_decoding_metrics)
                                      for out in outputs]}
         except Exception as exc:  # noqa: BLE001 - any refusal of vLLM's is the command's one-line answer
-            reply = {"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"}
+            reply = {"error": f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"}
         replies.write(json.dumps(reply) + "\n")
         replies.flush()
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from rich.console import Console
 from streamlit.testing.v1 import AppTest
 from typer.testing import CliRunner
 
+from bench.load import free_port
 from runner.cli import app
 from runner.engine import pair
 from runner.serve import open_warning
@@ -94,12 +94,6 @@ def test_the_dashboard_shows_a_sweep_that_is_recording(tmp_path, monkeypatch):
     assert texts == ["a sweep is recording: 12 of 48 runs (sweep `s-live`); refresh to see new runs"]
     progress.write(db, "s-live", "plan", 48, 48, progress.DONE)
     assert not AppTest.from_file(str(ROOT / "dashboard" / "app.py"), default_timeout=60).run().sidebar.get("progress")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_serve_answers_first_records_the_sweep_meanwhile_and_ctrl_c_stops_both(tiny_dir, tmp_path):
