@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import duckdb
@@ -42,10 +43,12 @@ def recorded_elsewhere(db: Path, prefix: str, host: str, sweep: str) -> Path:
     return db
 
 
-@pytest.fixture
-def sources(tmp_path: Path) -> tuple[Path, Path]:
-    a = add_benches(recorded_elsewhere(tmp_path / "a.duckdb", "a-", "host-a", "sweep-a"))  # benches b-old, b-new
-    b = recorded_elsewhere(tmp_path / "b.duckdb", "b-", "host-b", "sweep-b")
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The two source databases, made once for the module (each test merges copies of them)."""
+    folder = tmp_path_factory.mktemp("sources")
+    a = add_benches(recorded_elsewhere(folder / "a.duckdb", "a-", "host-a", "sweep-a"))  # benches b-old, b-new
+    b = recorded_elsewhere(folder / "b.duckdb", "b-", "host-b", "sweep-b")
     add_benches(b)
     with duckdb.connect(str(b)) as con:  # b holds b-new (also in a) and b-later, its own
         con.execute("DELETE FROM bench_results WHERE bench_id = 'b-old'")
@@ -57,6 +60,12 @@ def sources(tmp_path: Path) -> tuple[Path, Path]:
                     "VALUES ('t-b', 0, 1, 10, 2), ('t-b', 0, 2, 2, 0), "
                     "('t-b', 1, 1, 10, 6), ('t-b', 1, 2, 6, 3)")
     return a, b
+
+
+@pytest.fixture
+def sources(recorded: tuple[Path, Path], tmp_path: Path) -> tuple[Path, Path]:
+    """This test's own copies of the source databases: a test may write to them."""
+    return tuple(Path(shutil.copyfile(path, tmp_path / path.name)) for path in recorded)
 
 
 def test_merge_adds_every_run_once_and_its_counts_add_up(sources, tmp_path):
