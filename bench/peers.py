@@ -14,8 +14,10 @@ deployment runs it.
 
 Rows (`bench_results`, per repeat the mean over prompts of tokens/s, as Spec-Bench's speed.py does): vllm_tokens_per_s
 and hf_tokens_per_s (ours | theirs, draft none, ngram and, against vLLM, the head at k 4), lookup_speedup_vllm,
-lookup_speedup_hf and head_speedup_vllm (the draft over plain decoding: ours | theirs), pass_bandwidth (a one-token
-pass's weight bytes per second | a large copy's) and pass_flops (a 64-row pass's FLOP/s | a large product's).
+lookup_speedup_hf and head_speedup_vllm (the draft over plain decoding: ours | theirs), prefill_ms_vllm and
+decode_ms_vllm (plain decoding's request split where the time goes: the prompt's pass, then each later token; ours |
+vLLM's, each by its own clock), pass_bandwidth (a one-token pass's weight bytes per second | a large copy's) and
+pass_flops (a 64-row pass's FLOP/s | a large product's).
 
 `python bench/peers.py [--prompts 4] [--max-new-tokens 64] [--repeats 3] [--db runs.duckdb] [--report FILE]`
 """
@@ -30,6 +32,7 @@ import statistics
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -86,6 +89,7 @@ class Sample:
     repeat: int
     tokens: tuple[int, ...]
     seconds: float
+    split: tuple[float, float] | None = None  # (first token, first token to last) in s, by the engine's own clock
 
     @property
     def rate(self) -> float:
@@ -93,7 +97,9 @@ class Sample:
 
 
 class Engines:
-    """The three engines on one target, each a function (mode, prompt ids, new tokens) -> (tokens, seconds)."""
+    """The three engines on one target, each a function (mode, prompt ids, new tokens) -> (tokens, seconds, split):
+    split is the request's (first token, first token to last) seconds by the engine's own clock, None for
+    transformers."""
 
     def __init__(self, target: models.Loaded, vllm_python: Path | None, threads: int, max_len: int) -> None:
         # Ours first: its kernel table is timed as it loads, and vLLM's engines loading beside it would time every
@@ -114,22 +120,25 @@ class Engines:
     def names(self) -> list[str]:
         return ["ours", "transformers", *(["vllm"] if self.vllm else [])]
 
-    def run(self, engine: str, mode: str, prompt: list[int], n: int) -> tuple[tuple[int, ...], float]:
+    def run(self, engine: str, mode: str, prompt: list[int],
+            n: int) -> tuple[tuple[int, ...], float, tuple[float, float] | None]:
         if engine == "vllm":  # the whole request, as ours is timed
             start = time.perf_counter()
             [answer] = self.vllm[mode].generate([prompt], n, [{"temperature": 0.0}], REQUEST_TIMEOUT_S)
-            return reply_of(answer).output_ids, time.perf_counter() - start
+            reply = reply_of(answer)
+            return reply.output_ids, time.perf_counter() - start, (reply.ttft_s, reply.generation_s)
         if engine == "ours":
             spec, k = {PLAIN_MODE: (PLAIN, None), LOOKUP_MODE: (LOOKUP, K), HEAD_MODE: (HEAD, K)}[mode]
             generation = self.pair.run(spec, prompt, k, GREEDY, n, seed=0)
-            return generation.output_tokens, generation.wall_s
+            split = (generation.prefill_s, generation.wall_s - generation.prefill_s)
+            return generation.output_tokens, generation.wall_s, split
         options = {} if mode == PLAIN_MODE else {"prompt_lookup_num_tokens": K, "max_matching_ngram_size": 3}
         ids = torch.tensor([prompt])
         start = time.perf_counter()
         with torch.inference_mode():
             out = self.target.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
                                              max_new_tokens=n, **options)
-        return tuple(out[0, len(prompt):].tolist()), time.perf_counter() - start
+        return tuple(out[0, len(prompt):].tolist()), time.perf_counter() - start, None
 
     def close(self) -> None:
         """Every vLLM process gone (and whatever they started) before the passes are timed."""
@@ -146,18 +155,43 @@ def measure(engines: Engines, prompts: list[list[int]], repeats: int, n: int) ->
     for repeat in range(repeats):
         for index, prompt in enumerate(prompts):
             for engine, mode in jobs[turn % len(jobs):] + jobs[: turn % len(jobs)]:
-                tokens, seconds = engines.run(engine, mode, prompt, n)
-                samples.append(Sample(engine, mode, index, repeat, tokens, seconds))
+                tokens, seconds, split = engines.run(engine, mode, prompt, n)
+                samples.append(Sample(engine, mode, index, repeat, tokens, seconds, split))
                 print(f"peers: repeat {repeat} prompt {index} {engine} {mode}: {len(tokens)} tokens in {seconds:.2f} s",
                       file=sys.stderr, flush=True)
             turn += 1
     return samples
 
 
+def per_repeat(samples: list[Sample], engine: str, mode: str, value: Callable[[Sample], float]) -> list[float]:
+    """Per repeat, the mean over prompts of `value`."""
+    chosen = [s for s in samples if s.engine == engine and s.mode == mode]
+    return [statistics.mean(value(s) for s in chosen if s.repeat == r) for r in sorted({s.repeat for s in chosen})]
+
+
 def rates(samples: list[Sample], engine: str, mode: str) -> list[float]:
     """Per repeat, the mean over prompts of tokens/s."""
-    chosen = [s for s in samples if s.engine == engine and s.mode == mode]
-    return [statistics.mean(s.rate for s in chosen if s.repeat == r) for r in sorted({s.repeat for s in chosen})]
+    return per_repeat(samples, engine, mode, lambda s: s.rate)
+
+
+def split_rows(samples: list[Sample]) -> list[Row]:
+    """Where plain decoding's request time goes, ours against vLLM's: the first token (the prompt's pass), then the
+    time per later token. A request of one token has no later ones and is left out of the second."""
+    def prefill_ms(s: Sample) -> float:
+        return s.split[0] * 1000
+
+    def decode_ms(s: Sample) -> float:
+        return s.split[1] * 1000 / (len(s.tokens) - 1)
+
+    if not any(s.engine == "vllm" for s in samples):
+        return []
+    rows = [Row("prefill_ms_vllm", "none", None, "all", *(per_repeat(samples, e, PLAIN_MODE, prefill_ms)
+                                                            for e in ("ours", "vllm")))]
+    longer = [s for s in samples if len(s.tokens) > 1]
+    if any(s.engine == "vllm" and s.mode == PLAIN_MODE for s in longer):
+        rows.append(Row("decode_ms_vllm", "none", None, "all", *(per_repeat(longer, e, PLAIN_MODE, decode_ms)
+                                                                   for e in ("ours", "vllm"))))
+    return rows
 
 
 def throughput_rows(samples: list[Sample], peers: list[str], mismatches: dict[str, int]) -> list[Row]:
@@ -222,7 +256,8 @@ def run_peers(args: argparse.Namespace, command: str) -> tuple[list[dict], list[
     finally:
         engines.close()
     counts, lines = mismatch_counts(target, prompts, samples)
-    rows = throughput_rows(samples, engines.names[1:], counts) + limit_rows(target, args.pass_repeats, 200)
+    rows = (throughput_rows(samples, engines.names[1:], counts) + split_rows(samples)
+            + limit_rows(target, args.pass_repeats, 200))
     prov = provenance(target.device)
     context = {"bench_id": started.strftime("%Y%m%d-%H%M%S-peers-") + uuid.uuid4().hex[:4], "started_at": started,
                "device": "cpu", "device_name": prov["device_name"], "dtype": "float32", "threads": args.threads,

@@ -88,7 +88,7 @@ UNITS = {"plain_tokens_per_s": "tokens/s", "spec_tokens_per_s": "tokens/s", "ada
          "verify_ms": "ms", "verify_ms_stock": "ms", "verify_vs_stock": "ms", "roofline": "GB/s",
          "roofline_stock": "GB/s", "vllm_tokens_per_s": "tokens/s", "hf_tokens_per_s": "tokens/s",
          "lookup_speedup_vllm": "x", "lookup_speedup_hf": "x", "head_speedup_vllm": "x", "pass_bandwidth": "GB/s",
-         "pass_flops": "GFLOP/s"}
+         "pass_flops": "GFLOP/s", "prefill_ms_vllm": "ms", "decode_ms_vllm": "ms"}
 ABOUT = {
     "plain_tokens_per_s": "(a) plain decoding, tokens/s: ours | transformers generate(do_sample=False)",
     "spec_tokens_per_s": "(b) speculative decoding, tokens/s: ours | transformers assisted generation",
@@ -124,6 +124,10 @@ ABOUT = {
                          "vLLM's",
     "pass_bandwidth": "(peers) our one-token pass: weight bytes read / its time | a large copy's bytes/s, same run",
     "pass_flops": "(peers) our 64-row pass: the linears' FLOP / its time | a large matrix product's FLOP/s, same run",
+    "prefill_ms_vllm": "(peers) plain decoding's first token, the prompt's pass: ours | vLLM's (its own clock, "
+                       "scheduled to first token), the mean over prompts per repeat",
+    "decode_ms_vllm": "(peers) plain decoding's time per token after the first: ours | vLLM's (its own clock), the "
+                      "mean over prompts per repeat",
 }
 
 # What each metric's `ours` and `theirs` are, as the Benchmark page heads their columns (None: no `theirs`).
@@ -152,6 +156,8 @@ COLUMNS = {
     "head_speedup_vllm": ("ours", "vLLM"),
     "pass_bandwidth": ("one-token pass", "copy"),
     "pass_flops": ("64-row pass", "product"),
+    "prefill_ms_vllm": ("ours", "vLLM"),
+    "decode_ms_vllm": ("ours", "vLLM"),
 }
 
 BENCH_COLUMNS = (

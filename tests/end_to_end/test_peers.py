@@ -65,3 +65,25 @@ def test_bad_input_exits_2_with_one_line(argv, capsys):
     assert peers.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("peers: error: ")
+
+
+def test_the_split_sets_our_prompt_pass_and_per_token_time_against_vllm_s():
+    def plain(engine: str, prompt: int, repeat: int, tokens: int, split: tuple[float, float] | None) -> Sample:
+        return Sample(engine, PLAIN_MODE, prompt, repeat, tuple(range(tokens)), 1.0, split)
+
+    samples = [
+        # repeat 0: ours 0.10 and 0.20 s to the first token (mean 150 ms), then 0.9 s for 9 tokens and 1.8 s for
+        # 9 (100 and 200 ms each: 150); vLLM 0.08 and 0.12 s (100 ms), 0.9 s for 9 twice (100 ms)
+        plain("ours", 0, 0, 10, (0.10, 0.9)), plain("ours", 1, 0, 10, (0.20, 1.8)),
+        plain("vllm", 0, 0, 10, (0.08, 0.9)), plain("vllm", 1, 0, 10, (0.12, 0.9)),
+        # repeat 1: one token each: a first token, no later ones
+        plain("ours", 0, 1, 1, (0.30, 0.0)), plain("vllm", 0, 1, 1, (0.20, 0.0)),
+        plain("transformers", 0, 0, 10, None),  # no split: never read
+    ]
+    prefill, decode = peers.split_rows(samples)
+    assert (prefill.metric, prefill.draft, prefill.k) == ("prefill_ms_vllm", "none", None)
+    assert prefill.ours == pytest.approx([150.0, 300.0]) and prefill.theirs == pytest.approx([100.0, 200.0])
+    assert decode.metric == "decode_ms_vllm"
+    assert decode.ours == pytest.approx([150.0]) and decode.theirs == pytest.approx([100.0])
+    assert decode.ratios == pytest.approx([1.5])
+    assert peers.split_rows([s for s in samples if s.engine != "vllm"]) == []
