@@ -45,6 +45,13 @@ def test_every_candidate_agrees_with_stock_within_the_summation_bound(shape, wit
             assert ((out - stock).abs() <= summation_bound(x, w, b)).all(), (name, rows)
 
 
+@pytest.mark.parametrize("columns", [1, kernels.FEW_COLUMNS, kernels.FEW_COLUMNS + 1])
+def test_product_columns_become_exactly_the_transposed_rows(columns):
+    product = torch.randn(300, 2 * columns)[:, ::2]  # strided, as the first column of a two-column product is
+    rows = kernels._as_rows(product)
+    assert rows.is_contiguous() and torch.equal(rows, product.T)
+
+
 def test_choose_takes_the_fastest_only_when_it_beats_stock_by_the_margin():
     assert kernels.MARGIN == 0.05
     assert kernels.choose({"stock": 10.0, "transposed": 4.0, "packed": 5.0}) == "transposed"
