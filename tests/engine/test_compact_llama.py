@@ -201,9 +201,9 @@ def _slow(x, w, b):
 def test_a_cached_choice_that_loses_to_stock_here_falls_back_to_stock(monkeypatch):
     monkeypatch.setitem(kernels.CANDIDATES, "slow", _slow)
     linear = torch.nn.Linear(64, 32)
-    served_by_5 = [r for r in range(1, kernels.MAX_ROWS + 1) if kernels.rung(r) == 5]
-    cached = {(32, 64): tuple("slow" if r in served_by_5 else "transposed" if r == 1 else kernels.STOCK
-                              for r in range(1, kernels.MAX_ROWS + 1))}
+    slow = [r for r in kernels.SLOTS if kernels.rung(r) in (5, kernels.WIDE_ROWS)]  # rows 5 and every wider pass
+    cached = {(32, 64): tuple("slow" if r in slow else "transposed" if r == 1 else kernels.STOCK
+                              for r in kernels.SLOTS)}
     checked = kernels.confirmed(cached, [linear])
     assert checked[(32, 64)][4] == kernels.STOCK and set(checked[(32, 64)][1:]) == {kernels.STOCK}
     assert checked[(32, 64)][0] in ("transposed", kernels.STOCK)  # kept unless it lost here

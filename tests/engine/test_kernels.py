@@ -35,7 +35,7 @@ def test_every_candidate_agrees_with_stock_within_the_summation_bound(shape, wit
     generator = torch.Generator().manual_seed(0)
     w = torch.randn(shape, generator=generator)
     b = torch.randn(shape[0], generator=generator) if with_bias else None
-    for rows in range(1, kernels.MAX_ROWS + 1):
+    for rows in (*range(1, kernels.MAX_ROWS + 1), kernels.WIDE_ROWS, 200):
         x = torch.randn(rows, shape[1], generator=generator)
         stock = F.linear(x, w, b)
         assert kernels.candidates(rows)[0] == kernels.STOCK and len(kernels.candidates(rows)) >= 2
@@ -62,22 +62,25 @@ def test_choose_takes_the_fastest_only_when_it_beats_stock_by_the_margin():
 
 
 def test_the_table_is_the_median_choice_per_shape_and_rung_and_each_rung_serves_the_rows_below_it():
-    assert kernels.RUNGS[0] == 1 and kernels.RUNGS[-1] == kernels.MAX_ROWS == 64
-    assert [kernels.rung(r) for r in (1, 5, 7, 8, 9, 13, 17, 33, 49, 64)] == [1, 5, 8, 8, 12, 16, 24, 48, 64, 64]
+    assert kernels.RUNGS[0] == 1 and kernels.RUNGS[-2:] == (kernels.MAX_ROWS, kernels.WIDE_ROWS) == (64, 128)
+    assert [kernels.rung(r) for r in (1, 5, 7, 8, 9, 13, 17, 33, 49, 64, 65, 128, 500)] == [
+        1, 5, 8, 8, 12, 16, 24, 48, 64, 64, 128, 128, 128]
+    # a slot per row count up to MAX_ROWS, then one for every wider pass (a prompt's)
+    assert [kernels.slot(r) for r in (1, 64, 65, 128, 500)] == [0, 63, 64, 64, 64]
     # One slow outlier must not decide: [1, 9, 1] against [2, 2, 2], sweep by sweep 0.5, 4.5, 0.5.
     timings = {(8, 4): {r: {"stock": [2.0, 2.0, 2.0], "transposed": [1.0, 9.0, 1.0] if r <= 3 else [2.5] * 3}
                         for r in kernels.RUNGS},
                (4, 8): {r: {"stock": [1.0], "transposed": [2.0], **({"two_columns": [0.5]} if r == 1 else {})}
                         for r in kernels.RUNGS},
-               # packed wins only at the rungs 24 and 64: rows 17-24 and 49-64 take it
-               (6, 6): {r: {"stock": [1.0], "packed": [0.5 if r in (24, 64) else 1.5]} for r in kernels.RUNGS}}
+               # packed wins only at the rungs 24, 64 and 128: rows 17-24, 49-64 and every wider pass take it
+               (6, 6): {r: {"stock": [1.0], "packed": [0.5 if r in (24, 64, 128) else 1.5]} for r in kernels.RUNGS}}
     table = kernels.table_from(timings)
-    assert table[(8, 4)] == ("transposed",) * 3 + ("stock",) * (kernels.MAX_ROWS - 3)
-    assert table[(4, 8)] == ("two_columns",) + ("stock",) * (kernels.MAX_ROWS - 1)
-    assert table[(6, 6)] == ("stock",) * 16 + ("packed",) * 8 + ("stock",) * 24 + ("packed",) * 16
+    assert table[(8, 4)] == ("transposed",) * 3 + ("stock",) * (kernels.MAX_ROWS - 2)
+    assert table[(4, 8)] == ("two_columns",) + ("stock",) * kernels.MAX_ROWS
+    assert table[(6, 6)] == ("stock",) * 16 + ("packed",) * 8 + ("stock",) * 24 + ("packed",) * 17
     # Never slower than stock: every row's choice took, in the median sweep at its rung, at most stock's time.
     for shape, choices in table.items():
-        for r, name in enumerate(choices, start=1):
+        for r, name in zip(kernels.SLOTS, choices, strict=True):
             assert kernels.relative(timings[shape][kernels.rung(r)])[name] <= 1.0
 
 
@@ -87,7 +90,7 @@ def test_each_sweep_sets_a_candidate_against_stock_in_the_same_sweep():
     times = {"stock": [1.0, 1.0, 3.0], "packed": [0.9, 2.7, 2.7]}
     assert kernels.relative(times) == {"stock": 1.0, "packed": pytest.approx(0.9)}
     timings = {(6, 6): {r: times for r in kernels.RUNGS}}
-    assert kernels.table_from(timings)[(6, 6)] == ("packed",) * kernels.MAX_ROWS
+    assert kernels.table_from(timings)[(6, 6)] == ("packed",) * (kernels.MAX_ROWS + 1)
 
 
 def test_a_weight_is_packed_once_and_its_copy_goes_with_it():
@@ -114,14 +117,14 @@ def test_a_candidate_the_library_refuses_is_left_out_and_stock_is_chosen(monkeyp
     timings = kernels.measure([torch.nn.Linear(4, 8), torch.nn.Linear(8, 4)], repeats=1)
     assert all(set(by_name) == {"stock"} for by_name in timings[(8, 4)].values())
     assert all(set(by_name) == {"stock", "refuses"} for by_name in timings[(4, 8)].values())
-    assert kernels.table_from(timings)[(8, 4)] == ("stock",) * kernels.MAX_ROWS
+    assert kernels.table_from(timings)[(8, 4)] == ("stock",) * (kernels.MAX_ROWS + 1)
 
 
 def forced(switch: kernels.Kernels, name_for_rows) -> None:
     """Set the switch's table at this thread count to `name_for_rows(rows)` for every shape, unmeasured."""
     shapes = {tuple(m.weight.shape) for m in switch.linears}
     switch.tables[torch.get_num_threads()] = {
-        s: tuple(name_for_rows(r) for r in range(1, kernels.MAX_ROWS + 1)) for s in shapes}
+        s: tuple(name_for_rows(r) for r in kernels.SLOTS) for s in shapes}
 
 
 def test_the_patched_linears_are_stock_outside_use_and_the_table_inside():
@@ -135,12 +138,11 @@ def test_the_patched_linears_are_stock_outside_use_and_the_table_inside():
     head = model.lm_head
     generator = torch.Generator().manual_seed(1)
     with torch.inference_mode():
-        for rows in (1, 3, kernels.MAX_ROWS, kernels.MAX_ROWS + 1):
+        for rows in (1, 3, kernels.MAX_ROWS, kernels.MAX_ROWS + 1, 300):  # wider than every rung: the last slot's
             x = torch.randn(1, rows, 64, generator=generator)
             assert torch.equal(head(x), F.linear(x, head.weight))
             with kernels.using([switch]):
-                expected = (kernels.CANDIDATES["transposed"](x[0], head.weight, None)[None]
-                            if rows <= kernels.MAX_ROWS else F.linear(x, head.weight))
+                expected = kernels.CANDIDATES["transposed"](x[0], head.weight, None)[None]
                 assert torch.equal(head(x), expected), rows
             assert switch.active is None
 

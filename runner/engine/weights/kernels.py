@@ -1,12 +1,13 @@
-"""CPU matrix products for the 1-64 rows a decode pass carries (a chain, a tree, a batch), chosen per weight
-shape and row count from measurement.
+"""CPU matrix products for the 1-64 rows a decode pass carries (a chain, a tree, a batch) and the wider pass over a
+prompt, chosen per weight shape and row count from measurement.
 
 `F.linear(x, W)` with 2-16 rows takes a CPU BLAS path that streams W once per row, and with one row a
 matrix-vector path that leaves bandwidth unused; `W @ xᵀ` streams W once for all rows, and oneDNN's matmul on a
 weight reordered once into its blocked layout ("packed") computes wider passes closer to the machine's peak.
 Which product wins depends on the shape, the row count, the thread count and the library, so each candidate is
 timed on the model's own weights at a ladder of row counts and the fastest is used where it beats stock by a
-margin; a row count between two rungs takes the choice of the rung above it. Every nn.Linear of an
+margin; a row count between two rungs takes the choice of the rung above it, a pass wider than every decode pass
+that of the widest rung. Every nn.Linear of an
 attached model goes through `Kernels`, which runs stock outside `use()`: transformers' own `generate`
 on the same model object keeps the stock path. CUDA models are never attached (cuBLAS handles them).
 """
@@ -32,14 +33,17 @@ from runner.engine.weights import attention, compact_llama
 from runner.engine.weights.sources import cache_dir, exclusive
 
 STOCK, SKINNY = "stock", "skinny"  # values of --kernels: torch's own F.linear, or the measured choice
-MAX_ROWS = 64  # the widest tree (63 nodes and the root) or a batch's B x (k+1); beyond it (prefill), stock
-RUNGS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64)  # the row counts measured; each covers those above the last
+MAX_ROWS = 64  # the widest tree (63 nodes and the root) or a batch's B x (k+1)
+# The row counts measured; each covers those above the last. The last, WIDE_ROWS, covers every pass wider than
+# MAX_ROWS (a prompt's prefill): oneDNN's packed product computed 100-400 rows 1.1-1.7x as fast as stock here.
+WIDE_ROWS = 128
+RUNGS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, MAX_ROWS, WIDE_ROWS)
 MARGIN = 0.05  # a candidate replaces stock only when its median is this much faster, so noise alone never does
 REPEATS = 5  # timed sweeps over the weights per candidate, shape and row count; the median is kept
 CHECKS = 3  # interleaved timings of a cached choice and stock when a table is read back (`confirmed`)
 
 Shape = tuple[int, int]  # (out_features, in_features)
-Table = dict[Shape, tuple[str, ...]]  # the candidate per row count 1..MAX_ROWS
+Table = dict[Shape, tuple[str, ...]]  # the candidate per row count 1..MAX_ROWS, then one for every wider pass
 Timings = dict[Shape, dict[int, dict[str, list[float]]]]  # shape -> rung -> candidate -> seconds per product
 
 
@@ -79,8 +83,8 @@ _PACKED: dict[int, tuple[weakref.ref, Tensor]] = {}  # id(weight) -> (the weight
 
 
 def packed_weight(w: Tensor) -> Tensor:
-    """oneDNN's blocked copy of `w` for passes of up to MAX_ROWS rows, made on first use and kept while `w` lives.
-    A model's weights are taken as fixed once packed: decoding never changes them."""
+    """oneDNN's blocked copy of `w` (laid out for passes of up to MAX_ROWS rows; it serves any), made on first use
+    and kept while `w` lives. A model's weights are taken as fixed once packed: decoding never changes them."""
     key = id(w)
     entry = _PACKED.get(key)
     if entry is None or entry[0]() is not w:  # an id can be reused once its tensor is gone
@@ -117,12 +121,20 @@ _ROWS = {"two_columns": range(1, 2)}
 
 
 def candidates(rows: int) -> list[str]:
-    return [name for name in CANDIDATES if rows in _ROWS.get(name, range(1, MAX_ROWS + 1))]
+    return [name for name in CANDIDATES if name not in _ROWS or rows in _ROWS[name]]
 
 
 def rung(rows: int) -> int:
     """The measured row count whose choice serves `rows`: the smallest rung at or above it."""
-    return next(r for r in RUNGS if r >= rows)
+    return next((r for r in RUNGS if r >= rows), WIDE_ROWS)
+
+
+def slot(rows: int) -> int:
+    """The index of `rows`'s choice in a table's tuple: one per row count up to MAX_ROWS, then one for all wider."""
+    return min(rows, MAX_ROWS + 1) - 1
+
+
+SLOTS = range(1, MAX_ROWS + 2)  # a row count per slot: 1..MAX_ROWS, and MAX_ROWS + 1 for every wider pass
 
 
 def choose(medians: dict[str, float]) -> str:
@@ -139,12 +151,12 @@ def relative(times: dict[str, list[float]]) -> dict[str, float]:
 
 
 def table_from(timings: Timings) -> Table:
-    """The choices the timings call for, per row count 1..MAX_ROWS (each from its rung): a pure function, so a
+    """The choices the timings call for, per slot (each from its rung): a pure function, so a
     cached measurement always gives the same table."""
     table = {}
     for shape, by_rung in timings.items():
         chosen = {r: choose(relative(by_rung[r])) for r in RUNGS}
-        table[shape] = tuple(chosen[rung(rows)] for rows in range(1, MAX_ROWS + 1))
+        table[shape] = tuple(chosen[rung(rows)] for rows in SLOTS)
     return table
 
 
@@ -200,7 +212,7 @@ def confirmed(table: Table, linears: list[nn.Linear], checks: int = CHECKS) -> T
     with torch.inference_mode():
         for shape, choices in table.items():
             for top in RUNGS:
-                name = choices[top - 1]
+                name = choices[slot(top)]
                 if name == STOCK or shape not in groups:
                     continue
                 x = torch.randn(top, shape[1]).to(groups[shape][0].weight.dtype)
@@ -210,7 +222,7 @@ def confirmed(table: Table, linears: list[nn.Linear], checks: int = CHECKS) -> T
                     for candidate in best:
                         best[candidate] = min(best[candidate], _timed(candidate, groups[shape], x))
                 if best[name] >= best[STOCK]:
-                    served = [r for r in range(1, MAX_ROWS + 1) if rung(r) == top]
+                    served = [r for r in SLOTS if rung(r) == top]
                     out[shape] = tuple(STOCK if r in served else c for r, c in enumerate(out[shape], start=1))
     return out
 
@@ -258,9 +270,9 @@ class Kernels:
         def forward(x: Tensor) -> Tensor:
             rows = x.numel() // shape[1]
             choices = None if self.active is None else self.active.get(shape)
-            if choices is None or not 1 <= rows <= MAX_ROWS:
+            if choices is None or rows < 1:
                 return F.linear(x, linear.weight, linear.bias)
-            out = CANDIDATES[choices[rows - 1]](x.reshape(rows, shape[1]), linear.weight, linear.bias)
+            out = CANDIDATES[choices[slot(rows)]](x.reshape(rows, shape[1]), linear.weight, linear.bias)
             return out.view(*x.shape[:-1], shape[0])
 
         return forward
