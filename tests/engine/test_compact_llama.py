@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
+from transformers.cache_utils import DynamicLayer
 
 from runner.engine.drafters.model import layer_skip
 from runner.engine.drafters.spec import PLAIN
@@ -112,6 +113,47 @@ def _spy(monkeypatch) -> list[int]:
 
     monkeypatch.setattr(compact_llama.Compact, "forward", spy)
     return served
+
+
+def test_appending_keeps_exactly_what_transformers_update_keeps():
+    """A layer fed by `append` holds the same keys and values as one fed by `update`, through the steps decoding
+    takes: a prefill, passes that fit the room (written in place), a crop (a rejected draft) and the pass over it,
+    a tree's gather (the tensors replaced: moved once), a batch of two, and growth past the room."""
+    generator = torch.Generator().manual_seed(3)
+
+    def rows(n: int, batch: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.randn(batch, 2, n, 4, generator=generator), torch.randn(batch, 2, n, 4, generator=generator)
+
+    theirs, ours = DynamicLayer(), DynamicLayer()
+
+    def both(step) -> None:
+        step(theirs)
+        step(ours)
+        assert torch.equal(ours.keys, theirs.keys) and torch.equal(ours.values, theirs.values)
+
+    def fed(n: int, batch: int = 1):
+        new = rows(n, batch)
+        return lambda layer: (compact_llama.append(layer, *new) if layer is ours else layer.update(*new))
+
+    both(fed(5))
+    storage = ours.keys.data_ptr()
+    both(fed(1))
+    both(fed(3))
+    assert ours.keys.data_ptr() == storage  # in place: no copy of the 6 positions before
+    both(lambda layer: layer.crop(-2))
+    both(fed(2))
+    assert ours.keys.data_ptr() == storage and ours.keys.shape[2] == 9
+    index = torch.tensor([0, 1, 2, 3, 4, 6, 8])
+    both(lambda layer: setattr(layer, "keys", layer.keys.index_select(2, index)))
+    both(lambda layer: setattr(layer, "values", layer.values.index_select(2, index)))
+    both(fed(1))
+    assert ours.keys.data_ptr() != storage  # the gathered tensors moved into storage of their own
+    both(lambda layer: (setattr(layer, "keys", layer.keys.repeat(2, 1, 1, 1)),
+                        setattr(layer, "values", layer.values.repeat(2, 1, 1, 1))))
+    both(fed(2, batch=2))
+    for _ in range(3):  # past ROOM positions: the storage grows, the contents stay
+        both(fed(compact_llama.ROOM // 2, batch=2))
+    assert ours.keys.shape[2] == 10 + 3 * (compact_llama.ROOM // 2)
 
 
 def test_calls_it_does_not_serve_run_transformers_forward(pair, monkeypatch):

@@ -5,9 +5,11 @@ A one-token pass of SmolLM2-135M through transformers runs ~3,150 small eager op
 (norms in five steps, RoPE recomputed per layer, masks built per pass, module calls); on a CPU their dispatch costs
 a third of the pass. This forward keeps the model's weights and its KV cache and does per layer: one fused norm, one
 product for q, k and v (their weights concatenated once, the modules' own weights made views of that one tensor, so
-no memory is added), RoPE from tables made once by the model's own rotary module, the cache's own `update`,
-one SDPA over the grouped heads, one product for gate and up (concatenated the same way), SiLU, and the down
-product. Every product goes through the model's `Kernels` (the skinny choice per shape and row count).
+no memory is added), RoPE from tables made once by the model's own rotary module, the pass's keys and values
+written into room kept past the cache's end (`append`: transformers' `update` concatenates, copying the whole cache
+per layer per pass), one SDPA over the grouped heads, one product for gate and up (concatenated the same way),
+SiLU, and the down product. Every product goes through the model's `Kernels`
+(the skinny choice per shape and row count).
 
 When it runs (one rule): a model `install`ed here (a Llama-style decoder, `refusal` says why not), whose switch is
 on (its `Kernels` inside `use()`), called with keywords only, among input_ids (B, T), attention_mask (None or a 4D
@@ -107,11 +109,51 @@ class Rope:
         return self.cos[positions][:, None], self.sin[positions][:, None]
 
 
+ROOM = 256  # positions of room a layer's key and value storage gets at least; it grows by half its length when full
+_ROOMS: weakref.WeakKeyDictionary[DynamicLayer, tuple[Tensor, Tensor]] = weakref.WeakKeyDictionary()
+
+
+def _fits(store: Tensor, cached: Tensor, new: Tensor, past: int, total: int) -> bool:
+    """Whether `store` can take `new` after `cached` in place: room for `total` positions of `new`'s batch, heads,
+    dim and dtype, and `cached` its first `past` positions (what `append` left there, or a crop of it)."""
+    return (store.shape[2] >= total and store.shape[:2] == new.shape[:2] and store.dtype == new.dtype
+            and (past == 0 or (cached.data_ptr() == store.data_ptr() and cached.stride() == store.stride())))
+
+
+def _moved(cached: Tensor, new: Tensor, past: int, total: int) -> Tensor:
+    """New storage with room past `total`, holding `cached`'s `past` positions."""
+    batch, heads, _, dim = new.shape
+    store = new.new_empty(batch, heads, total + max(ROOM, total // 2), dim)
+    if past:
+        store[:, :, :past] = cached
+    return store
+
+
+def append(layer: DynamicLayer, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+    """`layer.update(key, value)`: the same keys and values after it, but each pass writes only its own rows, into
+    room kept past the cached length, and the layer's keys and values become views of that storage. A crop keeps the
+    views' storage (a rolled-back draft is overwritten by the next pass); anything else that replaces the layer's
+    tensors (a tree's gather, a batch's rows) moves them into new storage once, on the next pass."""
+    if not layer.is_initialized:
+        layer.lazy_initialization(key, value)
+    past = layer.get_seq_length()
+    total = past + key.shape[2]
+    stores = _ROOMS.get(layer)
+    if stores is None or not (_fits(stores[0], layer.keys, key, past, total)
+                              and _fits(stores[1], layer.values, value, past, total)):
+        stores = _ROOMS[layer] = (_moved(layer.keys, key, past, total), _moved(layer.values, value, past, total))
+    keys, values = stores
+    keys.narrow(2, past, key.shape[2]).copy_(key)
+    values.narrow(2, past, key.shape[2]).copy_(value)
+    layer.keys, layer.values = keys.narrow(2, 0, total), values.narrow(2, 0, total)
+    return layer.keys, layer.values
+
+
 def _serves(kwargs: dict) -> bool:
     ids, cache, mask = kwargs.get("input_ids"), kwargs.get("cache"), kwargs.get("attention_mask")
     positions, keep = kwargs.get("position_ids"), kwargs.get("logits_to_keep", 0)
     return (set(kwargs) <= SERVED and isinstance(ids, Tensor) and ids.dim() == 2 and ids.device.type == "cpu"
-            and kwargs.get("use_cache") is True and type(cache) is DynamicCache
+            and kwargs.get("use_cache") is True and type(cache) is DynamicCache and not cache.offloading
             and all(type(layer) is DynamicLayer for layer in cache.layers)
             and (mask is None or (mask.dim() == 4 and mask.is_floating_point()))
             and (positions is None or positions.dim() == 2) and type(keep) is int)
@@ -151,6 +193,8 @@ class Compact:
         mask = attention_mask
         if mask is None and rows > 1:  # a chain after the cache: row i sees the past and fed rows 0..i
             mask = torch.ones(rows, past + rows, dtype=torch.bool).tril(diagonal=past)
+        while len(cache.layers) < len(self.layers) and cache.layer_class_to_replicate is DynamicLayer:
+            cache.layers.append(DynamicLayer())  # a cache made without the model's config grows its layers on use
         states = [x]
         for index, (layer, products) in enumerate(zip(self.layers, self.fused, strict=True)):
             x = self._layer(index, layer, products, x, rope, mask, cache)
@@ -171,7 +215,7 @@ class Compact:
         value = qkv[..., (heads + kv_heads) * dim :].view(batch, rows, kv_heads, dim).transpose(1, 2)
         cos, sin = rope
         qk = qk * cos + qk.roll(dim // 2, -1) * sin
-        key, value = cache.update(qk[:, heads:], value, index)
+        key, value = append(cache.layers[index], qk[:, heads:], value)
         query, scale = qk[:, :heads], layer.self_attn.scaling
         if rows == 1 and mask is None:  # each key/value head's query heads as its rows: no grouping to resolve
             out = F.scaled_dot_product_attention(query.reshape(batch, kv_heads, heads // kv_heads, dim), key, value,
