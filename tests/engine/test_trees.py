@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import MistralConfig, MistralForCausalLM
+from transformers import DynamicCache, MistralConfig, MistralForCausalLM
 
 from runner.engine.drafters.ngram_tree import NgramTreeDrafter
 from runner.engine.drafters.registry import parse_draft
@@ -137,6 +137,20 @@ def _tree_against_chains(loaded, prompt: list[int], tokens: list[int], parents: 
             rows = [0, *(j + 1 for j in branch)]
             torch.testing.assert_close(logits[rows], alone, atol=atol, rtol=0)
             assert torch.equal(logits[rows].argmax(-1), alone.argmax(-1))
+
+
+def test_keeping_a_path_writes_its_rows_after_the_cached_positions_in_place():
+    """3 cached positions and 5 fed rows (the root, then 4 drafts); the path root → node 1 → node 3 stays: the
+    cached positions untouched, the path's rows after them in its order, in the same storage."""
+    cache = DynamicCache()
+    keys = torch.arange(2 * 8 * 2, dtype=torch.float32).view(1, 2, 8, 2)
+    cache.update(keys, -keys, 0)
+    storage = cache.layers[0].keys.data_ptr()
+    trees.keep(cache, 3, [0, 2, 4])
+    kept = [0, 1, 2, 3, 5, 7]
+    layer = cache.layers[0]
+    assert torch.equal(layer.keys, keys[:, :, kept]) and torch.equal(layer.values, -keys[:, :, kept])
+    assert layer.keys.data_ptr() == storage and cache.get_seq_length() == 6
 
 
 def test_one_tree_pass_equals_its_branches_fed_one_by_one_on_the_tiny_model(tiny):

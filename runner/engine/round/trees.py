@@ -247,16 +247,19 @@ def keep(cache: DynamicCache, past: int, rows: Sequence[int]) -> None:
     """After a verify pass over `past` cached positions + N+1 rows: keep the cached positions and, in this order,
     the fed `rows` (the root and the accepted path), dropping every other row.
 
-    Rows that are the first len(rows) fed ones (always so for a chain) are a plain crop; any other choice is a gather
-    along the sequence of every layer, which only full-attention layers allow (`check_cache`).
+    Rows that are the first len(rows) fed ones (always so for a chain) are a plain crop; any other choice gathers the
+    kept rows of every layer and writes them, in place, after the cached positions, then crops: the cached positions
+    are not copied (a gather of the whole sequence would copy them every round). Only full-attention layers allow
+    it (`check_cache`).
     """
     if list(rows) == list(range(len(rows))):
         crop_to(cache, past + len(rows))
         return
     check_cache(cache)
-    index = torch.tensor([*range(past), *(past + r for r in rows)], dtype=torch.long)
+    index, end = torch.tensor([past + r for r in rows], dtype=torch.long), past + len(rows)
     for layer in cache.layers:
         if layer.is_initialized:
             at = index.to(layer.keys.device)
-            layer.keys = layer.keys.index_select(-2, at)  # (B, heads, past + len(rows), head_dim)
-            layer.values = layer.values.index_select(-2, at)
+            for stored in (layer.keys, layer.values):  # (B, heads, past + fed rows, head_dim)
+                stored[:, :, past:end] = stored.index_select(2, at)  # gathered (a copy) before it is written
+    crop_to(cache, end)
