@@ -118,7 +118,7 @@ def _spy(monkeypatch) -> list[int]:
 def test_appending_keeps_exactly_what_transformers_update_keeps():
     """A layer fed by `append` holds the same keys and values as one fed by `update`, through the steps decoding
     takes: a prefill, passes that fit the room (written in place), a crop (a rejected draft) and the pass over it,
-    a tree's gather (the tensors replaced: moved once), a batch of two, and growth past the room."""
+    a gather (the tensors replaced: moved once), a batch of two, and growth past the room."""
     generator = torch.Generator().manual_seed(3)
 
     def rows(n: int, batch: int = 1) -> tuple[torch.Tensor, torch.Tensor]:

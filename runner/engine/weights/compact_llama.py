@@ -7,9 +7,8 @@ a third of the pass. This forward keeps the model's weights and its KV cache and
 product for q, k and v (their weights concatenated once, the modules' own weights made views of that one tensor, so
 no memory is added), RoPE from tables made once by the model's own rotary module, the pass's keys and values
 written into room kept past the cache's end (`append`: transformers' `update` concatenates, copying the whole cache
-per layer per pass), one SDPA over the grouped heads, one product for gate and up (concatenated the same way),
-SiLU, and the down product. Every product goes through the model's `Kernels`
-(the skinny choice per shape and row count).
+per layer per pass), one SDPA over the grouped heads, one product for gate and up (concatenated the same way), SiLU,
+and the down product. Every product goes through the model's `Kernels` (the skinny choice per shape and row count).
 
 When it runs (one rule): a model `install`ed here (a Llama-style decoder, `refusal` says why not), whose switch is
 on (its `Kernels` inside `use()`), called with keywords only, among input_ids (B, T), attention_mask (None or a 4D
@@ -133,7 +132,7 @@ def append(layer: DynamicLayer, key: Tensor, value: Tensor) -> tuple[Tensor, Ten
     """`layer.update(key, value)`: the same keys and values after it, but each pass writes only its own rows, into
     room kept past the cached length, and the layer's keys and values become views of that storage. A crop keeps the
     views' storage (a rolled-back draft is overwritten by the next pass); anything else that replaces the layer's
-    tensors (a tree's gather, a batch's rows) moves them into new storage once, on the next pass."""
+    tensors (a batch's rows joined, or its holes gathered out) moves them into new storage once, on the next pass."""
     if not layer.is_initialized:
         layer.lazy_initialization(key, value)
     past = layer.get_seq_length()
