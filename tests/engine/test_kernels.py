@@ -93,17 +93,23 @@ def test_each_sweep_sets_a_candidate_against_stock_in_the_same_sweep():
     assert kernels.table_from(timings)[(6, 6)] == ("packed",) * (kernels.MAX_ROWS + 1)
 
 
-def test_a_weight_is_packed_once_and_its_copy_goes_with_it():
+@pytest.mark.parametrize("kind", kernels.COPIED)
+def test_a_weight_is_copied_once_per_kind_and_its_copy_goes_with_it(kind):
+    if kind not in kernels.CANDIDATES:
+        pytest.skip(f"{kind} is not available on this machine")
     w = torch.randn(32, 16)
-    packed = kernels.packed_weight(w)
-    assert kernels.packed_weight(w) is packed and id(w) in kernels._PACKED
-    x = torch.randn(5, 16)
-    assert ((kernels.CANDIDATES["packed"](x, w, None) - F.linear(x, w)).abs() <= summation_bound(x, w, None)).all()
-    kernels.unpack(w)
-    assert id(w) not in kernels._PACKED and kernels.packed_weight(w) is not packed  # packed again on demand
-    key = id(w)
+    x = torch.randn(2, 16)
+    kernels.CANDIDATES[kind](x, w, None)
+    copy = kernels._COPIES[(kind, id(w))][1]
+    assert ((kernels.CANDIDATES[kind](x, w, None) - F.linear(x, w)).abs() <= summation_bound(x, w, None)).all()
+    assert kernels._COPIES[(kind, id(w))][1] is copy  # made once
+    kernels.drop_copy(kind, w)
+    assert (kind, id(w)) not in kernels._COPIES
+    kernels.CANDIDATES[kind](x, w, None)
+    assert kernels._COPIES[(kind, id(w))][1] is not copy  # copied again on demand
+    key = (kind, id(w))
     del w
-    assert key not in kernels._PACKED  # freed with its weight
+    assert key not in kernels._COPIES  # freed with its weight
 
 
 def test_a_candidate_the_library_refuses_is_left_out_and_stock_is_chosen(monkeypatch):

@@ -3,7 +3,9 @@ prompt, chosen per weight shape and row count from measurement.
 
 `F.linear(x, W)` with 2-16 rows takes a CPU BLAS path that streams W once per row, and with one row a
 matrix-vector path that leaves bandwidth unused; `W @ xᵀ` streams W once for all rows, and oneDNN's matmul on a
-weight reordered once into its blocked layout ("packed") computes wider passes closer to the machine's peak.
+weight reordered once into its blocked layout ("packed") computes wider passes closer to the machine's peak;
+our own product ("blocked", native.py) reads a copy in blocks of eight output features on 2 MiB pages as one
+stream per thread, the fastest one-row product measured here.
 Which product wins depends on the shape, the row count, the thread count and the library, so each candidate is
 timed on the model's own weights at a ladder of row counts and the fastest is used where it beats stock by a
 margin; a row count between two rungs takes the choice of the rung above it, a pass wider than every decode pass
@@ -29,10 +31,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from runner.engine.weights import attention, compact_llama
+from runner.engine.weights import attention, compact_llama, native
 from runner.engine.weights.sources import cache_dir, exclusive
 
 STOCK, SKINNY = "stock", "skinny"  # values of --kernels: torch's own F.linear, or the measured choice
+PACKED, BLOCKED = "packed", "blocked"  # oneDNN's product on its reordered weight; ours (native.py)
 MAX_ROWS = 64  # the widest tree (63 nodes and the root) or a batch's B x (k+1)
 # The row counts measured; each covers those above the last. The last, WIDE_ROWS, covers every pass wider than
 # MAX_ROWS (a prompt's prefill): oneDNN's packed product computed 100-400 rows 1.1-1.7x as fast as stock here.
@@ -79,45 +82,59 @@ def _two_columns(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
     return _as_rows(_columns(torch.cat((x, x)), w, b)[:, :1])
 
 
-_PACKED: dict[int, tuple[weakref.ref, Tensor]] = {}  # id(weight) -> (the weight, its blocked copy)
+_COPIES: dict[tuple[str, int], tuple[weakref.ref, Tensor]] = {}  # (kind, id(weight)) -> (the weight, its copy)
 
 
-def packed_weight(w: Tensor) -> Tensor:
-    """oneDNN's blocked copy of `w` (laid out for passes of up to MAX_ROWS rows; it serves any), made on first use
-    and kept while `w` lives. A model's weights are taken as fixed once packed: decoding never changes them."""
-    key = id(w)
-    entry = _PACKED.get(key)
+def copy_of(kind: str, w: Tensor, make: Callable[[Tensor], Tensor]) -> Tensor:
+    """`w`'s copy of this kind (`make(w)`), made on first use and kept while `w` lives. A model's weights are taken
+    as fixed once copied: decoding never changes them."""
+    key = (kind, id(w))
+    entry = _COPIES.get(key)
     if entry is None or entry[0]() is not w:  # an id can be reused once its tensor is gone
-        def forget(ref: weakref.ref, key: int = key) -> None:
-            if _PACKED.get(key, (None,))[0] is ref:
-                del _PACKED[key]
+        def forget(ref: weakref.ref, key: tuple[str, int] = key) -> None:
+            if _COPIES.get(key, (None,))[0] is ref:
+                del _COPIES[key]
 
         with torch.no_grad():
-            entry = (weakref.ref(w, forget), torch.ops.mkldnn._reorder_linear_weight(w, MAX_ROWS))
-        _PACKED[key] = entry
+            entry = (weakref.ref(w, forget), make(w))
+        _COPIES[key] = entry
     return entry[1]
 
 
-def unpack(w: Tensor) -> None:
-    """Drop `w`'s blocked copy (its memory) if it has one."""
-    entry = _PACKED.get(id(w))
+def drop_copy(kind: str, w: Tensor) -> None:
+    """Drop `w`'s copy of this kind (its memory) if it has one."""
+    entry = _COPIES.get((kind, id(w)))
     if entry is not None and entry[0]() is w:
-        del _PACKED[id(w)]
+        del _COPIES[(kind, id(w))]
+
+
+def packed_weight(w: Tensor) -> Tensor:
+    """oneDNN's reordered copy of `w` (laid out for passes of up to MAX_ROWS rows; it serves any)."""
+    return copy_of(PACKED, w, lambda w: torch.ops.mkldnn._reorder_linear_weight(w, MAX_ROWS))
 
 
 def _packed(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, packed_weight(w), b, "none", [None], "")
 
 
-PACKED = "packed"
+def _blocked(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
+    # Our own one-stream product (native.py); float32 only: any other dtype is refused as oneDNN refuses float16.
+    if not (x.dtype == w.dtype == torch.float32 and (b is None or b.dtype == torch.float32)):
+        raise RuntimeError("the blocked product is float32 only")
+    return native.product(x, copy_of(BLOCKED, w, native.blocked), b, w.shape[0])
+
+
 CANDIDATES: dict[str, Callable[[Tensor, Tensor, Tensor | None], Tensor]] = {
     STOCK: F.linear, "transposed": _transposed, "two_columns": _two_columns,
     **({PACKED: _packed} if torch.backends.mkldnn.is_available() else {}),
+    **({BLOCKED: _blocked} if native.supported() is None else {}),
 }
+COPIED = (PACKED, BLOCKED)  # the candidates that read a copy of the weight in their own layout
 
 
-# Row counts a candidate is tried at (default: all).
-_ROWS = {"two_columns": range(1, 2)}
+# Row counts a candidate is tried at (default: all). The blocked product sums up to 4 rows per sweep over a
+# block and loses to oneDNN's from 4 rows on (measured on SmolLM2's shapes).
+_ROWS = {"two_columns": range(1, 2), BLOCKED: range(1, 4)}
 
 
 def candidates(rows: int) -> list[str]:
@@ -163,7 +180,7 @@ def table_from(timings: Timings) -> Table:
 def measure(linears: list[nn.Linear], repeats: int = REPEATS) -> Timings:
     """Seconds per product of every candidate, shape and rung, each timed over ALL the weights of its shape in
     turn, the shapes taking turns: in a pass the weights come from memory, not from cache, and so they do here.
-    The packed candidate's copies are made before its first (untimed) sweep."""
+    A candidate's weight copies are made in the first (untimed) sweep."""
     groups: dict[Shape, list[nn.Linear]] = {}
     for linear in linears:
         groups.setdefault(tuple(linear.weight.shape), []).append(linear)
@@ -216,7 +233,7 @@ def confirmed(table: Table, linears: list[nn.Linear], checks: int = CHECKS) -> T
                 if name == STOCK or shape not in groups:
                     continue
                 x = torch.randn(top, shape[1]).to(groups[shape][0].weight.dtype)
-                _timed(name, groups[shape], x)  # a blocked copy is made, and the libraries warm, untimed
+                _timed(name, groups[shape], x)  # a weight's copy is made, and the libraries warm, untimed
                 best = {STOCK: float("inf"), name: float("inf")}
                 for _ in range(checks):
                     for candidate in best:
@@ -311,15 +328,16 @@ class Kernels:
                                                     "table": _table_to_json(table)}))
                         temp.replace(path)  # atomic: a reader finds a whole file or none
             self.tables[threads] = table
-            self._unpack_unused()
+            self._drop_unused_copies()
         return self.tables[threads]
 
-    def _unpack_unused(self) -> None:
-        """Keep a blocked copy only for the shapes whose table (at some thread count) takes the packed product."""
-        packed = {shape for table in self.tables.values() for shape, names in table.items() if PACKED in names}
-        for linear in self.linears:
-            if tuple(linear.weight.shape) not in packed:
-                unpack(linear.weight)
+    def _drop_unused_copies(self) -> None:
+        """Keep a weight's copy of a kind only where its shape's table (at some thread count) takes that kind."""
+        for kind in COPIED:
+            used = {shape for table in self.tables.values() for shape, names in table.items() if kind in names}
+            for linear in self.linears:
+                if tuple(linear.weight.shape) not in used:
+                    drop_copy(kind, linear.weight)
 
     @contextlib.contextmanager
     def use(self) -> Iterator[None]:
