@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from runner.engine.weights import kernels, native
+from runner.engine.weights.compact_llama import Steps
 
 pytestmark = pytest.mark.skipif(native.supported() is not None, reason=f"{native.supported()}")
 
@@ -82,3 +83,75 @@ def test_bad_operands_are_refused_with_a_clear_error():
         native.product(torch.randn(1, 8), native.blocked(w), torch.randn(15), 16)
     with pytest.raises(RuntimeError, match="float32 only"):  # the candidate refuses, so the table leaves it out
         kernels.CANDIDATES[kernels.BLOCKED](torch.randn(1, 8).half(), w.half(), None)
+
+
+@pytest.mark.parametrize("batch,rows", [(1, 1), (2, 1), (1, 5), (3, 4)])
+@pytest.mark.parametrize("heads,kv_heads", [(9, 3), (4, 4)])
+def test_the_native_steps_agree_with_the_python_steps(batch, rows, heads, kv_heads):
+    """RoPE's split, the residual sums and SwiGLU's gate bit for bit (the same ATen operators); the norm and the
+    attention, which native.cpp sums in its own order, to float32's rounding."""
+    generator = torch.Generator().manual_seed(batch * 100 + rows * 10 + heads)
+    dim, past = 16, 7
+    native_steps = native.module()
+
+    def same(a, b):
+        assert a.shape == b.shape and torch.equal(a, b)
+
+    def close(a, b):
+        torch.testing.assert_close(a, b, rtol=2e-6, atol=2e-6)
+
+    qkv = torch.randn(batch, rows, (heads + 2 * kv_heads) * dim, generator=generator)
+    cos, sin = torch.randn(2, batch, 1, rows, dim, generator=generator)
+    for ours, theirs in zip(native_steps.attention_in(qkv, cos, sin, heads, kv_heads, dim),
+                            Steps.attention_in(qkv, cos, sin, heads, kv_heads, dim), strict=True):
+        same(ours, theirs)
+    query, key, value = Steps.attention_in(qkv, cos, sin, heads, kv_heads, dim)
+    key = torch.cat([torch.randn(batch, kv_heads, past, dim, generator=generator), key], dim=2)
+    value = torch.cat([torch.randn(batch, kv_heads, past, dim, generator=generator), value], dim=2)
+    additive = torch.randn(batch, 1, rows, past + rows, generator=generator)  # a float mask, as trees and batches pass
+    for mask in (None, additive):  # None: a chain after the cache
+        close(native_steps.attention_out(query, key, value, mask, 0.25),
+              Steps.attention_out(query, key, value, mask, 0.25))
+    x, delta = torch.randn(2, batch, rows, 48, generator=generator)
+    weight = torch.randn(48, generator=generator)
+    (total, normed), (their_total, their_normed) = (native_steps.residual_norm(x, delta, weight, 1e-5),
+                                                    Steps.residual_norm(x, delta, weight, 1e-5))
+    same(total, their_total)
+    close(normed, their_normed)
+    gate_up = torch.randn(batch, rows, 2 * 40, generator=generator)
+    same(native_steps.gated(gate_up), Steps.gated(gate_up))
+
+
+def attention_reference(query, key, value, scale):
+    """A chain's attention in float64, from the definition: row i of T sees all keys but the last T - 1 - i."""
+    rows, keys = query.shape[2], key.shape[2]
+    group = query.shape[1] // key.shape[1]
+    k, v = key.double().repeat_interleave(group, 1), value.double().repeat_interleave(group, 1)
+    scores = query.double() @ k.transpose(-1, -2) * scale
+    hidden = torch.ones(rows, keys, dtype=torch.bool).tril(diagonal=keys - rows).logical_not()
+    out = scores.masked_fill(hidden, float("-inf")).softmax(-1) @ v
+    return out.transpose(1, 2).reshape(query.shape[0], rows, -1)
+
+
+@pytest.mark.parametrize("keys,dim", [(1, 64), (7, 64), (8, 64), (81, 64), (2003, 64), (81, 96), (30, 8)])
+def test_the_native_attention_is_the_definitions_to_float32s_rounding(keys, dim):
+    """Long and short contexts, a tail of keys not a multiple of eight, heads wider than the registers' span (96),
+    scores spread widely enough that e^x meets both ends of its range, and keys read through a cache's strides
+    (storage with room past the end)."""
+    generator = torch.Generator().manual_seed(keys)
+    rows = min(keys, 4)
+    query = torch.randn(2, 9, rows, dim, generator=generator) * 3
+    room = torch.randn(2, 3, keys + 50, dim, generator=generator)
+    key, value = room[:, :, :keys], torch.randn(2, 3, keys + 50, dim, generator=generator)[:, :, :keys]
+    out = native.module().attention_out(query, key, value, None, 0.125)
+    expected = attention_reference(query, key, value, 0.125)
+    assert out.shape == expected.shape
+    assert (out.double() - expected).abs().max() < 1e-5 * max(1.0, expected.abs().max().item())
+
+
+def test_the_native_norm_is_the_definitions_to_float32s_rounding():
+    x = torch.randn(3, 5, 576) * 10
+    weight = torch.randn(576)
+    expected = weight.double() * (x.double() / (x.double().pow(2).mean(-1, keepdim=True) + 1e-5).sqrt())
+    out = native.module().rms_norm(x, weight, 1e-5)
+    assert ((out.double() - expected).abs() <= 1e-5 * expected.abs() + 1e-6).all()

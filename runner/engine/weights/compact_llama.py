@@ -7,8 +7,11 @@ a third of the pass. This forward keeps the model's weights and its KV cache and
 product for q, k and v (their weights concatenated once, the modules' own weights made views of that one tensor, so
 no memory is added), RoPE from tables made once by the model's own rotary module, the pass's keys and values
 written into room kept past the cache's end (`append`: transformers' `update` concatenates, copying the whole cache
-per layer per pass), one SDPA over the grouped heads, one product for gate and up (concatenated the same way), SiLU,
-and the down product. Every product goes through the model's `Kernels` (the skinny choice per shape and row count).
+per layer per pass), one attention over the grouped heads, one product for gate and up (concatenated the same way),
+SiLU, and the down product. Every product goes through the model's `Kernels` (the skinny choice per shape and row
+count). The steps between products run in native code (native.cpp: RoPE's split and the gate by ATen's operators
+without the interpreter between them; the norm, and a chain's attention over the cache, by its own loops) where it
+builds, else in Python (`Steps`).
 
 When it runs (one rule): a model `install`ed here (a Llama-style decoder, `refusal` says why not), whose switch is
 on (its `Kernels` inside `use()`), called with keywords only, among input_ids (B, T), attention_mask (None or a 4D
@@ -29,6 +32,8 @@ from torch import Tensor, nn
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from runner.engine.weights import native
 
 FAMILIES = ("LlamaForCausalLM",)  # model classes whose layers are exactly RMSNorm, RoPE, GQA and a SwiGLU MLP
 STATIC_ROPE = ("default", "linear", "llama3")  # RoPE kinds whose tables do not depend on the sequence's length
@@ -170,6 +175,7 @@ class Compact:
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.rope = Rope(self.decoder.rotary_emb)
+        self.steps = steps()
 
     def linears(self) -> list[nn.Linear]:
         """The fused products."""
@@ -188,15 +194,25 @@ class Compact:
         x = self.decoder.embed_tokens(input_ids)
         if position_ids is None:
             position_ids = torch.arange(past, past + rows)[None]
-        rope = self.rope.at(position_ids, x.dtype)
-        mask = attention_mask
-        if mask is None and rows > 1:  # a chain after the cache: row i sees the past and fed rows 0..i
-            mask = torch.ones(rows, past + rows, dtype=torch.bool).tril(diagonal=past)
+        cos, sin = self.rope.at(position_ids, x.dtype)
         while len(cache.layers) < len(self.layers) and cache.layer_class_to_replicate is DynamicLayer:
             cache.layers.append(DynamicLayer())  # a cache made without the model's config grows its layers on use
+        steps, heads, kv_heads, dim = self.steps, self.heads, self.kv_heads, self.head_dim
         states = [x]
+        norm = self.layers[0].input_layernorm
+        h = steps.rms_norm(x, norm.weight, norm.variance_epsilon)
         for index, (layer, products) in enumerate(zip(self.layers, self.fused, strict=True)):
-            x = self._layer(index, layer, products, x, rope, mask, cache)
+            query, key, value = steps.attention_in(products.qkv(h), cos, sin, heads, kv_heads, dim)
+            key, value = append(cache.layers[index], key, value)
+            out = steps.attention_out(query, key, value, attention_mask, layer.self_attn.scaling)
+            norm = layer.post_attention_layernorm
+            x, h = steps.residual_norm(x, layer.self_attn.o_proj(out), norm.weight, norm.variance_epsilon)
+            delta = layer.mlp.down_proj(steps.gated(products.gate_up(h)))
+            if index + 1 < len(self.layers):  # the next layer's input norm, fused with this layer's residual sum
+                norm = self.layers[index + 1].input_layernorm
+                x, h = steps.residual_norm(x, delta, norm.weight, norm.variance_epsilon)
+            else:
+                x = x + delta
             states.append(x)
         x = self.decoder.norm(x)  # a module call: a draft head's hook reads its input (hidden_states.reading)
         states[-1] = x
@@ -204,29 +220,62 @@ class Compact:
         return CausalLMOutputWithPast(logits=logits, cache=cache,
                                       hidden_states=tuple(states) if output_hidden_states else None)
 
-    def _layer(self, index: int, layer: nn.Module, products: Fused, x: Tensor, rope: tuple[Tensor, Tensor],
-               mask: Tensor | None, cache: DynamicCache) -> Tensor:
-        batch, rows, hidden = x.shape
-        heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
-        norm = layer.input_layernorm
-        qkv = products.qkv(F.rms_norm(x, (hidden,), norm.weight, norm.variance_epsilon))
+
+class Steps:
+    """A layer's steps between its products, in Python, for a machine where the native code cannot be built: what
+    native.cpp's functions of the same names compute, by ATen's operators (native.cpp's attention and norm sum in
+    another order: the same values to float32's rounding, not bit for bit)."""
+
+    @staticmethod
+    def attention_in(qkv: Tensor, cos: Tensor, sin: Tensor, heads: int, kv_heads: int,
+                     dim: int) -> tuple[Tensor, Tensor, Tensor]:
+        """The fused q|k|v product (B, T, (H + 2KV)·D) as query (B, H, T, D), key and value (B, KV, T, D), RoPE
+        applied to query and key: x·cos + roll(x)·sin (`Rope`)."""
+        batch, rows = qkv.shape[:2]
         qk = qkv[..., : (heads + kv_heads) * dim].view(batch, rows, heads + kv_heads, dim).transpose(1, 2)
         value = qkv[..., (heads + kv_heads) * dim :].view(batch, rows, kv_heads, dim).transpose(1, 2)
-        cos, sin = rope
         qk = qk * cos + qk.roll(dim // 2, -1) * sin
-        key, value = append(cache.layers[index], qk[:, heads:], value)
-        query, scale = qk[:, :heads], layer.self_attn.scaling
+        return qk[:, :heads], qk[:, heads:], value
+
+    @staticmethod
+    def attention_out(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, scale: float) -> Tensor:
+        """Attention over the cached and new keys, as (B, T, H·D) for the output product. No mask: a chain after
+        the cache, row i seeing the past and the pass's rows 0..i."""
+        batch, heads, rows, dim = query.shape
+        kv_heads, keys = key.shape[1], key.shape[2]
         if rows == 1 and mask is None:  # each key/value head's query heads as its rows: no grouping to resolve
             out = F.scaled_dot_product_attention(query.reshape(batch, kv_heads, heads // kv_heads, dim), key, value,
                                                  scale=scale).view(batch, heads, 1, dim)
         else:
+            if mask is None:
+                mask = torch.ones(rows, keys, dtype=torch.bool).tril(diagonal=keys - rows)
             out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale,
                                                  enable_gqa=heads != kv_heads)
-        x = x + layer.self_attn.o_proj(out.transpose(1, 2).reshape(batch, rows, heads * dim))
-        norm = layer.post_attention_layernorm
-        gate_up = products.gate_up(F.rms_norm(x, (hidden,), norm.weight, norm.variance_epsilon))
+        return out.transpose(1, 2).reshape(batch, rows, heads * dim)
+
+    @staticmethod
+    def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+    @staticmethod
+    def residual_norm(x: Tensor, delta: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+        """The residual sum and its RMS norm (the next product's input)."""
+        total = x + delta
+        return total, Steps.rms_norm(total, weight, eps)
+
+    @staticmethod
+    def gated(gate_up: Tensor) -> Tensor:
+        """SwiGLU's SiLU(gate)·up from the fused gate|up product."""
         half = gate_up.shape[-1] // 2
-        return x + layer.mlp.down_proj(F.silu(gate_up[..., :half]) * gate_up[..., half:])
+        return F.silu(gate_up[..., :half]) * gate_up[..., half:]
+
+
+def steps() -> object:
+    """The native steps where native.cpp builds here, else `Steps`: the same floats either way."""
+    try:
+        return native.module()
+    except RuntimeError:
+        return Steps
 
 
 _INSTALLED: weakref.WeakKeyDictionary[nn.Module, Compact] = weakref.WeakKeyDictionary()

@@ -1,11 +1,14 @@
-"""The engine's own C++ product (blocked.cpp): a float32 weight copied once into blocks of eight output features,
-in memory backed by 2 MiB pages, and read as one stream per thread.
+"""The engine's native code (native.cpp): its own product, and the compact forward's steps between products.
 
-On the 2-core hosts measured, a one-row product over SmolLM2's weights read them at ~21 GB/s this way against
-oneDNN's ~18 (its best one-row product), and at ~27 GB/s with the copies on 2 MiB pages: streaming 540 MB through
-4 KiB pages takes a TLB miss per page. The extension is built on first use by torch's extension builder (a C++
-compiler and ninja; ~25 s once, then loaded from torch's extension cache) and only on CPUs with AVX2 and FMA;
-where it cannot be, `module` raises RuntimeError saying why, and the kernel table never chooses it.
+The product reads a float32 weight copied once into blocks of eight output features, in memory backed by 2 MiB
+pages, as one stream per thread. On the 2-core host measured, a one-row product over SmolLM2's weights read them at
+~21 GB/s this way against oneDNN's ~18 (its best one-row product), and at ~27 GB/s with the copies on 2 MiB pages:
+streaming 540 MB through 4 KiB pages takes a TLB miss per page. The steps call the same ATen operators as their
+Python twins (compact_llama.Steps) without the interpreter between them.
+
+The extension is built on first use by torch's extension builder (a C++ compiler and ninja; ~30 s once, then loaded
+from torch's extension cache) and only on CPUs with AVX2 and FMA; where it cannot be, `module` raises RuntimeError
+saying why: the kernel table never chooses the product and the compact forward takes the Python steps.
 """
 
 from __future__ import annotations
@@ -20,8 +23,8 @@ from types import ModuleType
 import torch
 from torch import Tensor
 
-SOURCE = Path(__file__).with_name("blocked.cpp")
-LANES = 8  # output features per block (blocked.cpp)
+SOURCE = Path(__file__).with_name("native.cpp")
+LANES = 8  # output features per block (native.cpp)
 HUGE_PAGE = 2 << 20
 SLAB = 64 << 20  # bytes cut into blocked copies; a larger copy gets a slab of its own
 MADV_HUGEPAGE = 14  # Linux's madvise advice number
@@ -47,10 +50,10 @@ def module() -> ModuleType:
         if _why_not is None:
             _built, _why_not = _build()
             if _why_not is not None:
-                print(f"specdash: the blocked product is not available ({_why_not}); torch's products serve",
+                print(f"specdash: the native code is not available ({_why_not}); torch's products and Python serve",
                       file=sys.stderr)
     if _built is None:
-        raise RuntimeError(f"blocked product unavailable: {_why_not}")
+        raise RuntimeError(f"native code unavailable: {_why_not}")
     return _built
 
 
@@ -60,7 +63,7 @@ def _build() -> tuple[ModuleType | None, str | None]:
     if shutil.which("ninja") is None:  # the environment's own ninja, beside this interpreter, when not on PATH
         os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     try:
-        return cpp_extension.load("specdash_blocked", [str(SOURCE)], extra_cflags=["-O3", "-mavx2", "-mfma"]), None
+        return cpp_extension.load("specdash_native", [str(SOURCE)], extra_cflags=["-O3", "-mavx2", "-mfma"]), None
     except (RuntimeError, OSError, ImportError) as error:
         return None, (str(error).strip().splitlines() or ["build failed"])[-1]
 

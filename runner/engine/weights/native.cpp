@@ -1,0 +1,282 @@
+// The engine's native code (native.py builds it).
+//
+// `product`: a few float32 rows times a weight laid out in blocks of eight output features (kernels.py measures it
+// beside torch's products). A block holds, for each input feature in turn, the eight features' weights side by
+// side, so each thread reads its blocks as one sequential stream and keeps the rows' eight partial sums per block
+// in registers: one pass over the weight, whatever the row count.
+//
+// The compact forward's steps between a layer's products (compact_llama.py): the same ATen operators in the same
+// order as its Python did them, so the same floats, called from here to spare the interpreter's ~40 calls a layer.
+
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <torch/extension.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+constexpr int64_t LANES = 8;      // output features per block: one AVX register of float32
+constexpr int64_t MAX_CHUNK = 4;  // rows summed together per sweep over a block (a wider pass sweeps it again)
+constexpr int64_t GRAIN = 16;     // blocks per thread at least: a small weight is not split finer than this
+
+// The rows' sums for one block: out[r * stride + j] = bias[j] + sum over c of x[r * k + c] * block[c * LANES + j].
+template <int R>
+void chunk(const float* x, int64_t k, const float* block, const float* bias, float* out, int64_t stride) {
+  __m256 sums[R];
+  for (int r = 0; r < R; ++r) sums[r] = bias ? _mm256_loadu_ps(bias) : _mm256_setzero_ps();
+  for (int64_t c = 0; c < k; ++c) {
+    const __m256 w = _mm256_loadu_ps(block + LANES * c);
+    for (int r = 0; r < R; ++r) sums[r] = _mm256_fmadd_ps(w, _mm256_broadcast_ss(x + r * k + c), sums[r]);
+  }
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + r * stride, sums[r]);
+}
+
+using Chunk = void (*)(const float*, int64_t, const float*, const float*, float*, int64_t);
+const Chunk CHUNKS[MAX_CHUNK] = {chunk<1>, chunk<2>, chunk<3>, chunk<4>};
+
+}  // namespace
+
+// x (rows, k) times a blocked weight (blocks, k, LANES) whose first `features` features are the weight's, plus an
+// optional bias of `features` values: (rows, features).
+torch::Tensor product(const torch::Tensor& x, const torch::Tensor& weight, const c10::optional<torch::Tensor>& bias,
+                      int64_t features) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat, "blocked product: x must be 2-D float32");
+  TORCH_CHECK(weight.dim() == 3 && weight.size(2) == LANES && weight.scalar_type() == torch::kFloat &&
+                  weight.is_contiguous() && weight.size(1) == x.size(1),
+              "blocked product: the weight must be (blocks, x's width, 8) float32, contiguous");
+  const int64_t blocks = weight.size(0), k = weight.size(1), rows = x.size(0);
+  TORCH_CHECK(features > (blocks - 1) * LANES && features <= blocks * LANES, "blocked product: bad feature count");
+  TORCH_CHECK(!bias || !bias->defined() || (bias->is_contiguous() && bias->numel() == features &&
+                                            bias->scalar_type() == torch::kFloat),
+              "blocked product: the bias must be float32, one per feature");
+  const torch::Tensor xs = x.contiguous();
+  torch::Tensor out = torch::empty({rows, features}, x.options());
+  const float* xp = xs.data_ptr<float>();
+  const float* wp = weight.data_ptr<float>();
+  const float* bp = bias && bias->defined() ? bias->data_ptr<float>() : nullptr;
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, blocks, GRAIN, [&](int64_t first, int64_t last) {
+    float partial[MAX_CHUNK * LANES];  // the last block's sums when it holds fewer than LANES features
+    float partial_bias[LANES] = {};   // and its bias, padded
+    for (int64_t b = first; b < last; ++b) {
+      const int64_t width = std::min(LANES, features - b * LANES);
+      const float* bias_b = bp ? bp + b * LANES : nullptr;
+      if (bp && width < LANES) {
+        std::memcpy(partial_bias, bias_b, width * sizeof(float));
+        bias_b = partial_bias;
+      }
+      for (int64_t r = 0; r < rows; r += MAX_CHUNK) {
+        const int64_t n = std::min(MAX_CHUNK, rows - r);
+        if (width == LANES) {
+          CHUNKS[n - 1](xp + r * k, k, wp + b * k * LANES, bias_b, op + r * features + b * LANES, features);
+        } else {
+          CHUNKS[n - 1](xp + r * k, k, wp + b * k * LANES, bias_b, partial, LANES);
+          for (int64_t i = 0; i < n; ++i)
+            std::memcpy(op + (r + i) * features + b * LANES, partial + i * LANES, width * sizeof(float));
+        }
+      }
+    }
+  });
+  return out;
+}
+
+// The fused q|k|v product (batch, rows, (heads + 2 kv_heads) * dim) as query (batch, heads, rows, dim) and key and
+// value (batch, kv_heads, rows, dim), RoPE applied to query and key: x·cos + roll(x, dim / 2)·sin, where sin's first
+// half is negated (compact_llama.Rope).
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> attention_in(const torch::Tensor& qkv, const torch::Tensor& cos,
+                                                                     const torch::Tensor& sin, int64_t heads,
+                                                                     int64_t kv_heads, int64_t dim) {
+  const int64_t batch = qkv.size(0), rows = qkv.size(1);
+  auto qk = qkv.narrow(-1, 0, (heads + kv_heads) * dim).view({batch, rows, heads + kv_heads, dim}).transpose(1, 2);
+  auto value = qkv.narrow(-1, (heads + kv_heads) * dim, kv_heads * dim).view({batch, rows, kv_heads, dim}).transpose(1, 2);
+  qk = qk * cos + qk.roll(dim / 2, -1) * sin;
+  return {qk.narrow(1, 0, heads), qk.narrow(1, heads, kv_heads), value};
+}
+
+namespace {
+
+// e^x for eight floats, x <= 0 (a softmax's shifted scores): 2^n · e^r with n = round(x · log2 e) and
+// r = x - n · ln 2 in two parts (Cody and Waite), e^r by Cephes' degree-7 polynomial; relative error ~2e-7.
+inline __m256 exp8(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));  // below, e^x is under float's smallest normal: taken as ~0
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i exponent = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(exponent));
+}
+
+inline float sum8(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+}
+
+constexpr int64_t QUERIES = 8;  // query rows (a key/value head's query heads x the pass's rows) per sweep over keys
+constexpr int64_t SPAN = 64;    // a head's features held in registers at once: eight of AVX's sixteen
+
+// Up to QUERIES query rows of one key/value head: row j sees its first seen[j] keys, and
+// out_j = Σ_t softmax_t(scale · q_j·k_t) v_t. The keys and values stay in cache across the rows; each row's
+// features are held in registers SPAN at a time. dim is a multiple of 8.
+void attend(const float* const* q, const int64_t* seen, int64_t n, const float* k, int64_t k_step, const float* v,
+            int64_t v_step, int64_t dim, float scale, float* scores, int64_t stride, float* const* out) {
+  const int64_t keys = *std::max_element(seen, seen + n);
+  for (int64_t j = 0; j < n; ++j) {
+    float* row = scores + j * stride;
+    std::fill(row, row + stride, 0.0f);
+    for (int64_t d0 = 0; d0 < dim; d0 += SPAN) {  // the dot products, a span of features at a time
+      const int64_t width = std::min(SPAN, dim - d0) / 8;
+      __m256 query[SPAN / 8];
+      for (int64_t w = 0; w < width; ++w) query[w] = _mm256_loadu_ps(q[j] + d0 + 8 * w);
+      for (int64_t t = 0; t < seen[j]; ++t) {
+        const float* kt = k + t * k_step + d0;
+        __m256 dot = _mm256_mul_ps(query[0], _mm256_loadu_ps(kt));
+        for (int64_t w = 1; w < width; ++w) dot = _mm256_fmadd_ps(query[w], _mm256_loadu_ps(kt + 8 * w), dot);
+        row[t] += sum8(dot);
+      }
+    }
+    float top = -INFINITY;
+    for (int64_t t = 0; t < seen[j]; ++t) top = std::max(top, row[t] *= scale);
+    for (int64_t t = seen[j]; t < (keys + 7) / 8 * 8; ++t) row[t] = -INFINITY;  // unseen, and a full last register
+    __m256 total = _mm256_setzero_ps();
+    for (int64_t t = 0; t < keys; t += 8) {
+      const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(row + t), _mm256_set1_ps(top)));
+      _mm256_storeu_ps(row + t, e);  // the softmax's weights, unnormalised: the sum divides at the end
+      total = _mm256_add_ps(total, e);
+    }
+    const __m256 inverse = _mm256_set1_ps(1.0f / sum8(total));
+    for (int64_t d0 = 0; d0 < dim; d0 += SPAN) {  // the weighted values, a span of features at a time
+      const int64_t width = std::min(SPAN, dim - d0) / 8;
+      __m256 acc[SPAN / 8];
+      for (int64_t w = 0; w < width; ++w) acc[w] = _mm256_setzero_ps();
+      for (int64_t t = 0; t < seen[j]; ++t) {
+        const __m256 weight = _mm256_set1_ps(row[t]);
+        const float* vt = v + t * v_step + d0;
+        for (int64_t w = 0; w < width; ++w) acc[w] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(vt + 8 * w), acc[w]);
+      }
+      for (int64_t w = 0; w < width; ++w) _mm256_storeu_ps(out[j] + d0 + 8 * w, _mm256_mul_ps(acc[w], inverse));
+    }
+  }
+}
+
+bool attends_natively(const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value) {
+  for (const auto* t : {&query, &key, &value})
+    if (t->scalar_type() != torch::kFloat || t->stride(3) != 1) return false;
+  return query.size(3) % 8 == 0 && query.size(1) % key.size(1) == 0;
+}
+
+}  // namespace
+
+// Attention of the pass's queries over the cached and new keys and values, as (batch, rows, heads * dim) for the
+// output product. Without a mask, the pass is a chain after the cache: row i sees every key but the last
+// rows - 1 - i. float32 heads of a multiple of 8 take our kernel (one row, its scores, e^x by exp8), others and
+// masked passes (trees, batches) ATen's.
+torch::Tensor attention_out(const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
+                            const c10::optional<torch::Tensor>& mask, double scale) {
+  const int64_t batch = query.size(0), heads = query.size(1), rows = query.size(2), dim = query.size(3);
+  const int64_t kv_heads = key.size(1), keys = key.size(2);
+  const bool masked = mask && mask->defined();
+  if (!masked && attends_natively(query, key, value)) {
+    auto out = torch::empty({batch, rows, heads * dim}, query.options());
+    const float* qp = query.data_ptr<float>();
+    const float* kp = key.data_ptr<float>();
+    const float* vp = value.data_ptr<float>();
+    float* op = out.data_ptr<float>();
+    const int64_t group = heads / kv_heads, per_head = group * rows;  // query rows per key/value head
+    const int64_t sweeps = (per_head + QUERIES - 1) / QUERIES, tasks = batch * kv_heads * sweeps;
+    const int64_t stride = (keys + 7) / 8 * 8;  // a query's scores, padded to full registers
+    const int64_t grain = keys * dim * per_head < 65536 ? tasks : 1;  // a short context stays on one thread
+    at::parallel_for(0, tasks, grain, [&](int64_t first, int64_t last) {
+      std::vector<float> scores(QUERIES * stride);
+      const float* q[QUERIES];
+      float* o[QUERIES];
+      int64_t seen[QUERIES];
+      for (int64_t task = first; task < last; ++task) {
+        const int64_t b = task / (kv_heads * sweeps), g = task / sweeps % kv_heads, sweep = task % sweeps;
+        const int64_t n = std::min(QUERIES, per_head - sweep * QUERIES);
+        for (int64_t j = 0; j < n; ++j) {
+          const int64_t index = sweep * QUERIES + j, h = g * group + index / rows, i = index % rows;
+          q[j] = qp + b * query.stride(0) + h * query.stride(1) + i * query.stride(2);
+          o[j] = op + (b * rows + i) * heads * dim + h * dim;
+          seen[j] = keys - (rows - 1 - i);
+        }
+        attend(q, seen, n, kp + b * key.stride(0) + g * key.stride(1), key.stride(2),
+               vp + b * value.stride(0) + g * value.stride(1), value.stride(2), dim, static_cast<float>(scale),
+               scores.data(), stride, o);
+      }
+    });
+    return out;
+  }
+  torch::Tensor out;
+  if (rows == 1 && !masked) {
+    out = at::scaled_dot_product_attention(query.reshape({batch, kv_heads, heads / kv_heads, dim}), key, value,
+                                           c10::nullopt, 0.0, false, scale)
+              .view({batch, heads, 1, dim});
+  } else {
+    const auto chain =
+        masked ? *mask : torch::ones({rows, keys}, query.options().dtype(torch::kBool)).tril(keys - rows);
+    out = at::scaled_dot_product_attention(query, key, value, chain, 0.0, false, scale, heads != kv_heads);
+  }
+  return out.transpose(1, 2).reshape({batch, rows, heads * dim});
+}
+
+// RMS norm over the last dimension, as transformers' Llama norm: weight · (x / sqrt(mean(x²) + eps)). float32 rows
+// by our loop (the squares summed in eight lanes), anything else by ATen.
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  const int64_t width = x.size(-1);
+  if (x.scalar_type() != torch::kFloat || weight.scalar_type() != torch::kFloat || width % 8 != 0 ||
+      !x.is_contiguous() || !weight.is_contiguous())
+    return at::rms_norm(x, {width}, weight, eps);
+  auto out = torch::empty_like(x);
+  const float* xp = x.data_ptr<float>();
+  const float* wp = weight.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  for (int64_t row = 0; row < x.numel() / width; ++row) {
+    const float* xr = xp + row * width;
+    __m256 squares = _mm256_setzero_ps();
+    for (int64_t i = 0; i < width; i += 8) {
+      const __m256 v = _mm256_loadu_ps(xr + i);
+      squares = _mm256_fmadd_ps(v, v, squares);
+    }
+    const __m256 inverse = _mm256_set1_ps(1.0f / std::sqrt(sum8(squares) / width + static_cast<float>(eps)));
+    for (int64_t i = 0; i < width; i += 8)
+      _mm256_storeu_ps(op + row * width + i,
+                       _mm256_mul_ps(_mm256_loadu_ps(wp + i), _mm256_mul_ps(_mm256_loadu_ps(xr + i), inverse)));
+  }
+  return out;
+}
+
+// The residual sum x + delta and its RMS norm (the next product's input).
+std::tuple<torch::Tensor, torch::Tensor> residual_norm(const torch::Tensor& x, const torch::Tensor& delta,
+                                                       const torch::Tensor& weight, double eps) {
+  auto sum = x + delta;
+  return {sum, rms_norm(sum, weight, eps)};
+}
+
+// SwiGLU's SiLU(gate)·up from the fused gate|up product.
+torch::Tensor gated(const torch::Tensor& gate_up) {
+  const int64_t half = gate_up.size(-1) / 2;
+  return at::silu(gate_up.narrow(-1, 0, half)) * gate_up.narrow(-1, half, half);
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("attention_in", &attention_in);
+  m.def("attention_out", &attention_out);
+  m.def("residual_norm", &residual_norm);
+  m.def("rms_norm", &rms_norm);
+  m.def("gated", &gated);
+  m.def("product", &product, pybind11::arg("x"), pybind11::arg("weight"), pybind11::arg("bias"),
+        pybind11::arg("features"));
+}
