@@ -65,7 +65,8 @@ def _build() -> tuple[ModuleType | None, str | None]:
     try:
         return cpp_extension.load("specdash_native", [str(SOURCE)], extra_cflags=["-O3", "-mavx2", "-mfma"]), None
     except (RuntimeError, OSError, ImportError) as error:
-        return None, (str(error).strip().splitlines() or ["build failed"])[-1]
+        lines = str(error).strip().splitlines() or ["build failed"]
+        return None, next((line.strip() for line in lines if "error:" in line), lines[-1])
 
 
 _slab: Tensor | None = None
