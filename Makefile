@@ -43,6 +43,7 @@ browser:
 # its tests share (a Ray cluster, a browser, a recorded sweep) are made once. The files are handed out in the order
 # tests/conftest.py collects them (the longest first), not reordered by their count of tests.
 test: setup browser vllm-env
+	$(PY) -m runner.engine.weights.native
 	$(PY) -m pytest -q -n auto --dist loadfile --no-loadscope-reorder
 
 # The dashboard on $(DB) at once; meanwhile a quick sweep records into the same

@@ -3,8 +3,13 @@ multiply-add chain it is meant to be, any row count, feature count and bias, the
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
+from torch.utils import cpp_extension
 
 from runner.engine.weights import kernels, native
 from runner.engine.weights.compact_llama import Steps
@@ -155,3 +160,14 @@ def test_the_native_norm_is_the_definitions_to_float32s_rounding():
     expected = weight.double() * (x.double() / (x.double().pow(2).mean(-1, keepdim=True) + 1e-5).sqrt())
     out = native.module().rms_norm(x, weight, 1e-5)
     assert ((out.double() - expected).abs() <= 1e-5 * expected.abs() + 1e-6).all()
+
+
+def test_a_lock_left_by_a_killed_build_does_not_stall_the_next():
+    """torch's builder waits forever on its lock file while it exists; a build killed midway leaves one behind."""
+    build = Path(cpp_extension._get_build_directory(native.NAME, verbose=False))
+    with native.exclusive(build / "specdash.lock"):  # as a killed build leaves it: the file, no process behind it
+        (build / "lock").touch()
+    done = subprocess.run([sys.executable, "-m", "runner.engine.weights.native"], capture_output=True, text=True,
+                          timeout=300, cwd=Path(__file__).parents[2])
+    assert done.returncode == 0 and done.stdout.startswith(f"native code: {build}"), done.stdout + done.stderr
+    assert not (build / "lock").exists()

@@ -23,6 +23,9 @@ from types import ModuleType
 import torch
 from torch import Tensor
 
+from runner.engine.weights.sources import exclusive
+
+NAME = "specdash_native"
 SOURCE = Path(__file__).with_name("native.cpp")
 LANES = 8  # output features per block (native.cpp)
 HUGE_PAGE = 2 << 20
@@ -63,7 +66,13 @@ def _build() -> tuple[ModuleType | None, str | None]:
     if shutil.which("ninja") is None:  # the environment's own ninja, beside this interpreter, when not on PATH
         os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     try:
-        return cpp_extension.load("specdash_native", [str(SOURCE)], extra_cflags=["-O3", "-mavx2", "-mfma"]), None
+        build = Path(cpp_extension._get_build_directory(NAME, verbose=False))
+        # One process builds at a time under an flock, which dies with its process; torch's own lock file does not,
+        # so one left by a build killed midway would stall every later build: under ours, it is stale.
+        with exclusive(build / "specdash.lock"):
+            (build / "lock").unlink(missing_ok=True)
+            return cpp_extension.load(NAME, [str(SOURCE)], extra_cflags=["-O3", "-mavx2", "-mfma"],
+                                      build_directory=str(build)), None
     except (RuntimeError, OSError, ImportError) as error:
         lines = str(error).strip().splitlines() or ["build failed"]
         return None, next((line.strip() for line in lines if "error:" in line), lines[-1])
@@ -114,3 +123,10 @@ def blocked(weight: Tensor) -> Tensor:
 def product(x: Tensor, weight_blocks: Tensor, bias: Tensor | None, features: int) -> Tensor:
     """x (rows, k) float32 times the blocked weight of `features` features (+ the bias): (rows, features)."""
     return module().product(x, weight_blocks, bias, features)
+
+
+if __name__ == "__main__":  # build ahead of use (make test does): one line, and exit 0 either way
+    try:
+        print(f"native code: {module().__file__}")
+    except RuntimeError as error:
+        print(f"native code: {error}")
