@@ -27,11 +27,14 @@ constexpr int64_t GRAIN = 16;     // blocks per thread at least: a small weight 
 template <int R>
 void chunk(const float* x, int64_t k, const float* block, const float* bias, float* out, int64_t stride) {
   __m256 sums[R];
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r) sums[r] = bias ? _mm256_loadu_ps(bias) : _mm256_setzero_ps();
   for (int64_t c = 0; c < k; ++c) {
     const __m256 w = _mm256_loadu_ps(block + LANES * c);
+#pragma GCC unroll 8  // the sums stay in registers only when this loop is unrolled
     for (int r = 0; r < R; ++r) sums[r] = _mm256_fmadd_ps(w, _mm256_broadcast_ss(x + r * k + c), sums[r]);
   }
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + r * stride, sums[r]);
 }
 
