@@ -132,9 +132,9 @@ CANDIDATES: dict[str, Callable[[Tensor, Tensor, Tensor | None], Tensor]] = {
 COPIED = (PACKED, BLOCKED)  # the candidates that read a copy of the weight in their own layout
 
 
-# Row counts a candidate is tried at (default: all). The blocked product sums up to 4 rows per sweep over a
-# block and loses to oneDNN's from 4 rows on (measured on SmolLM2's shapes).
-_ROWS = {"two_columns": range(1, 2), BLOCKED: range(1, 4)}
+# Row counts a candidate is tried at (default: all). The blocked product sums up to 8 rows in one sweep over the
+# weight (native.cpp); wider passes are oneDNN's (the blocked product lost from 6 rows on, on SmolLM2's shapes).
+_ROWS = {"two_columns": range(1, 2), BLOCKED: range(1, 9)}
 
 
 def candidates(rows: int) -> list[str]:
@@ -298,7 +298,8 @@ class Kernels:
         dtypes = sorted({str(m.weight.dtype) for m in self.linears})
         shapes = sorted({tuple(m.weight.shape) for m in self.linears})
         return {"cpu": cpu_name(), "threads": threads, "torch": torch.__version__, "dtypes": dtypes,
-                "shapes": shapes, "candidates": list(CANDIDATES), "rungs": list(RUNGS)}
+                "shapes": shapes, "candidates": list(CANDIDATES), "rungs": list(RUNGS),
+                "tried": {name: list(rows) for name, rows in _ROWS.items()}, "native": native.version()}
 
     def table(self, remeasure: bool = False) -> Table:
         """The choices at the current thread count: from the disk cache, else (or when asked to remeasure)

@@ -3,7 +3,7 @@
 // `product`: a few float32 rows times a weight laid out in blocks of eight output features (kernels.py measures it
 // beside torch's products). A block holds, for each input feature in turn, the eight features' weights side by
 // side, so each thread reads its blocks as one sequential stream and keeps the rows' eight partial sums per block
-// in registers: one pass over the weight, whatever the row count.
+// in registers: one pass over the weight for up to eight rows.
 //
 // The compact forward's steps between a layer's products (compact_llama.py): the same ATen operators in the same
 // order as its Python did them, so the same floats, called from here to spare the interpreter's ~40 calls a layer.
@@ -20,7 +20,7 @@
 namespace {
 
 constexpr int64_t LANES = 8;      // output features per block: one AVX register of float32
-constexpr int64_t MAX_CHUNK = 4;  // rows summed together per sweep over a block (a wider pass sweeps it again)
+constexpr int64_t MAX_CHUNK = 8;  // rows summed together per sweep over a block (a wider pass sweeps it again)
 constexpr int64_t GRAIN = 16;     // blocks per thread at least: a small weight is not split finer than this
 
 // The rows' sums for one block: out[r * stride + j] = bias[j] + sum over c of x[r * k + c] * block[c * LANES + j].
@@ -39,7 +39,7 @@ void chunk(const float* x, int64_t k, const float* block, const float* bias, flo
 }
 
 using Chunk = void (*)(const float*, int64_t, const float*, const float*, float*, int64_t);
-const Chunk CHUNKS[MAX_CHUNK] = {chunk<1>, chunk<2>, chunk<3>, chunk<4>};
+const Chunk CHUNKS[MAX_CHUNK] = {chunk<1>, chunk<2>, chunk<3>, chunk<4>, chunk<5>, chunk<6>, chunk<7>, chunk<8>};
 
 }  // namespace
 
