@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -52,6 +54,39 @@ def test_each_output_is_exactly_the_fused_multiply_add_chain(features, k, with_b
         out = native.product(x, blocks, b, features)
         assert out.shape == (rows, features) and out.is_contiguous()
         assert torch.equal(out, fma_chain(x, w, b)), (rows, features, k)
+
+
+class SlowSlab:
+    """A slab whose cutting sleeps: a thread holds the offset it read while the others run."""
+
+    def __init__(self, floats: int) -> None:
+        self.tensor = torch.empty(floats)
+
+    def numel(self) -> int:
+        return self.tensor.numel()
+
+    def __getitem__(self, cut: slice) -> torch.Tensor:
+        time.sleep(0.002)
+        return self.tensor[cut]
+
+
+def test_cuts_taken_by_threads_at_once_never_overlap(monkeypatch):
+    monkeypatch.setattr(native, "_slab", SlowSlab(1 << 20))
+    monkeypatch.setattr(native, "_slab_used", 0)
+    cuts: list[torch.Tensor] = []
+
+    def take() -> None:
+        cuts.extend(native.huge_empty(1000) for _ in range(10))
+
+    workers = [threading.Thread(target=take) for _ in range(4)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    spans = sorted((c.data_ptr(), c.data_ptr() + c.numel() * 4) for c in cuts)
+    assert len(spans) == 40
+    assert all(end <= start for (_, end), (start, _) in zip(spans[:-1], spans[1:], strict=True))
+    assert native._slab_used == 40 * 1008  # each cut rounded up to 64 bytes
 
 
 def test_copies_made_in_inference_mode_and_out_of_it_share_slabs():

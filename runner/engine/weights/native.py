@@ -18,6 +18,7 @@ import hashlib
 import os
 import shutil
 import sys
+import threading
 from pathlib import Path
 from types import ModuleType
 
@@ -87,6 +88,7 @@ def _build() -> tuple[ModuleType | None, str | None]:
 
 _slab: Tensor | None = None
 _slab_used = 0  # floats of the current slab handed out
+_cutting = threading.Lock()  # two threads' copies never share a cut
 
 
 def huge_empty(count: int) -> Tensor:
@@ -94,14 +96,15 @@ def huge_empty(count: int) -> Tensor:
     elsewhere, ordinary memory). Cut from shared slabs, which live while any tensor cut from them does."""
     global _slab, _slab_used
     count = -(-count // 16) * 16  # 64-byte aligned cuts
-    if _slab is None or _slab_used + count > _slab.numel():
-        size = max(SLAB, -(-count * 4 // HUGE_PAGE) * HUGE_PAGE)
-        raw = torch.empty((size + HUGE_PAGE) // 4)  # untouched: pages come on first write, so advice made now holds
-        start = (-raw.data_ptr() % HUGE_PAGE) // 4
-        _slab, _slab_used = raw[start : start + size // 4], 0
-        _advise_huge(_slab)
-    out = _slab[_slab_used : _slab_used + count]
-    _slab_used += count
+    with _cutting:
+        if _slab is None or _slab_used + count > _slab.numel():
+            size = max(SLAB, -(-count * 4 // HUGE_PAGE) * HUGE_PAGE)
+            raw = torch.empty((size + HUGE_PAGE) // 4)  # untouched: pages come on first write, so advice holds
+            start = (-raw.data_ptr() % HUGE_PAGE) // 4
+            _slab, _slab_used = raw[start : start + size // 4], 0
+            _advise_huge(_slab)
+        out = _slab[_slab_used : _slab_used + count]
+        _slab_used += count
     return out
 
 
