@@ -1,13 +1,14 @@
 """`runner serve`: the dashboard on a database at once, and optionally a sweep recording into it meanwhile.
 
 The dashboard answers first (its URL is printed as soon as it does); the sweep then runs as its own process with
-`--resume last`, so a sweep interrupted by an earlier Ctrl-C is finished rather than started again. Ctrl-C stops
-both; what was recorded stays.
+`--resume last`, so a sweep interrupted by an earlier Ctrl-C is finished rather than started again. Ctrl-C, or the
+SIGTERM a service manager or `kill` sends, stops both; what was recorded stays.
 """
 
 from __future__ import annotations
 
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -115,10 +116,15 @@ def check_login(address: str | None, port: int, require_auth: bool) -> None:
         print(warning, file=sys.stderr, flush=True)
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def serve(db: Path, port: int, sweep: str | None, address: str | None = None, require_auth: bool = False) -> int:
     """Serve until Ctrl-C; with `sweep` (the options of `runner sweep`), record it into `db` meanwhile. With
     `require_auth`, only behind the login."""
     check_login(address, port, require_auth)
+    signal.signal(signal.SIGTERM, _interrupt)  # stopped by `kill`, the children are stopped too, not left behind
     dashboard = start_dashboard(db, port, address=address)
     recorder = None
     try:
@@ -131,7 +137,7 @@ def serve(db: Path, port: int, sweep: str | None, address: str | None = None, re
             if (code := recorder.wait()) != 0:
                 print(f"the sweep stopped with exit code {code}; the dashboard goes on", file=sys.stderr, flush=True)
         return dashboard.wait()
-    except KeyboardInterrupt:  # the terminal's Ctrl-C reaches the children too; wait for them to stop
+    except KeyboardInterrupt:  # Ctrl-C (which reaches the children too) or SIGTERM: stop them, wait for them
         return 0
     finally:
         stop(recorder)

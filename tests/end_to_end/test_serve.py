@@ -4,6 +4,7 @@ are in test_login.py."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -23,6 +24,7 @@ from bench.load import free_port
 from runner.cli import app
 from runner.engine import pair
 from runner.serve import open_warning
+from runner.store.connect import init_db
 from runner.sweep import progress
 from runner.sweep.loop import run_sweep
 from tests.end_to_end.test_sweep import config
@@ -120,4 +122,23 @@ def test_serve_answers_first_records_the_sweep_meanwhile_and_ctrl_c_stops_both(t
         if server.poll() is None:
             os.killpg(server.pid, signal.SIGKILL)
     with pytest.raises(OSError):
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2)
+
+
+def test_a_sigterm_to_serve_alone_stops_the_dashboard_too(tmp_path):
+    db, port = tmp_path / "runs.duckdb", free_port()
+    init_db(db)
+    server = subprocess.Popen([sys.executable, "-m", "runner", "serve", "--db", str(db), "--port", str(port)], cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        server.stdout.readline()  # the open-dashboard warning
+        assert server.stdout.readline().startswith(f"dashboard: http://localhost:{port}")
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=10) as answer:
+            assert answer.status == 200
+        server.send_signal(signal.SIGTERM)  # to serve only, as `kill` or a service manager sends it: not the group
+        assert server.wait(timeout=60) == 0
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # whatever of the group is left, a failed run's dashboard too
+            os.killpg(server.pid, signal.SIGKILL)
+    with pytest.raises(OSError):  # the dashboard went with it
         urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2)
