@@ -14,7 +14,8 @@ deployment runs it.
 
 Rows (`bench_results`, per repeat the mean over prompts of tokens/s, as Spec-Bench's speed.py does): vllm_tokens_per_s
 and hf_tokens_per_s (ours | theirs, draft none, ngram and, against vLLM, the head at k 4), lookup_speedup_vllm,
-lookup_speedup_hf and head_speedup_vllm (the draft over plain decoding: ours | theirs), prefill_ms_vllm and
+lookup_speedup_hf and head_speedup_vllm (the draft over plain decoding: ours | theirs), accepted_vllm (drafts accepted
+per request, prompt lookup and the head: ours | vLLM's own per-step report), prefill_ms_vllm and
 decode_ms_vllm (plain decoding's request split where the time goes: the prompt's pass, then each later token; ours |
 vLLM's, each by its own clock), pass_bandwidth (a one-token pass's weight bytes per second | a large copy's) and
 pass_flops (a 64-row pass's FLOP/s | a large product's).
@@ -90,6 +91,8 @@ class Sample:
     tokens: tuple[int, ...]
     seconds: float
     split: tuple[float, float] | None = None  # (first token, first token to last) in s, by the engine's own clock
+    accepted: int | None = None  # drafts accepted over the request: ours from its rounds, vLLM's from its per-step
+    # report (none drafted: 0); None for transformers, which reports none
 
     @property
     def rate(self) -> float:
@@ -97,9 +100,7 @@ class Sample:
 
 
 class Engines:
-    """The three engines on one target, each a function (mode, prompt ids, new tokens) -> (tokens, seconds, split):
-    split is the request's (first token, first token to last) seconds by the engine's own clock, None for
-    transformers."""
+    """The three engines on one target: `run` decodes a prompt on one (a mode, new tokens) and gives its Sample."""
 
     def __init__(self, target: models.Loaded, vllm_python: Path | None, threads: int, max_len: int) -> None:
         # Ours first: its kernel table is timed as it loads, and vLLM's engines loading beside it would time every
@@ -120,25 +121,26 @@ class Engines:
     def names(self) -> list[str]:
         return ["ours", "transformers", *(["vllm"] if self.vllm else [])]
 
-    def run(self, engine: str, mode: str, prompt: list[int],
-            n: int) -> tuple[tuple[int, ...], float, tuple[float, float] | None]:
+    def run(self, engine: str, mode: str, prompt: list[int], n: int, repeat: int = 0, index: int = 0) -> Sample:
         if engine == "vllm":  # the whole request, as ours is timed
             start = time.perf_counter()
             [answer] = self.vllm[mode].generate([prompt], n, [{"temperature": 0.0}], REQUEST_TIMEOUT_S)
             reply = reply_of(answer)
-            return reply.output_ids, time.perf_counter() - start, (reply.ttft_s, reply.generation_s)
+            return Sample(engine, mode, index, repeat, reply.output_ids, time.perf_counter() - start,
+                          (reply.ttft_s, reply.generation_s), sum(reply.steps.accepted) if reply.steps else 0)
         if engine == "ours":
             spec, k = {PLAIN_MODE: (PLAIN, None), LOOKUP_MODE: (LOOKUP, K), HEAD_MODE: (HEAD, K)}[mode]
             generation = self.pair.run(spec, prompt, k, GREEDY, n, seed=0)
             split = (generation.prefill_s, generation.wall_s - generation.prefill_s)
-            return generation.output_tokens, generation.wall_s, split
+            return Sample(engine, mode, index, repeat, generation.output_tokens, generation.wall_s, split,
+                          sum(r.accepted for r in generation.rounds))
         options = {} if mode == PLAIN_MODE else {"prompt_lookup_num_tokens": K, "max_matching_ngram_size": 3}
         ids = torch.tensor([prompt])
         start = time.perf_counter()
         with torch.inference_mode():
             out = self.target.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
                                              max_new_tokens=n, **options)
-        return tuple(out[0, len(prompt):].tolist()), time.perf_counter() - start, None
+        return Sample(engine, mode, index, repeat, tuple(out[0, len(prompt):].tolist()), time.perf_counter() - start)
 
     def close(self) -> None:
         """Every vLLM process gone (and whatever they started) before the passes are timed."""
@@ -155,10 +157,10 @@ def measure(engines: Engines, prompts: list[list[int]], repeats: int, n: int) ->
     for repeat in range(repeats):
         for index, prompt in enumerate(prompts):
             for engine, mode in jobs[turn % len(jobs):] + jobs[: turn % len(jobs)]:
-                tokens, seconds, split = engines.run(engine, mode, prompt, n)
-                samples.append(Sample(engine, mode, index, repeat, tokens, seconds, split))
-                print(f"peers: repeat {repeat} prompt {index} {engine} {mode}: {len(tokens)} tokens in {seconds:.2f} s",
-                      file=sys.stderr, flush=True)
+                sample = engines.run(engine, mode, prompt, n, repeat, index)
+                samples.append(sample)
+                print(f"peers: repeat {repeat} prompt {index} {engine} {mode}: {len(sample.tokens)} tokens in "
+                      f"{sample.seconds:.2f} s", file=sys.stderr, flush=True)
             turn += 1
     return samples
 
@@ -191,6 +193,17 @@ def split_rows(samples: list[Sample]) -> list[Row]:
     if any(s.engine == "vllm" and s.mode == PLAIN_MODE for s in longer):
         rows.append(Row("decode_ms_vllm", "none", None, "all", *(per_repeat(longer, e, PLAIN_MODE, decode_ms)
                                                                    for e in ("ours", "vllm"))))
+    return rows
+
+
+def accepted_rows(samples: list[Sample]) -> list[Row]:
+    """Drafts accepted per request, ours against vLLM's, prompt lookup and the head: a speedup over plain decoding
+    compares the drafts only where these agree; where they do, the speedups differ by what a step with drafts costs."""
+    rows = []
+    for mode in (LOOKUP_MODE, HEAD_MODE):
+        if any(s.engine == "vllm" and s.mode == mode for s in samples):
+            rows.append(Row("accepted_vllm", *DRAFTS[mode], "all",
+                            *(per_repeat(samples, e, mode, lambda s: s.accepted) for e in ("ours", "vllm"))))
     return rows
 
 
@@ -256,7 +269,7 @@ def run_peers(args: argparse.Namespace, command: str) -> tuple[list[dict], list[
     finally:
         engines.close()
     counts, lines = mismatch_counts(target, prompts, samples)
-    rows = (throughput_rows(samples, engines.names[1:], counts) + split_rows(samples)
+    rows = (throughput_rows(samples, engines.names[1:], counts) + accepted_rows(samples) + split_rows(samples)
             + limit_rows(target, args.pass_repeats, 200))
     prov = provenance(target.device)
     context = {"bench_id": started.strftime("%Y%m%d-%H%M%S-peers-") + uuid.uuid4().hex[:4], "started_at": started,

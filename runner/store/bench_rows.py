@@ -87,7 +87,8 @@ UNITS = {"plain_tokens_per_s": "tokens/s", "spec_tokens_per_s": "tokens/s", "ada
          "batch_tokens_per_s": "tokens/s",
          "verify_ms": "ms", "verify_ms_stock": "ms", "verify_vs_stock": "ms", "roofline": "GB/s",
          "roofline_stock": "GB/s", "vllm_tokens_per_s": "tokens/s", "hf_tokens_per_s": "tokens/s",
-         "lookup_speedup_vllm": "x", "lookup_speedup_hf": "x", "head_speedup_vllm": "x", "pass_bandwidth": "GB/s",
+         "lookup_speedup_vllm": "x", "lookup_speedup_hf": "x", "head_speedup_vllm": "x", "accepted_vllm": "drafts",
+         "pass_bandwidth": "GB/s",
          "pass_flops": "GFLOP/s", "prefill_ms_vllm": "ms", "decode_ms_vllm": "ms"}
 ABOUT = {
     "plain_tokens_per_s": "(a) plain decoding, tokens/s: ours | transformers generate(do_sample=False)",
@@ -122,6 +123,8 @@ ABOUT = {
     "lookup_speedup_hf": "(peers) prompt lookup's tokens/s over plain decoding: ours | transformers'",
     "head_speedup_vllm": "(peers) the shipped EAGLE-3 head's tokens/s over the same engine's plain decoding: ours | "
                          "vLLM's",
+    "accepted_vllm": "(peers) drafts accepted per request, the mean over prompts per repeat: ours | vLLM's (its own "
+                     "per-step report); where they agree, the speedups differ by what a step with drafts costs",
     "pass_bandwidth": "(peers) our one-token pass: weight bytes read / its time | a large copy's bytes/s, same run",
     "pass_flops": "(peers) our 64-row pass: the linears' FLOP / its time | a large matrix product's FLOP/s, same run",
     "prefill_ms_vllm": "(peers) plain decoding's first token, the prompt's pass: ours | vLLM's (its own clock, "
@@ -154,6 +157,7 @@ COLUMNS = {
     "lookup_speedup_vllm": ("ours", "vLLM"),
     "lookup_speedup_hf": ("ours", "transformers"),
     "head_speedup_vllm": ("ours", "vLLM"),
+    "accepted_vllm": ("ours", "vLLM"),
     "pass_bandwidth": ("one-token pass", "copy"),
     "pass_flops": ("64-row pass", "product"),
     "prefill_ms_vllm": ("ours", "vLLM"),

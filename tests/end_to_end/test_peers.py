@@ -87,3 +87,25 @@ def test_the_split_sets_our_prompt_pass_and_per_token_time_against_vllm_s():
     assert decode.ours == pytest.approx([150.0]) and decode.theirs == pytest.approx([100.0])
     assert decode.ratios == pytest.approx([1.5])
     assert peers.split_rows([s for s in samples if s.engine != "vllm"]) == []
+
+
+def test_accepted_drafts_set_ours_against_vllm_s_per_draft_and_repeat():
+    def drafted(engine: str, mode: str, prompt: int, repeat: int, accepted: int) -> Sample:
+        return Sample(engine, mode, prompt, repeat, tuple(range(32)), 1.0, None, accepted)
+
+    samples = [
+        # repeat 0, lookup: ours 4 and 9 accepted (mean 6.5), vLLM 4 and 9; the head: ours 10 and 20, vLLM 12 and 20
+        drafted("ours", LOOKUP_MODE, 0, 0, 4), drafted("ours", LOOKUP_MODE, 1, 0, 9),
+        drafted("vllm", LOOKUP_MODE, 0, 0, 4), drafted("vllm", LOOKUP_MODE, 1, 0, 9),
+        drafted("ours", HEAD_MODE, 0, 0, 10), drafted("ours", HEAD_MODE, 1, 0, 20),
+        drafted("vllm", HEAD_MODE, 0, 0, 12), drafted("vllm", HEAD_MODE, 1, 0, 20),
+        # repeat 1, lookup only: ours 5 and 9 (7), vLLM 4 and 8 (6)
+        drafted("ours", LOOKUP_MODE, 0, 1, 5), drafted("ours", LOOKUP_MODE, 1, 1, 9),
+        drafted("vllm", LOOKUP_MODE, 0, 1, 4), drafted("vllm", LOOKUP_MODE, 1, 1, 8),
+        drafted("ours", PLAIN_MODE, 0, 0, 0), drafted("vllm", PLAIN_MODE, 0, 0, 0),  # plain: no row
+    ]
+    lookup, head = peers.accepted_rows(samples)
+    assert (lookup.metric, lookup.draft, lookup.k) == ("accepted_vllm", "ngram", 4)
+    assert (lookup.ours, lookup.theirs) == ([6.5, 7.0], [6.5, 6.0])
+    assert (head.draft, head.ours, head.theirs) == ("eagle:heads/smollm2-135m", [15.0], [16.0])
+    assert peers.accepted_rows([s for s in samples if s.engine != "vllm"]) == []
