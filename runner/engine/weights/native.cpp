@@ -2,8 +2,8 @@
 //
 // `product`: a few float32 rows times a weight laid out in blocks of eight output features (kernels.py measures it
 // beside torch's products). A block holds, for each input feature in turn, the eight features' weights side by
-// side, so each thread reads its blocks as one sequential stream and keeps the rows' eight partial sums per block
-// in registers: one pass over the weight for up to eight rows.
+// side, so each block is one sequential stream; a thread sweeps a few neighbouring blocks side by side, keeping the
+// rows' eight partial sums per block in registers: one pass over the weight for up to eight rows.
 //
 // The compact forward's steps between a layer's products (compact_llama.py): the same ATen operators in the same
 // order as its Python did them, so the same floats, called from here to spare the interpreter's ~40 calls a layer.
@@ -22,62 +22,48 @@ namespace {
 constexpr int64_t LANES = 8;      // output features per block: one AVX register of float32
 constexpr int64_t MAX_CHUNK = 8;  // rows summed together per sweep over a block (a wider pass sweeps it again)
 constexpr int64_t GRAIN = 16;     // blocks per thread at least: a small weight is not split finer than this
-// Input features ahead whose weights a sweep of 3 or more rows asks the cache for (a line per two features): the
-// hardware's own prefetch leaves a sweep busy with many rows' sums waiting on memory. Measured on SmolLM2's products:
-// 3-6 rows 0.89-0.90x the time, 7-8 rows 0.62-0.65x; 1-2 rows no faster (2 rows 1.06x), so not asked there.
-constexpr int64_t AHEAD = 32;
 
-// The rows' sums for one block: out[r * stride + j] = bias[j] + sum over c of x[r * k + c] * block[c * LANES + j].
-template <int R>
-void chunk(const float* x, int64_t k, const float* block, const float* bias, float* out, int64_t stride) {
-  __m256 sums[R];
+// The rows' sums for B neighbouring blocks at once: out[r * stride + 8b + j] = bias[8b + j] + sum over c of
+// x[r * k + c] * block[b * k * LANES + c * LANES + j]. Each row's broadcast serves the B blocks, and the B blocks are
+// B streams read side by side: on SmolLM2's weights, 2 threads, 6 streams a thread made a one-row product ~0.9x and a
+// five-row product ~0.7-0.9x the time of 2 (the memory system serves several streams at once better than one or
+// two; software prefetching on top made it slower). Per output, the sum runs over c in order whatever R and B are,
+// so a row's floats do not depend on the rows beside it or on how the blocks are grouped.
+template <int R, int B>
+void sweep(const float* x, int64_t k, const float* block, const float* bias, float* out, int64_t stride) {
+  __m256 sums[B][R];
 #pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) sums[r] = bias ? _mm256_loadu_ps(bias) : _mm256_setzero_ps();
-  for (int64_t c = 0; c < k; ++c) {
-    const __m256 w = _mm256_loadu_ps(block + LANES * c);
-    if (R >= 3 && c % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(block + LANES * (c + AHEAD)), _MM_HINT_T0);
-#pragma GCC unroll 8  // the sums stay in registers only when this loop is unrolled
-    for (int r = 0; r < R; ++r) sums[r] = _mm256_fmadd_ps(w, _mm256_broadcast_ss(x + r * k + c), sums[r]);
-  }
+  for (int b = 0; b < B; ++b) {
 #pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + r * stride, sums[r]);
-}
-
-// The same for two neighbouring blocks (16 features) at once: each row's broadcast serves both, so a pass of a few
-// rows loads half as many broadcasts per multiply-add. 2R sums, two weights and a broadcast: R <= 6 fits 16 registers.
-template <int R>
-void pair(const float* x, int64_t k, const float* block, const float* bias, float* out, int64_t stride) {
-  const float* next = block + k * LANES;
-  __m256 first[R], second[R];
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) {
-    first[r] = bias ? _mm256_loadu_ps(bias) : _mm256_setzero_ps();
-    second[r] = bias ? _mm256_loadu_ps(bias + LANES) : _mm256_setzero_ps();
+    for (int r = 0; r < R; ++r) sums[b][r] = bias ? _mm256_loadu_ps(bias + b * LANES) : _mm256_setzero_ps();
   }
   for (int64_t c = 0; c < k; ++c) {
-    const __m256 w = _mm256_loadu_ps(block + LANES * c), v = _mm256_loadu_ps(next + LANES * c);
-    if (R >= 3 && c % 2 == 0) {  // a kilobyte ahead, as `chunk` asks
-      _mm_prefetch(reinterpret_cast<const char*>(block + LANES * (c + AHEAD)), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(next + LANES * (c + AHEAD)), _MM_HINT_T0);
-    }
+    __m256 w[B];
 #pragma GCC unroll 8
+    for (int b = 0; b < B; ++b) w[b] = _mm256_loadu_ps(block + b * k * LANES + c * LANES);
+#pragma GCC unroll 8  // the sums stay in registers (as far as they fit) only when these loops are unrolled
     for (int r = 0; r < R; ++r) {
       const __m256 xr = _mm256_broadcast_ss(x + r * k + c);
-      first[r] = _mm256_fmadd_ps(w, xr, first[r]);
-      second[r] = _mm256_fmadd_ps(v, xr, second[r]);
+#pragma GCC unroll 8
+      for (int b = 0; b < B; ++b) sums[b][r] = _mm256_fmadd_ps(w[b], xr, sums[b][r]);
     }
   }
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
-    _mm256_storeu_ps(out + r * stride, first[r]);
-    _mm256_storeu_ps(out + r * stride + LANES, second[r]);
+#pragma GCC unroll 8
+    for (int b = 0; b < B; ++b) _mm256_storeu_ps(out + r * stride + b * LANES, sums[b][r]);
   }
 }
 
-using Chunk = void (*)(const float*, int64_t, const float*, const float*, float*, int64_t);
-const Chunk CHUNKS[MAX_CHUNK] = {chunk<1>, chunk<2>, chunk<3>, chunk<4>, chunk<5>, chunk<6>, chunk<7>, chunk<8>};
-constexpr int64_t MAX_PAIRED = 6;
-const Chunk PAIRS[MAX_PAIRED] = {pair<1>, pair<2>, pair<3>, pair<4>, pair<5>, pair<6>};
+// Blocks per sweep, by rows: 6 up to 7 rows, 4 at 8 (8 rows' 48 sums spill too much), measured on SmolLM2's weights.
+// With AVX-512's 32 registers (native.py builds with them where the CPU has them) more of the sums stay in registers.
+constexpr int64_t WIDE = 6;
+using Sweep = void (*)(const float*, int64_t, const float*, const float*, float*, int64_t);
+const Sweep WIDE_SWEEPS[MAX_CHUNK] = {sweep<1, WIDE>, sweep<2, WIDE>, sweep<3, WIDE>, sweep<4, WIDE>,
+                                      sweep<5, WIDE>, sweep<6, WIDE>, sweep<7, WIDE>, sweep<8, 4>};
+constexpr int64_t WIDE_BLOCKS[MAX_CHUNK] = {WIDE, WIDE, WIDE, WIDE, WIDE, WIDE, WIDE, 4};
+const Sweep SWEEPS[MAX_CHUNK] = {sweep<1, 1>, sweep<2, 1>, sweep<3, 1>, sweep<4, 1>,
+                                 sweep<5, 1>, sweep<6, 1>, sweep<7, 1>, sweep<8, 1>};
 
 }  // namespace
 
@@ -100,44 +86,41 @@ torch::Tensor product(const torch::Tensor& x, const torch::Tensor& weight, const
   const float* wp = weight.data_ptr<float>();
   const float* bp = bias && bias->defined() ? bias->data_ptr<float>() : nullptr;
   float* op = out.data_ptr<float>();
-  at::parallel_for(0, blocks, GRAIN, [&](int64_t first, int64_t last) {
-    float partial[MAX_CHUNK * LANES];  // the last block's sums when it holds fewer than LANES features
-    float partial_bias[LANES] = {};   // and its bias, padded
-    for (int64_t b = first; b < last; ++b) {
-      if (b + 1 < last && features >= (b + 2) * LANES) {  // two full blocks: paired where the chunk fits
-        for (int64_t r = 0; r < rows; r += MAX_CHUNK) {
-          const int64_t n = std::min(MAX_CHUNK, rows - r);
+  const int64_t full = features / LANES;  // blocks with all eight features the weight's
+  // The rows in chunks of up to MAX_CHUNK; per chunk, the blocks in groups swept together, a thread's groups in turn.
+  for (int64_t r = 0; r < rows; r += MAX_CHUNK) {
+    const int64_t n = std::min(MAX_CHUNK, rows - r), group = WIDE_BLOCKS[n - 1];
+    const float* xr = xp + r * k;
+    float* out_r = op + r * features;
+    at::parallel_for(0, (blocks + group - 1) / group, std::max<int64_t>(1, GRAIN / group), [&](int64_t first,
+                                                                                                int64_t last) {
+      float partial[MAX_CHUNK * LANES];  // the last block's sums when it holds fewer than LANES features
+      float partial_bias[LANES] = {};   // and its bias, padded
+      for (int64_t g = first; g < last; ++g) {
+        const int64_t b0 = g * group;
+        if (b0 + group <= full) {
+          WIDE_SWEEPS[n - 1](xr, k, wp + b0 * k * LANES, bp ? bp + b0 * LANES : nullptr, out_r + b0 * LANES, features);
+          continue;
+        }
+        for (int64_t b = b0; b < std::min(blocks, b0 + group); ++b) {  // a group cut short, one block at a time
+          const float* block = wp + b * k * LANES;
           const float* bias_b = bp ? bp + b * LANES : nullptr;
-          float* out_b = op + r * features + b * LANES;
-          if (n <= MAX_PAIRED) {
-            PAIRS[n - 1](xp + r * k, k, wp + b * k * LANES, bias_b, out_b, features);
-          } else {
-            CHUNKS[n - 1](xp + r * k, k, wp + b * k * LANES, bias_b, out_b, features);
-            CHUNKS[n - 1](xp + r * k, k, wp + (b + 1) * k * LANES, bias_b ? bias_b + LANES : nullptr, out_b + LANES,
-                          features);
+          if (b < full) {
+            SWEEPS[n - 1](xr, k, block, bias_b, out_r + b * LANES, features);
+            continue;
           }
-        }
-        ++b;
-        continue;
-      }
-      const int64_t width = std::min(LANES, features - b * LANES);
-      const float* bias_b = bp ? bp + b * LANES : nullptr;
-      if (bp && width < LANES) {
-        std::memcpy(partial_bias, bias_b, width * sizeof(float));
-        bias_b = partial_bias;
-      }
-      for (int64_t r = 0; r < rows; r += MAX_CHUNK) {
-        const int64_t n = std::min(MAX_CHUNK, rows - r);
-        if (width == LANES) {
-          CHUNKS[n - 1](xp + r * k, k, wp + b * k * LANES, bias_b, op + r * features + b * LANES, features);
-        } else {
-          CHUNKS[n - 1](xp + r * k, k, wp + b * k * LANES, bias_b, partial, LANES);
+          const int64_t width = features - b * LANES;
+          if (bias_b) {
+            std::memcpy(partial_bias, bias_b, width * sizeof(float));
+            bias_b = partial_bias;
+          }
+          SWEEPS[n - 1](xr, k, block, bias_b, partial, LANES);
           for (int64_t i = 0; i < n; ++i)
-            std::memcpy(op + (r + i) * features + b * LANES, partial + i * LANES, width * sizeof(float));
+            std::memcpy(out_r + i * features + b * LANES, partial + i * LANES, width * sizeof(float));
         }
       }
-    }
-  });
+    });
+  }
   return out;
 }
 
