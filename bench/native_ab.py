@@ -1,0 +1,97 @@
+"""Our native code against another revision's, alternated in one process: that revision's native.cpp is built as a
+second extension, and per repeat each build in turn sweeps every product of the target's passes (each linear's
+blocked copy, back to back, as a pass runs them) at 1-8 rows, and runs a target pass of 1 and of k + 1 = 5 rows after
+a cache of `--context` tokens on the engine's kernels (the kernel table chosen with this revision's build; the other
+build serves the same choices, so the pass compares the native code alone). Medians over repeats, and the median of
+the per-repeat ratios, which a load that drifts slowly affects less.
+
+`python bench/native_ab.py --against REV [--flags "-O3 -mavx2 -mfma -fopenmp"] [--repeats 15] [--threads N]`
+(`--flags`: the other build's compiler flags; default this revision's, `native.flags()`)
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository, for `runner`
+
+import torch  # noqa: E402
+from torch.utils import cpp_extension  # noqa: E402
+
+from runner.engine.round.draft import crop_to, new_cache  # noqa: E402
+from runner.engine.weights import kernels, models, native  # noqa: E402
+from runner.engine.weights.kernels import all_cores  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+PASS_ROWS = (1, 5)
+
+
+def build_other(revision: str, flags: list[str], where: Path):
+    source = subprocess.run(["git", "-C", str(ROOT), "show", f"{revision}:runner/engine/weights/native.cpp"],
+                            check=True, capture_output=True, text=True).stdout
+    path = where / "other_native.cpp"
+    path.write_text(source)
+    return cpp_extension.load("other_native", [str(path)], extra_cflags=flags, extra_ldflags=["-fopenmp"],
+                              build_directory=str(where))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--against", required=True, help="the git revision whose native.cpp is the other build")
+    parser.add_argument("--flags", default=None, help="the other build's compiler flags (default: this revision's)")
+    parser.add_argument("--target", default=models.DEFAULT_MODEL)
+    parser.add_argument("--threads", type=int, default=all_cores())
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--context", type=int, default=250)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    ours = native.module()
+    with tempfile.TemporaryDirectory() as where:
+        other = build_other(args.against, args.flags.split() if args.flags else native.flags(), Path(where))
+    builds = {"this": ours, args.against: other}
+    target = models.load(args.target, "cpu", "float32")
+    switch = kernels.attach(target.model)
+    switch.table()
+    copies = [(kernels.copy_of(kernels.BLOCKED, m.weight, native.blocked), m.bias, m.weight.shape[0])
+              for m in switch.linears]
+    generator = torch.Generator().manual_seed(0)
+    widths = {m.weight.shape[1] for m in switch.linears}
+    xs = {rows: {k: torch.randn(rows, k, generator=generator) for k in widths} for rows in range(1, 9)}
+    vocab = target.model.config.vocab_size
+    times: dict[tuple[str, int, str], list[float]] = {}
+    with torch.inference_mode(), switch.use():
+        cache = new_cache(target.model)
+        context = torch.randint(vocab, (1, args.context), generator=generator)
+        target.model(input_ids=context, cache=cache, use_cache=True, logits_to_keep=1)
+        fed = {rows: torch.randint(vocab, (1, rows), generator=generator) for rows in PASS_ROWS}
+        for _ in range(args.repeats + 1):  # the first repeat warms up and is dropped
+            for name, build in builds.items():
+                native._built = build  # the engine's passes call the native code through this module
+                for rows in PASS_ROWS:
+                    start = time.perf_counter()
+                    target.model(input_ids=fed[rows], cache=cache, use_cache=True, logits_to_keep=rows)
+                    times.setdefault(("pass", rows, name), []).append(time.perf_counter() - start)
+                    crop_to(cache, args.context)
+                for rows, x in xs.items():
+                    start = time.perf_counter()
+                    for blocks, bias, features in copies:
+                        build.product(x[blocks.shape[1]], blocks, bias, features)
+                    times.setdefault(("products", rows, name), []).append(time.perf_counter() - start)
+    native._built = ours
+    print(f"{args.target}, {args.threads} threads, {args.repeats} repeats; this revision's build against "
+          f"{args.against}'s; milliseconds, medians")
+    for what, rows in sorted({key[:2] for key in times}):
+        mine, theirs = (times[(what, rows, name)][1:] for name in builds)
+        ratio = statistics.median(a / b for a, b in zip(mine, theirs, strict=True))
+        print(f"{what:8} {rows} row(s): this {statistics.median(mine) * 1000:6.2f}  {args.against} "
+              f"{statistics.median(theirs) * 1000:6.2f}  this/other {ratio:.3f}")
+
+
+if __name__ == "__main__":
+    main()
