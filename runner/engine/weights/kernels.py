@@ -133,8 +133,9 @@ COPIED = (PACKED, BLOCKED)  # the candidates that read a copy of the weight in t
 
 
 # Row counts a candidate is tried at (default: all). The blocked product sums up to 8 rows in one sweep over the
-# weight (native.cpp); wider passes are oneDNN's (the blocked product lost from 6 rows on, on SmolLM2's shapes).
-_ROWS = {"two_columns": range(1, 2), BLOCKED: range(1, 9)}
+# weight (native.cpp), so a wider pass sweeps it again per 8 rows; on SmolLM2's products it still beat oneDNN's at
+# 12-64 rows, so it is tried at every rung of a verify pass. A prompt's prefill (the widest rung) is oneDNN's.
+_ROWS = {"two_columns": range(1, 2), BLOCKED: range(1, MAX_ROWS + 1)}
 
 
 def candidates(rows: int) -> list[str]:
