@@ -55,13 +55,14 @@ void sweep(const float* x, int64_t k, const float* block, const float* bias, flo
   }
 }
 
-// Blocks per sweep, by rows: 6 up to 7 rows, 4 at 8 (8 rows' 48 sums spill too much), measured on SmolLM2's weights.
+// Blocks per sweep, by rows: 6 up to 6 rows, 4 at 7-8 (their 42-48 sums spill too much), measured on SmolLM2's
+// weights (sweeps sized to fit the registers instead, 5 blocks at 5 rows or 3 at 8, were slower: fewer streams).
 // With AVX-512's 32 registers (native.py builds with them where the CPU has them) more of the sums stay in registers.
 constexpr int64_t WIDE = 6;
 using Sweep = void (*)(const float*, int64_t, const float*, const float*, float*, int64_t);
 const Sweep WIDE_SWEEPS[MAX_CHUNK] = {sweep<1, WIDE>, sweep<2, WIDE>, sweep<3, WIDE>, sweep<4, WIDE>,
-                                      sweep<5, WIDE>, sweep<6, WIDE>, sweep<7, WIDE>, sweep<8, 4>};
-constexpr int64_t WIDE_BLOCKS[MAX_CHUNK] = {WIDE, WIDE, WIDE, WIDE, WIDE, WIDE, WIDE, 4};
+                                      sweep<5, WIDE>, sweep<6, WIDE>, sweep<7, 4>, sweep<8, 4>};
+constexpr int64_t WIDE_BLOCKS[MAX_CHUNK] = {WIDE, WIDE, WIDE, WIDE, WIDE, WIDE, 4, 4};
 const Sweep SWEEPS[MAX_CHUNK] = {sweep<1, 1>, sweep<2, 1>, sweep<3, 1>, sweep<4, 1>,
                                  sweep<5, 1>, sweep<6, 1>, sweep<7, 1>, sweep<8, 1>};
 
