@@ -191,6 +191,21 @@ def test_the_native_attention_is_the_definitions_to_float32s_rounding(keys, dim)
     assert (out.double() - expected).abs().max() < 1e-5 * max(1.0, expected.abs().max().item())
 
 
+@pytest.mark.parametrize("keys,rows,dim", [(5, 5, 64), (300, 5, 64), (83, 9, 128), (17, 3, 8)])
+def test_a_chain_rows_attention_is_the_same_floats_as_that_row_alone(keys, rows, dim):
+    """Row i of a pass sees the keys up to its own: its output must be bit for bit what a pass of that row alone over
+    those keys gives, whatever rows share its sweep, or a verify pass and plain decoding would round apart."""
+    generator = torch.Generator().manual_seed(keys * rows)
+    query = torch.randn(1, 9, rows, dim, generator=generator) * 3
+    key, value = torch.randn(2, 1, 3, keys, dim, generator=generator)
+    out = native.module().attention_out(query, key, value, None, 0.125).view(1, rows, 9, dim)
+    for i in range(rows):
+        seen = keys - (rows - 1 - i)
+        alone = native.module().attention_out(query[:, :, i : i + 1].contiguous(), key[:, :, :seen], value[:, :, :seen],
+                                              None, 0.125)
+        assert torch.equal(out[:, i].reshape(1, 1, -1), alone), (keys, rows, dim, i)
+
+
 def test_the_native_norm_is_the_definitions_to_float32s_rounding():
     x = torch.randn(3, 5, 576) * 10
     weight = torch.randn(576)

@@ -168,28 +168,63 @@ inline float sum8(__m256 v) {
 constexpr int64_t QUERIES = 8;  // query rows (a key/value head's query heads x the pass's rows) per sweep over keys
 constexpr int64_t SPAN = 64;    // a head's features held in registers at once: eight of AVX's sixteen
 
+// Eight vectors' sums of their lanes, lane i holding v[i]'s: each added in sum8's order (the halves, then lanes
+// 0 + 2 and 1 + 3, then those two), so that a score is the same float either way.
+inline __m256 sums8(const __m256* v) {
+  __m256 s[4];
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {  // [v_i's halves added | v_{i+4}'s], lanes reordered 0, 2, 1, 3 for the hadds
+    const __m256 halves = _mm256_add_ps(_mm256_permute2f128_ps(v[i], v[i + 4], 0x20),
+                                        _mm256_permute2f128_ps(v[i], v[i + 4], 0x31));
+    s[i] = _mm256_permute_ps(halves, 0xD8);
+  }
+  return _mm256_hadd_ps(_mm256_hadd_ps(s[0], s[1]), _mm256_hadd_ps(s[2], s[3]));
+}
+
 // Up to QUERIES query rows of one key/value head: row j sees its first seen[j] keys, and
-// out_j = Σ_t softmax_t(scale · q_j·k_t) v_t. The keys and values stay in cache across the rows; each row's
-// features are held in registers SPAN at a time. dim is a multiple of 8.
+// out_j = Σ_t softmax_t(scale · q_j·k_t) v_t. The scores eight keys at a time: those keys' features (SPAN at a
+// time) stay in the first-level cache while every row's dot products with them are summed, their lanes added eight
+// dot products at once (sums8); a row's scores are the same floats whatever rows share its sweep. dim is a multiple
+// of 8.
 void attend(const float* const* q, const int64_t* seen, int64_t n, const float* k, int64_t k_step, const float* v,
             int64_t v_step, int64_t dim, float scale, float* scores, int64_t stride, float* const* out) {
   const int64_t keys = *std::max_element(seen, seen + n);
-  for (int64_t j = 0; j < n; ++j) {
-    float* row = scores + j * stride;
-    std::fill(row, row + stride, 0.0f);
-    for (int64_t d0 = 0; d0 < dim; d0 += SPAN) {  // the dot products, a span of features at a time
-      const int64_t width = std::min(SPAN, dim - d0) / 8;
-      __m256 query[SPAN / 8];
-      for (int64_t w = 0; w < width; ++w) query[w] = _mm256_loadu_ps(q[j] + d0 + 8 * w);
-      for (int64_t t = 0; t < seen[j]; ++t) {
-        const float* kt = k + t * k_step + d0;
-        __m256 dot = _mm256_mul_ps(query[0], _mm256_loadu_ps(kt));
-        for (int64_t w = 1; w < width; ++w) dot = _mm256_fmadd_ps(query[w], _mm256_loadu_ps(kt + 8 * w), dot);
-        row[t] += sum8(dot);
+  std::fill(scores, scores + n * stride, 0.0f);
+  for (int64_t d0 = 0; d0 < dim; d0 += SPAN) {  // the dot products, a span of features at a time
+    const int64_t width = std::min(SPAN, dim - d0) / 8;
+    for (int64_t t0 = 0; t0 < keys; t0 += 8) {
+      const float* kt[8];  // past the last key, the last key again: its scores are masked out below
+#pragma GCC unroll 8
+      for (int64_t i = 0; i < 8; ++i) kt[i] = k + std::min(t0 + i, keys - 1) * k_step + d0;
+      for (int64_t j = 0; j < n; ++j) {
+        if (t0 >= seen[j]) continue;
+        __m256 dot[8];
+        const __m256 q0 = _mm256_loadu_ps(q[j] + d0);
+#pragma GCC unroll 8  // the eight dot products stay in registers only when these loops are unrolled
+        for (int64_t i = 0; i < 8; ++i) dot[i] = _mm256_mul_ps(q0, _mm256_loadu_ps(kt[i]));
+        for (int64_t w = 1; w < width; ++w) {
+          const __m256 qw = _mm256_loadu_ps(q[j] + d0 + 8 * w);
+#pragma GCC unroll 8
+          for (int64_t i = 0; i < 8; ++i) dot[i] = _mm256_fmadd_ps(qw, _mm256_loadu_ps(kt[i] + 8 * w), dot[i]);
+        }
+        float* at = scores + j * stride + t0;
+        _mm256_storeu_ps(at, _mm256_add_ps(_mm256_loadu_ps(at), sums8(dot)));
       }
     }
-    float top = -INFINITY;
-    for (int64_t t = 0; t < seen[j]; ++t) top = std::max(top, row[t] *= scale);
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    float* row = scores + j * stride;
+    __m256 tops = _mm256_set1_ps(-INFINITY);  // the scores scaled, and their largest (exact in any order)
+    int64_t t = 0;
+    for (; t + 8 <= seen[j]; t += 8) {
+      const __m256 scaled = _mm256_mul_ps(_mm256_loadu_ps(row + t), _mm256_set1_ps(scale));
+      _mm256_storeu_ps(row + t, scaled);
+      tops = _mm256_max_ps(tops, scaled);
+    }
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, tops);
+    float top = *std::max_element(lanes, lanes + 8);
+    for (; t < seen[j]; ++t) top = std::max(top, row[t] *= scale);
     for (int64_t t = seen[j]; t < (keys + 7) / 8 * 8; ++t) row[t] = -INFINITY;  // unseen, and a full last register
     __m256 total = _mm256_setzero_ps();
     for (int64_t t = 0; t < keys; t += 8) {
