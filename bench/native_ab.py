@@ -1,8 +1,9 @@
 """Our native code against another revision's, alternated in one process: that revision's native.cpp is built as a
 second extension, and per repeat each build in turn sweeps every product of the target's passes (each linear's
-blocked copy, back to back, as a pass runs them) at 1-8 rows, and runs a target pass of 1 and of k + 1 = 5 rows after
-a cache of `--context` tokens on the engine's kernels (the kernel table chosen with this revision's build; the other
-build serves the same choices, so the pass compares the native code alone). Medians over repeats, and the median of
+blocked copy, back to back, as a pass runs them) at 1-8 rows, computes one layer's attention of 1 and 5 rows after
+100, 300 and 1,000 keys, and runs a target pass of 1 and of k + 1 = 5 rows after a cache of `--context` tokens on the
+engine's kernels (the kernel table chosen with this revision's build; the other build serves the same choices, so
+the pass compares the native code alone). Medians over repeats, and the median of
 the per-repeat ratios, which a load that drifts slowly affects less.
 
 `python bench/native_ab.py --against REV [--flags "-O3 -mavx2 -mfma -fopenmp"] [--repeats 15] [--threads N]`
@@ -30,6 +31,8 @@ from runner.engine.weights.kernels import all_cores  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 PASS_ROWS = (1, 5)
+ATTENTION_KEYS = (100, 300, 1000)
+ATTENTION_REPEATS = 50  # a layer's attention takes microseconds: timed in a loop
 
 
 def build_other(revision: str, flags: list[str], where: Path):
@@ -64,6 +67,13 @@ def main() -> None:
     widths = {m.weight.shape[1] for m in switch.linears}
     xs = {rows: {k: torch.randn(rows, k, generator=generator) for k in widths} for rows in range(1, 9)}
     vocab = target.model.config.vocab_size
+    config = target.model.config
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    attention = {(keys, rows): (torch.randn(1, heads, rows, dim, generator=generator),
+                                torch.randn(1, kv_heads, keys + rows, dim, generator=generator),
+                                torch.randn(1, kv_heads, keys + rows, dim, generator=generator))
+                 for keys in ATTENTION_KEYS for rows in PASS_ROWS}
     times: dict[tuple[str, int, str], list[float]] = {}
     with torch.inference_mode(), switch.use():
         cache = new_cache(target.model)
@@ -83,14 +93,21 @@ def main() -> None:
                     for blocks, bias, features in copies:
                         build.product(x[blocks.shape[1]], blocks, bias, features)
                     times.setdefault(("products", rows, name), []).append(time.perf_counter() - start)
+                for (keys, rows), (query, key, value) in attention.items():
+                    start = time.perf_counter()
+                    for _ in range(ATTENTION_REPEATS):
+                        build.attention_out(query, key, value, None, dim**-0.5)
+                    seconds = (time.perf_counter() - start) / ATTENTION_REPEATS
+                    times.setdefault((f"attention after {keys} keys,", rows, name), []).append(seconds)
     native._built = ours
     print(f"{args.target}, {args.threads} threads, {args.repeats} repeats; this revision's build against "
-          f"{args.against}'s; milliseconds, medians")
-    for what, rows in sorted({key[:2] for key in times}):
+          f"{args.against}'s; medians")
+    for what, rows in dict.fromkeys(key[:2] for key in times):  # in the order first timed
         mine, theirs = (times[(what, rows, name)][1:] for name in builds)
         ratio = statistics.median(a / b for a, b in zip(mine, theirs, strict=True))
-        print(f"{what:8} {rows} row(s): this {statistics.median(mine) * 1000:6.2f}  {args.against} "
-              f"{statistics.median(theirs) * 1000:6.2f}  this/other {ratio:.3f}")
+        scale, unit = (1e6, "us") if what.startswith("attention") else (1e3, "ms")
+        print(f"{what} {rows} row(s): this {statistics.median(mine) * scale:6.2f} {unit}  {args.against} "
+              f"{statistics.median(theirs) * scale:6.2f} {unit}  this/other {ratio:.3f}")
 
 
 if __name__ == "__main__":
