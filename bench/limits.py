@@ -1,12 +1,14 @@
 """Where a target pass goes, beside the machine's two limits: the memory bandwidth of a large copy and the FLOP/s of a
 large matrix product, measured in the same run at the same thread count.
 
-Each path times a one-token pass and a 64-row pass (a chain after the cache) interleaved with the others, min and
-median over repeats: stock (transformers' layers on F.linear), skinny (transformers' layers on our kernels) and compact
-(compact_llama.py on our kernels). Per path it also counts the torch operators a one-token pass dispatches and times
-its linears alone (each product of the pass run back to back on the path's kernels), so that the rest is the layer
-code's own cost. The fractions: the weight bytes a one-token pass reads over its time against the copy's bytes/s;
-a 64-row pass's multiply-adds (2 FLOP each, the linears' weights times the rows) over its time against the product's.
+Each path times a one-token pass and a 64-row pass (a chain after the cache), min and median over repeats: stock
+(transformers' layers on F.linear), skinny (transformers' layers on our kernels) and compact (compact_llama.py on our
+kernels). Per path it also counts the torch operators a one-token pass dispatches and times its linears alone (each
+product of the pass run back to back on the path's kernels), so that the rest is the layer code's own cost. Every
+pass, every path's linears, the copy and the product take turns in each repeat, so the fractions set each pass
+against limits measured beside it. The fractions: the weight bytes a one-token pass reads over its time against the
+copy's bytes/s; a 64-row pass's multiply-adds (2 FLOP each, the linears' weights times the rows) over its time
+against the product's.
 
 `python bench/limits.py [--threads N] [--repeats 9] [--context 200]`
 """
@@ -18,7 +20,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +30,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from bench.passes import copy_bandwidth, weight_bytes  # noqa: E402
+from bench.passes import COPY_BYTES, weight_bytes  # noqa: E402
 from runner.engine.round.draft import crop_to, new_cache  # noqa: E402
 from runner.engine.weights import kernels, models  # noqa: E402
 from runner.engine.weights.kernels import all_cores  # noqa: E402
@@ -36,8 +38,12 @@ from runner.prompts import load_prompts  # noqa: E402
 
 STOCK, SKINNY, COMPACT = "stock", "skinny", "compact"
 PATHS = (STOCK, SKINNY, COMPACT)
+ONE, LINEARS = 1, "linears"  # the one-token pass and its products alone, as `interleaved`'s job keys beside WIDE
 WIDE = 64  # rows of the wide pass: the widest verify pass (a 63-node tree, a batch's B x (k+1))
 PRODUCT = 2048  # the large product: (N, N) @ (N, N), far past any cache, 2 N^3 FLOP
+
+
+COPY, PRODUCT_JOB = "copy", "product"  # the machine's two limits, as jobs timed beside the passes
 
 
 @dataclass(frozen=True)
@@ -46,16 +52,22 @@ class Limits:
     product_gflops: list[float]  # per repeat: 2 N^3 / s, 1e9
 
 
-def machine_limits(repeats: int) -> Limits:
-    """The copy's bandwidth and the large product's FLOP/s at torch's current thread count, each per repeat."""
+def machine_jobs() -> dict[str, Callable[[], None]]:
+    """A large copy and a large product at torch's current thread count, one call each per repeat, to be timed in
+    turn with the passes (`interleaved`): the memory a shared host serves drifts over minutes (a copy measured
+    34.7 GB/s in one run and 54.6 in the next on the 2-core EPYC), so a limit timed before or after the passes is
+    not theirs."""
+    source = torch.ones(COPY_BYTES // 4)
+    target = torch.empty_like(source)
+    target.copy_(source)  # first touch: page faults are not bandwidth
     a, b = torch.randn(PRODUCT, PRODUCT), torch.randn(PRODUCT, PRODUCT)
-    torch.mm(a, b)  # warm
-    rates = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        torch.mm(a, b)
-        rates.append(2 * PRODUCT**3 / (time.perf_counter() - start) / 1e9)
-    return Limits(copy_bandwidth(torch.device("cpu"), repeats), rates)
+    return {COPY: lambda: target.copy_(source), PRODUCT_JOB: lambda: torch.mm(a, b)}
+
+
+def limits_from(times: dict) -> Limits:
+    """The limits from `interleaved`'s milliseconds of `machine_jobs`."""
+    return Limits([2 * COPY_BYTES / ms / 1e6 for ms in times[COPY]],
+                  [2 * PRODUCT**3 / ms / 1e6 for ms in times[PRODUCT_JOB]])
 
 
 def linear_flops(model: nn.Module, rows: int) -> int:
@@ -104,7 +116,7 @@ class Passes:
         return sum(1 for event in prof.events() if event.name.startswith("aten::") and event.cpu_parent is None)
 
 
-def interleaved(jobs: dict[str, Callable[[], None]], repeats: int) -> dict[str, list[float]]:
+def interleaved(jobs: dict[Hashable, Callable[[], None]], repeats: int) -> dict[Hashable, list[float]]:
     """Milliseconds per call of each job, the jobs taking turns (the order flipping each repeat) after one warm call."""
     times: dict[str, list[float]] = {name: [] for name in jobs}
     for repeat in range(repeats + 1):
@@ -127,10 +139,11 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(threads)
     target = models.load(args.target, "cpu", "float32")
     passes = Passes(target, args.context)
-    one = interleaved({p: lambda p=p: passes.run(p, 1) for p in PATHS}, args.repeats)
-    wide = interleaved({p: lambda p=p: passes.run(p, WIDE) for p in PATHS}, args.repeats)
-    linears = interleaved({p: passes.linears_only(p) for p in PATHS}, args.repeats)
-    limits = machine_limits(args.repeats)
+    times = interleaved({**{(ONE, p): lambda p=p: passes.run(p, 1) for p in PATHS},
+                         **{(WIDE, p): lambda p=p: passes.run(p, WIDE) for p in PATHS},
+                         **{(LINEARS, p): passes.linears_only(p) for p in PATHS}, **machine_jobs()}, args.repeats)
+    one, wide, linears = ({p: times[(what, p)] for p in PATHS} for what in (ONE, WIDE, LINEARS))
+    limits = limits_from(times)
     copy, product = statistics.median(limits.copy_gbs), statistics.median(limits.product_gflops)
     read, flops = weight_bytes(target.model), linear_flops(target.model, WIDE)
     print(f"{args.target}, {threads} threads, context {args.context}, {args.repeats} repeats (median, min), load "

@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))  # `python bench/peers.py` puts bench/, not the re
 
 import torch  # noqa: E402
 
-from bench.limits import WIDE, Passes, interleaved, linear_flops, machine_limits  # noqa: E402
+from bench.limits import WIDE, Passes, interleaved, limits_from, linear_flops, machine_jobs  # noqa: E402
 from bench.passes import weight_bytes  # noqa: E402
 from bench.rows import Row, db_rows  # noqa: E402
 from bench.tables import table  # noqa: E402
@@ -241,11 +241,12 @@ def mismatch_counts(target: models.Loaded, prompts: list[list[int]], samples: li
 
 def limit_rows(target: models.Loaded, repeats: int, context: int) -> list[Row]:
     """The one-token pass's bytes/s against the copy's, the 64-row pass's FLOP/s against the product's, per repeat,
-    on our engine's path (the compact forward on the skinny kernels where it applies)."""
+    on our engine's path (the compact forward on the skinny kernels where it applies), the four taking turns."""
     passes = Passes(target, context)
     path = "compact" if passes.switch.compact else "skinny"
-    times = interleaved({1: lambda: passes.run(path, 1), WIDE: lambda: passes.run(path, WIDE)}, repeats)
-    limits = machine_limits(repeats)
+    times = interleaved({1: lambda: passes.run(path, 1), WIDE: lambda: passes.run(path, WIDE), **machine_jobs()},
+                        repeats)
+    limits = limits_from(times)
     read, flops = weight_bytes(target.model), linear_flops(target.model, WIDE)
     return [Row("pass_bandwidth", "none", 0, f"context={context}", [read / ms / 1e6 for ms in times[1]],
                 limits.copy_gbs),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bench import peers
+from bench.limits import COPY, PRODUCT_JOB, interleaved, limits_from
 from bench.peers import HEAD_MODE, LOOKUP_MODE, PLAIN_MODE, Sample
 
 
@@ -109,3 +110,16 @@ def test_accepted_drafts_set_ours_against_vllm_s_per_draft_and_repeat():
     assert (lookup.ours, lookup.theirs) == ([6.5, 7.0], [6.5, 6.0])
     assert (head.draft, head.ours, head.theirs) == ("eagle:heads/smollm2-135m", [15.0], [16.0])
     assert peers.accepted_rows([s for s in samples if s.engine != "vllm"]) == []
+
+
+def test_the_limits_are_timed_in_turn_with_the_passes_and_turned_into_rates():
+    """The copy and the product take turns with the passes in every repeat (the order flipping), and their
+    milliseconds become GB/s (512 MiB read and written) and GFLOP/s (2 x 2048^3)."""
+    calls = []
+    jobs = {name: (lambda name=name: calls.append(name)) for name in (1, 64, COPY, PRODUCT_JOB)}
+    times = interleaved(jobs, repeats=2)
+    assert calls == [PRODUCT_JOB, COPY, 64, 1, 1, 64, COPY, PRODUCT_JOB, PRODUCT_JOB, COPY, 64, 1]  # a warm-up first
+    assert {name: len(ms) for name, ms in times.items()} == {1: 2, 64: 2, COPY: 2, PRODUCT_JOB: 2}
+    limits = limits_from({COPY: [1000.0, 500.0], PRODUCT_JOB: [1000.0, 2000.0]})
+    assert limits.copy_gbs == pytest.approx([2 * 512 * 2**20 / 1e9, 4 * 512 * 2**20 / 1e9])
+    assert limits.product_gflops == pytest.approx([2 * 2048**3 / 1e9, 2048**3 / 1e9])
