@@ -30,7 +30,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from bench.passes import COPY_BYTES, weight_bytes  # noqa: E402
+from bench.passes import COPY_BYTES, copy_job, weight_bytes  # noqa: E402
 from runner.engine.round.draft import crop_to, new_cache  # noqa: E402
 from runner.engine.weights import kernels, models  # noqa: E402
 from runner.engine.weights.kernels import all_cores  # noqa: E402
@@ -38,12 +38,10 @@ from runner.prompts import load_prompts  # noqa: E402
 
 STOCK, SKINNY, COMPACT = "stock", "skinny", "compact"
 PATHS = (STOCK, SKINNY, COMPACT)
-ONE, LINEARS = 1, "linears"  # the one-token pass and its products alone, as `interleaved`'s job keys beside WIDE
 WIDE = 64  # rows of the wide pass: the widest verify pass (a 63-node tree, a batch's B x (k+1))
 PRODUCT = 2048  # the large product: (N, N) @ (N, N), far past any cache, 2 N^3 FLOP
-
-
-COPY, PRODUCT_JOB = "copy", "product"  # the machine's two limits, as jobs timed beside the passes
+# `interleaved`'s job keys beside WIDE: the one-token pass, its products alone, and the machine's two limits
+ONE, LINEARS, COPY, PRODUCT_JOB = 1, "linears", "copy", "product"
 
 
 @dataclass(frozen=True)
@@ -57,11 +55,8 @@ def machine_jobs() -> dict[str, Callable[[], None]]:
     turn with the passes (`interleaved`): the memory a shared host serves drifts over minutes (a copy measured
     34.7 GB/s in one run and 54.6 in the next on the 2-core EPYC), so a limit timed before or after the passes is
     not theirs."""
-    source = torch.ones(COPY_BYTES // 4)
-    target = torch.empty_like(source)
-    target.copy_(source)  # first touch: page faults are not bandwidth
     a, b = torch.randn(PRODUCT, PRODUCT), torch.randn(PRODUCT, PRODUCT)
-    return {COPY: lambda: target.copy_(source), PRODUCT_JOB: lambda: torch.mm(a, b)}
+    return {COPY: copy_job(torch.device("cpu")), PRODUCT_JOB: lambda: torch.mm(a, b)}
 
 
 def limits_from(times: dict) -> Limits:
@@ -118,7 +113,7 @@ class Passes:
 
 def interleaved(jobs: dict[Hashable, Callable[[], None]], repeats: int) -> dict[Hashable, list[float]]:
     """Milliseconds per call of each job, the jobs taking turns (the order flipping each repeat) after one warm call."""
-    times: dict[str, list[float]] = {name: [] for name in jobs}
+    times: dict[Hashable, list[float]] = {name: [] for name in jobs}
     for repeat in range(repeats + 1):
         for name in list(jobs) if repeat % 2 else list(reversed(jobs)):
             start = time.perf_counter()

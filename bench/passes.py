@@ -133,15 +133,21 @@ def copy_bandwidths(device: torch.device, repeats: int, thread_counts: list[int]
     return {threads: copy_bandwidth(device, repeats) for threads in at_each(thread_counts)}
 
 
-def copy_bandwidth(device: torch.device, repeats: int) -> list[float]:
-    """GB/s of a STREAM-style copy of COPY_BYTES, per repeat: bytes read + bytes written over the time."""
+def copy_job(device: torch.device) -> Callable[[], torch.Tensor]:
+    """One STREAM-style copy of COPY_BYTES per call, its pages touched once already (page faults are not
+    bandwidth); COPY_BYTES read and written per call."""
     source = torch.ones(COPY_BYTES // 4, device=device)
     target = torch.empty_like(source)
-    clock = Clock(device)
-    target.copy_(source)  # first touch: page faults are not bandwidth
+    target.copy_(source)
+    return lambda: target.copy_(source)
+
+
+def copy_bandwidth(device: torch.device, repeats: int) -> list[float]:
+    """GB/s of `copy_job`, per repeat: bytes read + bytes written over the time."""
+    copy, clock = copy_job(device), Clock(device)
     rates = []
     for _ in range(repeats):
         start = clock()
-        target.copy_(source)
+        copy()
         rates.append(2 * COPY_BYTES / (clock() - start) / 1e9)
     return rates

@@ -88,8 +88,7 @@ UNITS = {"plain_tokens_per_s": "tokens/s", "spec_tokens_per_s": "tokens/s", "ada
          "verify_ms": "ms", "verify_ms_stock": "ms", "verify_vs_stock": "ms", "roofline": "GB/s",
          "roofline_stock": "GB/s", "vllm_tokens_per_s": "tokens/s", "hf_tokens_per_s": "tokens/s",
          "lookup_speedup_vllm": "x", "lookup_speedup_hf": "x", "head_speedup_vllm": "x", "accepted_vllm": "drafts",
-         "pass_bandwidth": "GB/s",
-         "pass_flops": "GFLOP/s", "prefill_ms_vllm": "ms", "decode_ms_vllm": "ms"}
+         "pass_bandwidth": "GB/s", "pass_flops": "GFLOP/s", "prefill_ms_vllm": "ms", "decode_ms_vllm": "ms"}
 ABOUT = {
     "plain_tokens_per_s": "(a) plain decoding, tokens/s: ours | transformers generate(do_sample=False)",
     "spec_tokens_per_s": "(b) speculative decoding, tokens/s: ours | transformers assisted generation",
