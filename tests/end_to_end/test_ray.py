@@ -19,7 +19,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from runner.cli import app
-from runner.sweep import progress
+from runner.sweep import progress, ray_cells
 from runner.sweep.loop import run_sweep
 from runner.sweep.plan import SweepConfig
 from runner.sweep.ray_cells import ROOT, run_sweep_on_ray
@@ -153,7 +153,10 @@ def test_a_resumed_ray_sweep_reruns_a_stale_baseline_as_the_local_sweep_does(on_
                            "AND k = 3 AND mode = 'greedy'").fetchall() == [(new, True)]
 
 
-def test_bad_input_on_ray_exits_2_and_records_nothing(cluster, tiny_dir, tmp_path):
+def test_bad_input_on_ray_exits_2_and_records_nothing(cluster, tiny_dir, tmp_path, monkeypatch):
+    # Each case's actor waits for the last one's CPUs, which Ray frees a while after the kill, and then imports and
+    # loads for itself: on a busy machine that took over a minute and earned the waiting note, a second line.
+    monkeypatch.setattr(ray_cells, "PLACEMENT_NOTE_S", 600.0)
     db = tmp_path / "runs.duckdb"
     base = ["sweep", "--draft", "ngram", "--k", "2", "--prompts-per-category", "1", "--db", str(db)]
     for args, expected in [
@@ -162,11 +165,6 @@ def test_bad_input_on_ray_exits_2_and_records_nothing(cluster, tiny_dir, tmp_pat
         (["--target", str(tiny_dir), "--workers", "2"], "--workers needs --ray"),
         (["--target", str(tiny_dir), "--ray", "auto", "--workers", "0"], "--workers needs --ray"),
     ]:
-        # Ray frees a killed actor's CPUs a while after the kill: on a busy machine the last case's actor can
-        # still hold the cluster's two when the next case asks, and the wait earns a second line on stderr.
-        deadline = time.monotonic() + 120
-        while ray.available_resources().get("CPU", 0) < 2 and time.monotonic() < deadline:
-            time.sleep(0.2)
         result = CliRunner().invoke(app, base + args)
         assert result.exit_code == 2, result.stderr
         lines = result.stderr.strip().splitlines()
