@@ -13,8 +13,10 @@
 #include <torch/extension.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -55,14 +57,24 @@ void sweep(const float* x, int64_t k, const float* block, const float* bias, flo
   }
 }
 
-// Blocks per sweep, by rows: 6 up to 6 rows, 4 at 7-8 (their 42-48 sums spill too much), measured on SmolLM2's
-// weights (sweeps sized to fit the registers instead, 5 blocks at 5 rows or 3 at 8, were slower: fewer streams).
-// With AVX-512's 32 registers (native.py builds with them where the CPU has them) more of the sums stay in registers.
-constexpr int64_t WIDE = 6;
+// Blocks per sweep, by rows, for the vector registers of the build (R x B sums, the weights and a broadcast compete
+// for them; some spilling still paid off), measured on SmolLM2's weights, 2 threads. With AVX-512's 32 registers
+// (native.py builds with them where the CPU has them): 6 blocks up to 6 rows, 4 at 7-8 (their 42-48 sums spill too
+// much; 5 blocks at 5 rows or 3 at 8 were slower: fewer streams). With AVX2's 16, on a Zen 3 EPYC, every grouping of
+// 1-6 blocks alternated at each row count: 6 blocks stay best at 1-3 rows; from 4 rows on, fewer blocks keep more
+// sums in registers (there 0.94-0.98x the time of 6 blocks at 4 rows, 0.88-0.94x at 5, 0.70-0.82x at 6-8; against 4
+// blocks at 7-8 rows 0.83x and 0.82x: docs/performance.md has bench/native_ab.py's figures).
+#ifdef __AVX512F__
+constexpr int BLOCKS[MAX_CHUNK] = {6, 6, 6, 6, 6, 6, 4, 4};
+#else
+constexpr int BLOCKS[MAX_CHUNK] = {6, 6, 6, 4, 4, 3, 3, 2};
+#endif
 using Sweep = void (*)(const float*, int64_t, const float*, const float*, float*, int64_t);
-const Sweep WIDE_SWEEPS[MAX_CHUNK] = {sweep<1, WIDE>, sweep<2, WIDE>, sweep<3, WIDE>, sweep<4, WIDE>,
-                                      sweep<5, WIDE>, sweep<6, WIDE>, sweep<7, 4>, sweep<8, 4>};
-constexpr int64_t WIDE_BLOCKS[MAX_CHUNK] = {WIDE, WIDE, WIDE, WIDE, WIDE, WIDE, 4, 4};
+template <int... R>
+constexpr std::array<Sweep, MAX_CHUNK> wide_sweeps(std::integer_sequence<int, R...>) {
+  return {sweep<R + 1, BLOCKS[R]>...};
+}
+constexpr std::array<Sweep, MAX_CHUNK> WIDE_SWEEPS = wide_sweeps(std::make_integer_sequence<int, MAX_CHUNK>{});
 const Sweep SWEEPS[MAX_CHUNK] = {sweep<1, 1>, sweep<2, 1>, sweep<3, 1>, sweep<4, 1>,
                                  sweep<5, 1>, sweep<6, 1>, sweep<7, 1>, sweep<8, 1>};
 
@@ -90,7 +102,7 @@ torch::Tensor product(const torch::Tensor& x, const torch::Tensor& weight, const
   const int64_t full = features / LANES;  // blocks with all eight features the weight's
   // The rows in chunks of up to MAX_CHUNK; per chunk, the blocks in groups swept together, a thread's groups in turn.
   for (int64_t r = 0; r < rows; r += MAX_CHUNK) {
-    const int64_t n = std::min(MAX_CHUNK, rows - r), group = WIDE_BLOCKS[n - 1];
+    const int64_t n = std::min(MAX_CHUNK, rows - r), group = BLOCKS[n - 1];
     const float* xr = xp + r * k;
     float* out_r = op + r * features;
     at::parallel_for(0, (blocks + group - 1) / group, std::max<int64_t>(1, GRAIN / group), [&](int64_t first,
