@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))  # `python bench/peers.py` puts bench/, not the re
 
 import torch  # noqa: E402
 
-from bench.limits import WIDE, Passes, interleaved, limits_from, linear_flops, machine_jobs  # noqa: E402
+from bench.limits import ONE, WIDE, Passes, interleaved, limits_from, linear_flops, machine_jobs  # noqa: E402
 from bench.passes import weight_bytes  # noqa: E402
 from bench.rows import Row, db_rows  # noqa: E402
 from bench.tables import table  # noqa: E402
@@ -244,11 +244,11 @@ def limit_rows(target: models.Loaded, repeats: int, context: int) -> list[Row]:
     on our engine's path (the compact forward on the skinny kernels where it applies), the four taking turns."""
     passes = Passes(target, context)
     path = "compact" if passes.switch.compact else "skinny"
-    times = interleaved({1: lambda: passes.run(path, 1), WIDE: lambda: passes.run(path, WIDE), **machine_jobs()},
+    times = interleaved({ONE: lambda: passes.run(path, ONE), WIDE: lambda: passes.run(path, WIDE), **machine_jobs()},
                         repeats)
     limits = limits_from(times)
     read, flops = weight_bytes(target.model), linear_flops(target.model, WIDE)
-    return [Row("pass_bandwidth", "none", 0, f"context={context}", [read / ms / 1e6 for ms in times[1]],
+    return [Row("pass_bandwidth", "none", 0, f"context={context}", [read / ms / 1e6 for ms in times[ONE]],
                 limits.copy_gbs),
             Row("pass_flops", "none", WIDE - 1, f"context={context}", [flops / ms / 1e6 for ms in times[WIDE]],
                 limits.product_gflops)]

@@ -70,13 +70,13 @@ constexpr int BLOCKS[MAX_CHUNK] = {6, 6, 6, 6, 6, 6, 4, 4};
 constexpr int BLOCKS[MAX_CHUNK] = {6, 6, 6, 4, 4, 3, 3, 2};
 #endif
 using Sweep = void (*)(const float*, int64_t, const float*, const float*, float*, int64_t);
-template <int... R>
-constexpr std::array<Sweep, MAX_CHUNK> wide_sweeps(std::integer_sequence<int, R...>) {
-  return {sweep<R + 1, BLOCKS[R]>...};
+// The sweeps of 1..MAX_CHUNK rows: over BLOCKS[rows - 1] blocks (Wide), or over one (a group cut short).
+template <bool Wide, int... R>
+constexpr std::array<Sweep, MAX_CHUNK> sweeps(std::integer_sequence<int, R...>) {
+  return {sweep<R + 1, Wide ? BLOCKS[R] : 1>...};
 }
-constexpr std::array<Sweep, MAX_CHUNK> WIDE_SWEEPS = wide_sweeps(std::make_integer_sequence<int, MAX_CHUNK>{});
-const Sweep SWEEPS[MAX_CHUNK] = {sweep<1, 1>, sweep<2, 1>, sweep<3, 1>, sweep<4, 1>,
-                                 sweep<5, 1>, sweep<6, 1>, sweep<7, 1>, sweep<8, 1>};
+constexpr auto WIDE_SWEEPS = sweeps<true>(std::make_integer_sequence<int, MAX_CHUNK>{});
+constexpr auto SWEEPS = sweeps<false>(std::make_integer_sequence<int, MAX_CHUNK>{});
 
 }  // namespace
 
