@@ -35,6 +35,10 @@ import duckdb
 
 ROOT = Path(__file__).resolve().parents[2]
 CATEGORIES = ("code", "summary", "poem")
+# The readers' wait for a write, the writer's own bound rather than the pages' 10 s (READ_BOUND_S in
+# runner/store/connect.py): under a whole test suite on a slow 2-core host, a reader once waited past 10 s for the
+# file (max_open_s in a reader's report shows the longest wait). A starved reader still fails.
+READ_BOUND_S = 30.0
 # A run whose rounds are not all there: what a reader must never see. Also rounds without their run.
 PARTIAL_RUNS = """SELECT
     (SELECT count(*) FROM runs r WHERE status = 'ok'
@@ -305,7 +309,7 @@ def _sql_reads(db: Path, seen: dict, turn: int) -> None:
     if not db.is_file() or db.stat().st_size < 12:
         return
     try:
-        partial, orphans, runs = run_query(db, PARTIAL_RUNS).frame.iloc[0].tolist()
+        partial, orphans, runs = run_query(db, PARTIAL_RUNS, lock_bound_s=READ_BOUND_S).frame.iloc[0].tolist()
     except Exception as error:  # the schema is not there yet: the same as the empty state
         if "does not exist" in str(error):
             seen["not_ready"] += 1
@@ -314,22 +318,26 @@ def _sql_reads(db: Path, seen: dict, turn: int) -> None:
     seen["partial"] += int(partial) + int(orphans)
     seen["shrank"] += int(runs < seen["runs"])
     seen["runs"] = max(seen["runs"], int(runs))
-    run_query(db, list(EXAMPLES.values())[turn % len(EXAMPLES)])
+    run_query(db, list(EXAMPLES.values())[turn % len(EXAMPLES)], lock_bound_s=READ_BOUND_S)
     seen["queries"] += 2
 
 
 def _reader(kind: str, db: Path, stop_file: Path, out: Path, pause_s: float = 0.02) -> int:
+    from dashboard import queries
     from runner.store import connect, sql
 
-    seen = {"kind": kind, "queries": 0, "not_ready": 0, "opens": 0, "retries": 0, "partial": 0, "shrank": 0, "runs": 0,
-            "errors": [], "error_count": 0}
+    seen = {"kind": kind, "queries": 0, "not_ready": 0, "opens": 0, "retries": 0, "max_open_s": 0.0, "partial": 0,
+            "shrank": 0, "runs": 0, "errors": [], "error_count": 0}
     module = connect if kind == "dashboard" else sql  # the dashboard's `queries.read` opens through connect
     real_open = module.open_db
+    queries.READ_BOUND_S = READ_BOUND_S
 
     def open_db(db_path, *, read_only, bound_s=30.0, config=None):
+        started = time.monotonic()
         con, retries = real_open(db_path, read_only=read_only, bound_s=bound_s, config=config)
         seen["opens"] += 1
         seen["retries"] += retries
+        seen["max_open_s"] = round(max(seen["max_open_s"], time.monotonic() - started), 2)
         return con, retries
 
     module.open_db = open_db

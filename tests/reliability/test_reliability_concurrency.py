@@ -4,6 +4,8 @@ The sweep is the real `python -m runner sweep` in its own process (tests/helpers
 store's lock retries); the readers are four more processes, two reading as the dashboard's pages do
 (dashboard/queries.py) and two as `runner sql` does (runner/store/sql.py). DuckDB allows one writer or many
 readers per file (docs/design.md, "DuckDB locking"), so every open on either side may have to wait for the other.
+The readers here wait up to 30 s for a write (the writer's bound), not the pages' 10 s: the test is about fairness and
+whole runs, and on a slow host under the whole suite a reader has once waited past 10 s.
 """
 
 from __future__ import annotations
