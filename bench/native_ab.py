@@ -1,9 +1,9 @@
 """Our native code against another revision's, alternated in one process: that revision's native.cpp is built as a
 second extension, and per repeat each build in turn sweeps every product of the target's passes (each linear's
-blocked copy, back to back, as a pass runs them) at 1-8 rows, computes one layer's attention of 1 and 5 rows after
-100, 300 and 1,000 keys, and runs a target pass of 1 and of k + 1 = 5 rows after a cache of `--context` tokens on the
-engine's kernels (the kernel table chosen with this revision's build; the other build serves the same choices, so
-the pass compares the native code alone). Medians over repeats, and the median of
+blocked copy, back to back, as a pass runs them) at 1-8 rows, computes one layer's attention of 1, 5 and 64 rows
+after 100, 300 and 1,000 keys, and runs a target pass of 1, k + 1 = 5 and 64 rows after a cache of `--context` tokens
+on the engine's kernels (the kernel table chosen with this revision's build; the other build serves the same choices
+and the compact forward's steps, so the pass compares the native code alone). Medians over repeats, and the median of
 the per-repeat ratios, which a load that drifts slowly affects less.
 
 `python bench/native_ab.py --against REV [--flags "-O3 -mavx2 -mfma -fopenmp"] [--repeats 15] [--threads N]`
@@ -30,7 +30,7 @@ from runner.engine.weights import kernels, models, native  # noqa: E402
 from runner.engine.weights.kernels import all_cores  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-PASS_ROWS = (1, 5)
+PASS_ROWS = (1, 5, 64)  # one token, a verify of k = 4, and the wide pass of the limits
 ATTENTION_KEYS = (100, 300, 1000)
 ATTENTION_REPEATS = 50  # a layer's attention takes microseconds: timed in a loop
 
@@ -82,7 +82,9 @@ def main() -> None:
         fed = {rows: torch.randint(vocab, (1, rows), generator=generator) for rows in PASS_ROWS}
         for _ in range(args.repeats + 1):  # the first repeat warms up and is dropped
             for name, build in builds.items():
-                native._built = build  # the engine's passes call the native code through this module
+                native._built = build  # the engine's products call the native code through this module
+                if switch.compact is not None:  # and the compact forward its steps (norms, attention) through this
+                    switch.compact.steps = build
                 for rows in PASS_ROWS:
                     start = time.perf_counter()
                     target.model(input_ids=fed[rows], cache=cache, use_cache=True, logits_to_keep=rows)
@@ -100,6 +102,8 @@ def main() -> None:
                     seconds = (time.perf_counter() - start) / ATTENTION_REPEATS
                     times.setdefault((f"attention after {keys} keys,", rows, name), []).append(seconds)
     native._built = ours
+    if switch.compact is not None:
+        switch.compact.steps = ours
     print(f"{args.target}, {args.threads} threads, {args.repeats} repeats; this revision's build against "
           f"{args.against}'s; medians")
     for what, rows in dict.fromkeys(key[:2] for key in times):  # in the order first timed
