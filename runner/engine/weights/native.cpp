@@ -178,7 +178,9 @@ inline float sum8(__m256 v) {
 }
 
 constexpr int64_t QUERIES = 8;  // query rows (a key/value head's query heads x the pass's rows) per sweep over keys
-constexpr int64_t SPAN = 64;    // a head's features held in registers at once: eight of AVX's sixteen
+constexpr int64_t SPAN = 64;    // a head's features whose dot products are summed before the next span's
+constexpr int64_t VALUE_ROWS = 3;   // rows whose weighted values are summed side by side, sharing each value's loads
+constexpr int64_t VALUE_SPAN = 4;   // and the registers of values per row they hold: 3 x 4 sums, 3 weights, a value
 
 // Eight vectors' sums of their lanes, lane i holding v[i]'s: each added in sum8's order (the halves, then lanes
 // 0 + 2 and 1 + 3, then those two), so that a score is the same float either way.
@@ -193,11 +195,90 @@ inline __m256 sums8(const __m256* v) {
   return _mm256_hadd_ps(_mm256_hadd_ps(s[0], s[1]), _mm256_hadd_ps(s[2], s[3]));
 }
 
+// Dot products of G query rows with 8 / G keys over `width` vectors of features: dot[g * 8 / G + i] is row g's
+// with key i, its products summed in feature order. Two rows share each key's loads (11 registers).
+template <int G>
+inline __m256 dots(const float* const* q, const float* const* kt, int64_t width) {
+  constexpr int K = 8 / G;
+  __m256 dot[8];
+#pragma GCC unroll 8
+  for (int i = 0; i < K; ++i) {
+    const __m256 key = _mm256_loadu_ps(kt[i]);
+#pragma GCC unroll 2
+    for (int g = 0; g < G; ++g) dot[g * K + i] = _mm256_mul_ps(_mm256_loadu_ps(q[g]), key);
+  }
+  for (int64_t w = 1; w < width; ++w) {
+    __m256 qw[G];
+#pragma GCC unroll 2
+    for (int g = 0; g < G; ++g) qw[g] = _mm256_loadu_ps(q[g] + 8 * w);
+#pragma GCC unroll 8
+    for (int i = 0; i < K; ++i) {
+      const __m256 key = _mm256_loadu_ps(kt[i] + 8 * w);
+#pragma GCC unroll 2
+      for (int g = 0; g < G; ++g) dot[g * K + i] = _mm256_fmadd_ps(qw[g], key, dot[g * K + i]);
+    }
+  }
+  return sums8(dot);
+}
+
+inline void add4(float* at, __m128 x) { _mm_storeu_ps(at, _mm_add_ps(_mm_loadu_ps(at), x)); }
+
+// G rows' weighted values over W vectors of features from `d`: out_g = inverse_g · Σ_t weight_g[t] · v_t, t below
+// seen_g, each sum in key order; the keys every row sees side by side (each value loaded once for the G rows), then
+// each row's further keys alone.
+template <int G, int W>
+void weigh(const float* const* weights, const int64_t* seen, const float* v, int64_t v_step, int64_t d,
+           const float* inverse, float* const* out) {
+  __m256 acc[G][W];
+#pragma GCC unroll 3
+  for (int g = 0; g < G; ++g)
+#pragma GCC unroll 4
+    for (int w = 0; w < W; ++w) acc[g][w] = _mm256_setzero_ps();
+  const int64_t common = *std::min_element(seen, seen + G);
+  for (int64_t t = 0; t < common; ++t) {
+    const float* vt = v + t * v_step + d;
+    __m256 weight[G];
+#pragma GCC unroll 3
+    for (int g = 0; g < G; ++g) weight[g] = _mm256_broadcast_ss(weights[g] + t);
+#pragma GCC unroll 4
+    for (int w = 0; w < W; ++w) {
+      const __m256 value = _mm256_loadu_ps(vt + 8 * w);
+#pragma GCC unroll 3
+      for (int g = 0; g < G; ++g) acc[g][w] = _mm256_fmadd_ps(weight[g], value, acc[g][w]);
+    }
+  }
+#pragma GCC unroll 3
+  for (int g = 0; g < G; ++g) {
+    for (int64_t t = common; t < seen[g]; ++t) {
+      const __m256 weight = _mm256_broadcast_ss(weights[g] + t);
+#pragma GCC unroll 4
+      for (int w = 0; w < W; ++w)
+        acc[g][w] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(v + t * v_step + d + 8 * w), acc[g][w]);
+    }
+    const __m256 scale = _mm256_set1_ps(inverse[g]);
+#pragma GCC unroll 4
+    for (int w = 0; w < W; ++w) _mm256_storeu_ps(out[g] + d + 8 * w, _mm256_mul_ps(acc[g][w], scale));
+  }
+}
+
+using Weigh = void (*)(const float* const*, const int64_t*, const float*, int64_t, int64_t, const float*,
+                       float* const*);
+template <int G, int... W>
+constexpr std::array<Weigh, VALUE_SPAN> weighs(std::integer_sequence<int, W...>) {
+  return {weigh<G, W + 1>...};
+}
+template <int... G>
+constexpr std::array<std::array<Weigh, VALUE_SPAN>, VALUE_ROWS> weigh_table(std::integer_sequence<int, G...>) {
+  return {weighs<G + 1>(std::make_integer_sequence<int, VALUE_SPAN>{})...};
+}
+constexpr auto WEIGHS = weigh_table(std::make_integer_sequence<int, VALUE_ROWS>{});  // [rows - 1][vectors - 1]
+
 // Up to QUERIES query rows of one key/value head: row j sees its first seen[j] keys, and
 // out_j = Σ_t softmax_t(scale · q_j·k_t) v_t. The scores eight keys at a time: those keys' features (SPAN at a
-// time) stay in the first-level cache while every row's dot products with them are summed, their lanes added eight
-// dot products at once (sums8); a row's scores are the same floats whatever rows share its sweep. dim is a multiple
-// of 8.
+// time) stay in the first-level cache while every row's dot products with them are summed, two rows at once, their
+// lanes added eight dot products at once (sums8); the weighted values three rows at once. Every sum runs in the
+// same order whatever rows share it, so a row's output is the same floats whatever rows share its sweep. dim is a
+// multiple of 8.
 void attend(const float* const* q, const int64_t* seen, int64_t n, const float* k, int64_t k_step, const float* v,
             int64_t v_step, int64_t dim, float scale, float* scores, int64_t stride, float* const* out) {
   const int64_t keys = *std::max_element(seen, seen + n);
@@ -208,22 +289,30 @@ void attend(const float* const* q, const int64_t* seen, int64_t n, const float* 
       const float* kt[8];  // past the last key, the last key again: its scores are masked out below
 #pragma GCC unroll 8
       for (int64_t i = 0; i < 8; ++i) kt[i] = k + std::min(t0 + i, keys - 1) * k_step + d0;
-      for (int64_t j = 0; j < n; ++j) {
-        if (t0 >= seen[j]) continue;
-        __m256 dot[8];
-        const __m256 q0 = _mm256_loadu_ps(q[j] + d0);
-#pragma GCC unroll 8  // the eight dot products stay in registers only when these loops are unrolled
-        for (int64_t i = 0; i < 8; ++i) dot[i] = _mm256_mul_ps(q0, _mm256_loadu_ps(kt[i]));
-        for (int64_t w = 1; w < width; ++w) {
-          const __m256 qw = _mm256_loadu_ps(q[j] + d0 + 8 * w);
-#pragma GCC unroll 8
-          for (int64_t i = 0; i < 8; ++i) dot[i] = _mm256_fmadd_ps(qw, _mm256_loadu_ps(kt[i] + 8 * w), dot[i]);
+      for (int64_t j = 0; j < n;) {
+        if (t0 >= seen[j]) {
+          ++j;
+          continue;
         }
         float* at = scores + j * stride + t0;
-        _mm256_storeu_ps(at, _mm256_add_ps(_mm256_loadu_ps(at), sums8(dot)));
+        if (j + 1 < n && t0 < seen[j + 1]) {  // two rows: four keys at a time
+          const float* qs[2] = {q[j] + d0, q[j + 1] + d0};
+          for (int64_t half = 0; half < 8; half += 4) {
+            const __m256 s = dots<2>(qs, kt + half, width);
+            add4(at + half, _mm256_castps256_ps128(s));
+            add4(at + stride + half, _mm256_extractf128_ps(s, 1));
+          }
+          j += 2;
+        } else {
+          const float* qs[1] = {q[j] + d0};
+          _mm256_storeu_ps(at, _mm256_add_ps(_mm256_loadu_ps(at), dots<1>(qs, kt, width)));
+          ++j;
+        }
       }
     }
   }
+  float inverse[QUERIES];
+  const float* weights[QUERIES];
   for (int64_t j = 0; j < n; ++j) {
     float* row = scores + j * stride;
     __m256 tops = _mm256_set1_ps(-INFINITY);  // the scores scaled, and their largest (exact in any order)
@@ -244,18 +333,14 @@ void attend(const float* const* q, const int64_t* seen, int64_t n, const float* 
       _mm256_storeu_ps(row + t, e);  // the softmax's weights, unnormalised: the sum divides at the end
       total = _mm256_add_ps(total, e);
     }
-    const __m256 inverse = _mm256_set1_ps(1.0f / sum8(total));
-    for (int64_t d0 = 0; d0 < dim; d0 += SPAN) {  // the weighted values, a span of features at a time
-      const int64_t width = std::min(SPAN, dim - d0) / 8;
-      __m256 acc[SPAN / 8];
-      for (int64_t w = 0; w < width; ++w) acc[w] = _mm256_setzero_ps();
-      for (int64_t t = 0; t < seen[j]; ++t) {
-        const __m256 weight = _mm256_set1_ps(row[t]);
-        const float* vt = v + t * v_step + d0;
-        for (int64_t w = 0; w < width; ++w) acc[w] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(vt + 8 * w), acc[w]);
-      }
-      for (int64_t w = 0; w < width; ++w) _mm256_storeu_ps(out[j] + d0 + 8 * w, _mm256_mul_ps(acc[w], inverse));
-    }
+    inverse[j] = 1.0f / sum8(total);
+    weights[j] = row;
+  }
+  for (int64_t j = 0; j < n; j += VALUE_ROWS) {  // the weighted values, VALUE_SPAN vectors of features at a time
+    const int64_t rows = std::min(VALUE_ROWS, n - j);
+    for (int64_t d = 0; d < dim; d += 8 * VALUE_SPAN)
+      WEIGHS[rows - 1][std::min(VALUE_SPAN, (dim - d) / 8) - 1](weights + j, seen + j, v, v_step, d, inverse + j,
+                                                               out + j);
   }
 }
 
@@ -269,8 +354,8 @@ bool attends_natively(const torch::Tensor& query, const torch::Tensor& key, cons
 
 // Attention of the pass's queries over the cached and new keys and values, as (batch, rows, heads * dim) for the
 // output product. Without a mask, the pass is a chain after the cache: row i sees every key but the last
-// rows - 1 - i. float32 heads of a multiple of 8 take our kernel (one row, its scores, e^x by exp8), others and
-// masked passes (trees, batches) ATen's.
+// rows - 1 - i. float32 heads of a multiple of 8 take our kernel (`attend`: a key/value head's query rows together,
+// e^x by exp8), others and masked passes (trees, batches) ATen's.
 torch::Tensor attention_out(const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
                             const c10::optional<torch::Tensor>& mask, double scale) {
   const int64_t batch = query.size(0), heads = query.size(1), rows = query.size(2), dim = query.size(3);
