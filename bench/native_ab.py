@@ -1,10 +1,10 @@
 """Our native code against another revision's, alternated in one process: that revision's native.cpp is built as a
 second extension, and per repeat each build in turn sweeps every product of the target's passes (each linear's
 blocked copy, back to back, as a pass runs them) at 1-8 rows, computes one layer's attention of 1, 5 and 64 rows
-after 100, 300 and 1,000 keys, and runs a target pass of 1, k + 1 = 5 and 64 rows after a cache of `--context` tokens
-on the engine's kernels (the kernel table chosen with this revision's build; the other build serves the same choices
-and the compact forward's steps, so the pass compares the native code alone). Medians over repeats, and the median of
-the per-repeat ratios, which a load that drifts slowly affects less.
+after 100, 300 and 1,000 keys and its RoPE split of those rows, and runs a target pass of 1, k + 1 = 5 and 64 rows
+after a cache of `--context` tokens on the engine's kernels (the kernel table chosen with this revision's build; the
+other build serves the same choices and the compact forward's steps, so the pass compares the native code alone).
+Medians over repeats, and the median of the per-repeat ratios, which a load that drifts slowly affects less.
 
 `python bench/native_ab.py --against REV [--flags "-O3 -mavx2 -mfma -fopenmp"] [--repeats 15] [--threads N]`
 (`--flags`: the other build's compiler flags; default this revision's, `native.flags()`)
@@ -74,6 +74,8 @@ def main() -> None:
                                 torch.randn(1, kv_heads, keys + rows, dim, generator=generator),
                                 torch.randn(1, kv_heads, keys + rows, dim, generator=generator))
                  for keys in ATTENTION_KEYS for rows in PASS_ROWS}
+    rope = {rows: (torch.randn(1, rows, (heads + 2 * kv_heads) * dim, generator=generator),
+                   *torch.randn(2, 1, 1, rows, dim, generator=generator)) for rows in PASS_ROWS}
     times: dict[tuple[str, int, str], list[float]] = {}
     with torch.inference_mode(), switch.use():
         cache = new_cache(target.model)
@@ -101,6 +103,12 @@ def main() -> None:
                         build.attention_out(query, key, value, None, dim**-0.5)
                     seconds = (time.perf_counter() - start) / ATTENTION_REPEATS
                     times.setdefault((f"attention after {keys} keys,", rows, name), []).append(seconds)
+                for rows, (qkv, cos, sin) in rope.items():
+                    start = time.perf_counter()
+                    for _ in range(ATTENTION_REPEATS):
+                        build.attention_in(qkv, cos, sin, heads, kv_heads, dim)
+                    seconds = (time.perf_counter() - start) / ATTENTION_REPEATS
+                    times.setdefault(("attention_in (RoPE's split),", rows, name), []).append(seconds)
     native._built = ours
     if switch.compact is not None:
         switch.compact.steps = ours

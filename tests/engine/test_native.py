@@ -164,6 +164,20 @@ def test_the_native_steps_agree_with_the_python_steps(batch, rows, heads, kv_hea
     same(native_steps.gated(gate_up), Steps.gated(gate_up))
 
 
+@pytest.mark.parametrize("batch,tables,dim", [(3, 1, 64), (2, 2, 96), (2, 1, 8), (1, 1, 24)])
+def test_the_native_rope_is_the_python_steps_floats(batch, tables, dim):
+    """RoPE's split bit for bit: heads of 64 and 96 (our loop), 8 and 24 (not a multiple of 16: ATen's operators),
+    cos and sin of one batch row broadcast over a batch (positions (1, T), as the compact forward makes them)."""
+    generator = torch.Generator().manual_seed(batch * dim)
+    heads, kv_heads, rows = 9, 3, 5
+    qkv = torch.randn(batch, rows, (heads + 2 * kv_heads) * dim, generator=generator) * 5
+    cos, sin = torch.randn(2, tables, 1, rows, dim, generator=generator)
+    ours = native.module().attention_in(qkv, cos, sin, heads, kv_heads, dim)
+    theirs = Steps.attention_in(qkv, cos, sin, heads, kv_heads, dim)
+    for mine, expected in zip(ours, theirs, strict=True):
+        assert mine.shape == expected.shape and torch.equal(mine, expected)
+
+
 def attention_reference(query, key, value, scale):
     """A chain's attention in float64, from the definition: row i of T sees all keys but the last T - 1 - i."""
     rows, keys = query.shape[2], key.shape[2]

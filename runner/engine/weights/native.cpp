@@ -139,15 +139,46 @@ torch::Tensor product(const torch::Tensor& x, const torch::Tensor& weight, const
 
 // The fused q|k|v product (batch, rows, (heads + 2 kv_heads) * dim) as query (batch, heads, rows, dim) and key and
 // value (batch, kv_heads, rows, dim), RoPE applied to query and key: x·cos + roll(x, dim / 2)·sin, where sin's first
-// half is negated (compact_llama.Rope).
+// half is negated (compact_llama.Rope). float32 heads of a multiple of 16 by our loop: each product rounded, then
+// their sum, as ATen's mul, mul and add round them: the same floats. Anything else by those operators.
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> attention_in(const torch::Tensor& qkv, const torch::Tensor& cos,
                                                                      const torch::Tensor& sin, int64_t heads,
                                                                      int64_t kv_heads, int64_t dim) {
-  const int64_t batch = qkv.size(0), rows = qkv.size(1);
-  auto qk = qkv.narrow(-1, 0, (heads + kv_heads) * dim).view({batch, rows, heads + kv_heads, dim}).transpose(1, 2);
-  auto value = qkv.narrow(-1, (heads + kv_heads) * dim, kv_heads * dim).view({batch, rows, kv_heads, dim}).transpose(1, 2);
-  qk = qk * cos + qk.roll(dim / 2, -1) * sin;
-  return {qk.narrow(1, 0, heads), qk.narrow(1, heads, kv_heads), value};
+  const int64_t batch = qkv.size(0), rows = qkv.size(1), turned = heads + kv_heads;
+  auto value = qkv.narrow(-1, turned * dim, kv_heads * dim).view({batch, rows, kv_heads, dim}).transpose(1, 2);
+  const auto table = [&](const torch::Tensor& t) {
+    return t.scalar_type() == torch::kFloat && t.dim() == 4 && (t.size(0) == batch || t.size(0) == 1) &&
+           t.size(1) == 1 && t.size(2) == rows && t.size(3) == dim && t.stride(3) == 1;
+  };
+  if (qkv.scalar_type() != torch::kFloat || qkv.stride(2) != 1 || dim % 16 != 0 || !table(cos) || !table(sin)) {
+    auto qk = qkv.narrow(-1, 0, turned * dim).view({batch, rows, turned, dim}).transpose(1, 2);
+    qk = qk * cos + qk.roll(dim / 2, -1) * sin;
+    return {qk.narrow(1, 0, heads), qk.narrow(1, heads, kv_heads), value};
+  }
+  auto qk = torch::empty({batch, rows, turned, dim}, qkv.options());
+  const float* xp = qkv.data_ptr<float>();
+  const float* cp = cos.data_ptr<float>();
+  const float* sp = sin.data_ptr<float>();
+  float* op = qk.data_ptr<float>();
+  const int64_t half = dim / 2, cos_b = cos.size(0) == 1 ? 0 : cos.stride(0), sin_b = sin.size(0) == 1 ? 0 : sin.stride(0);
+  at::parallel_for(0, batch * rows, std::max<int64_t>(1, 16384 / (turned * dim)), [&](int64_t first, int64_t last) {
+    for (int64_t bt = first; bt < last; ++bt) {
+      const int64_t b = bt / rows, t = bt % rows;
+      const float* x = xp + b * qkv.stride(0) + t * qkv.stride(1);
+      const float* c = cp + b * cos_b + t * cos.stride(2);
+      const float* s = sp + b * sin_b + t * sin.stride(2);
+      float* o = op + bt * turned * dim;
+      for (int64_t h = 0; h < turned; ++h, x += dim, o += dim)
+        for (int64_t d = 0; d < dim; d += 8) {
+          __m256 straight = _mm256_mul_ps(_mm256_loadu_ps(x + d), _mm256_loadu_ps(c + d));
+          __m256 rolled = _mm256_mul_ps(_mm256_loadu_ps(x + (d < half ? d + half : d - half)), _mm256_loadu_ps(s + d));
+          asm("" : "+x"(straight), "+x"(rolled));  // each product rounded on its own: no fused multiply-add
+          _mm256_storeu_ps(o + d, _mm256_add_ps(straight, rolled));
+        }
+    }
+  });
+  const auto split = qk.transpose(1, 2);
+  return {split.narrow(1, 0, heads), split.narrow(1, heads, kv_heads), value};
 }
 
 namespace {
