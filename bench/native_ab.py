@@ -77,6 +77,14 @@ def main() -> None:
     rope = {rows: (torch.randn(1, rows, (heads + 2 * kv_heads) * dim, generator=generator),
                    *torch.randn(2, 1, 1, rows, dim, generator=generator)) for rows in PASS_ROWS}
     times: dict[tuple[str, int, str], list[float]] = {}
+
+    def serve(build) -> None:
+        """The engine's products call the native code through `native`, the compact forward its steps (RoPE,
+        attention, norms) through its own reference: both to `build`."""
+        native._built = build
+        if switch.compact is not None:
+            switch.compact.steps = build
+
     with torch.inference_mode(), switch.use():
         cache = new_cache(target.model)
         context = torch.randint(vocab, (1, args.context), generator=generator)
@@ -84,9 +92,7 @@ def main() -> None:
         fed = {rows: torch.randint(vocab, (1, rows), generator=generator) for rows in PASS_ROWS}
         for _ in range(args.repeats + 1):  # the first repeat warms up and is dropped
             for name, build in builds.items():
-                native._built = build  # the engine's products call the native code through this module
-                if switch.compact is not None:  # and the compact forward its steps (norms, attention) through this
-                    switch.compact.steps = build
+                serve(build)
                 for rows in PASS_ROWS:
                     start = time.perf_counter()
                     target.model(input_ids=fed[rows], cache=cache, use_cache=True, logits_to_keep=rows)
@@ -109,9 +115,7 @@ def main() -> None:
                         build.attention_in(qkv, cos, sin, heads, kv_heads, dim)
                     seconds = (time.perf_counter() - start) / ATTENTION_REPEATS
                     times.setdefault(("attention_in (RoPE's split),", rows, name), []).append(seconds)
-    native._built = ours
-    if switch.compact is not None:
-        switch.compact.steps = ours
+    serve(ours)
     print(f"{args.target}, {args.threads} threads, {args.repeats} repeats; this revision's build against "
           f"{args.against}'s; medians")
     for what, rows in dict.fromkeys(key[:2] for key in times):  # in the order first timed
