@@ -1,10 +1,11 @@
 """Our native code against another revision's, alternated in one process: that revision's native.cpp is built as a
 second extension, and per repeat each build in turn sweeps every product of the target's passes (each linear's
-blocked copy, back to back, as a pass runs them) at 1-8 rows, computes one layer's attention of 1, 5 and 64 rows
-after 100, 300 and 1,000 keys and its RoPE split of those rows, and runs a target pass of 1, k + 1 = 5 and 64 rows
-after a cache of `--context` tokens on the engine's kernels (the kernel table chosen with this revision's build; the
-other build serves the same choices and the compact forward's steps, so the pass compares the native code alone).
-Medians over repeats, and the median of the per-repeat ratios, which a load that drifts slowly affects less.
+blocked copy, back to back, as a pass runs them) at 1-8, 16, 32 and 64 rows, computes one layer's attention of 1, 5
+and 64 rows after 100, 300 and 1,000 keys and its RoPE split of those rows, and runs a target pass of 1, k + 1 = 5
+and 64 rows after a cache of `--context` tokens on the engine's kernels (the kernel table chosen with this
+revision's build; the other build serves the same choices and the compact forward's steps, so the pass compares the
+native code alone). Medians over repeats, and the median of the per-repeat ratios, which a load that drifts slowly
+affects less.
 
 `python bench/native_ab.py --against REV [--flags "-O3 -mavx2 -mfma -fopenmp"] [--repeats 15] [--threads N]`
 (`--flags`: the other build's compiler flags; default this revision's, `native.flags()`)
@@ -31,6 +32,7 @@ from runner.engine.weights.kernels import all_cores  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 PASS_ROWS = (1, 5, 64)  # one token, a verify of k = 4, and the wide pass of the limits
+PRODUCT_ROWS = (*range(1, 9), 16, 32, 64)  # one sweep over a weight up to 8 rows; the wide path past them
 ATTENTION_KEYS = (100, 300, 1000)
 ATTENTION_REPEATS = 50  # a layer's attention takes microseconds: timed in a loop
 
@@ -65,7 +67,7 @@ def main() -> None:
               for m in switch.linears]
     generator = torch.Generator().manual_seed(0)
     widths = {m.weight.shape[1] for m in switch.linears}
-    xs = {rows: {k: torch.randn(rows, k, generator=generator) for k in widths} for rows in range(1, 9)}
+    xs = {rows: {k: torch.randn(rows, k, generator=generator) for k in widths} for rows in PRODUCT_ROWS}
     vocab = target.model.config.vocab_size
     config = target.model.config
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads

@@ -213,16 +213,17 @@ def test_kernels_are_validated_and_cuda_keeps_stock(tiny):
 
 
 def test_a_verify_pass_on_every_candidate_agrees_with_stock_on_the_real_model(smollm2):
-    """Each candidate forced on every linear of SmolLM2: a pass over 1..9 tokens at a 40-token context keeps
+    """Each candidate forced on every linear of SmolLM2: a pass over 1..9 and 64 tokens at a 40-token context keeps
     the logits within 1e-3 of stock's (they are ~10 in size) and the same argmax at every position."""
     model, switch = smollm2.model, kernels.attach(smollm2.model)
-    ids = torch.tensor(smollm2.tokenizer("The quick brown fox jumps over the lazy dog. " * 6)["input_ids"][:49])
+    ids = torch.tensor(smollm2.tokenizer("The quick brown fox jumps over the lazy dog. " * 12)["input_ids"][:104])
+    assert len(ids) == 104
     saved = dict(switch.tables)
     try:
         with torch.inference_mode():
             cache = DynamicCache(config=model.config)
             model(input_ids=ids[None, :40], cache=cache, use_cache=True)
-            for width in range(1, 10):
+            for width in (*range(1, 10), 64):  # 64: the blocked product's wide path
                 def logits(width: int = width) -> torch.Tensor:
                     out = model(input_ids=ids[None, 40:40 + width], cache=cache, use_cache=True,
                                 logits_to_keep=width).logits[0]

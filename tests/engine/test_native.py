@@ -42,8 +42,10 @@ def test_the_blocked_layout_holds_eight_features_side_by_side_per_input_feature_
                 assert blocks[b, c, j] == expected, (b, c, j)
 
 
-# Blocks are swept in groups of 6 (4 at 8 rows): 96 features are 12 blocks, whole groups either way; 187 are 23 full
-# blocks and a partial one, so the last group is cut short and ends in the partial block.
+# Up to 8 rows, blocks are swept in groups of 2-6 (AVX2) or 4-6 (AVX-512); past 8, in groups of 2 for 6 rows at a
+# time. 96 features are 12 blocks, whole groups at 1-3 and 6 blocks and in the wide groups; 187 are 23 full blocks and
+# a partial one, so the last group is cut short and ends in the partial block; 8 features are one block, a group cut
+# short at once.
 @pytest.mark.parametrize("features,k", [(16, 64), (13, 7), (300, 64), (8, 1), (96, 20), (187, 33)])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_each_output_is_exactly_the_fused_multiply_add_chain(features, k, with_bias):
@@ -51,7 +53,7 @@ def test_each_output_is_exactly_the_fused_multiply_add_chain(features, k, with_b
     w = torch.randn(features, k, generator=generator)
     b = torch.randn(features, generator=generator) if with_bias else None
     blocks = native.blocked(w)
-    for rows in (*range(1, 10), 17):  # up to eight rows per sweep over a block: 9 and 17 sweep it again
+    for rows in (*range(1, 10), 13, 17, 64):  # one sweep up to 8 rows; past them 6 rows at a time and the rest
         x = torch.randn(rows, k, generator=generator)
         out = native.product(x, blocks, b, features)
         assert out.shape == (rows, features) and out.is_contiguous()

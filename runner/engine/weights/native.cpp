@@ -3,7 +3,8 @@
 // `product`: a few float32 rows times a weight laid out in blocks of eight output features (kernels.py measures it
 // beside torch's products). A block holds, for each input feature in turn, the eight features' weights side by
 // side, so each block is one sequential stream; a thread sweeps a few neighbouring blocks side by side, keeping the
-// rows' eight partial sums per block in registers: one pass over the weight for up to eight rows.
+// rows' eight partial sums per block in registers: one pass over the weight for up to eight rows; a wider pass
+// sweeps each few blocks for all its rows while they are in cache.
 //
 // The compact forward's steps between a layer's products (compact_llama.py): the same ATen operators in the same
 // order as its Python did them, so the same floats, called from here to spare the interpreter's ~40 calls a layer.
@@ -69,14 +70,21 @@ constexpr int BLOCKS[MAX_CHUNK] = {6, 6, 6, 6, 6, 6, 4, 4};
 #else
 constexpr int BLOCKS[MAX_CHUNK] = {6, 6, 6, 4, 4, 3, 3, 2};
 #endif
+// A pass of more than MAX_CHUNK rows is bound by the multiply-adds, not by the weight's stream: each thread takes
+// WIDE_GROUP blocks at a time and sweeps them for every WIDE_CHUNK rows in turn while they sit in its core's caches
+// (two blocks of 576 inputs are 36 KiB), so the weight comes from memory once per pass; 6 rows x 2 blocks are 12
+// sums in registers, with the two blocks' weights and a broadcast 15 of AVX2's 16.
+constexpr int WIDE_CHUNK = 6, WIDE_GROUP = 2;
 using Sweep = void (*)(const float*, int64_t, const float*, const float*, float*, int64_t);
-// The sweeps of 1..MAX_CHUNK rows: over BLOCKS[rows - 1] blocks (Wide), or over one (a group cut short).
-template <bool Wide, int... R>
-constexpr std::array<Sweep, MAX_CHUNK> sweeps(std::integer_sequence<int, R...>) {
-  return {sweep<R + 1, Wide ? BLOCKS[R] : 1>...};
+// The sweeps of 1..N rows over `Group` blocks each (a group of 1: a group cut short, one block at a time), or over
+// BLOCKS[rows - 1] blocks (`Streams`).
+template <int Group, bool Streams, int N, int... R>
+constexpr std::array<Sweep, N> sweeps(std::integer_sequence<int, R...>) {
+  return {sweep<R + 1, Streams ? BLOCKS[R] : Group>...};
 }
-constexpr auto WIDE_SWEEPS = sweeps<true>(std::make_integer_sequence<int, MAX_CHUNK>{});
-constexpr auto SWEEPS = sweeps<false>(std::make_integer_sequence<int, MAX_CHUNK>{});
+constexpr auto STREAM_SWEEPS = sweeps<0, true, MAX_CHUNK>(std::make_integer_sequence<int, MAX_CHUNK>{});
+constexpr auto WIDE_SWEEPS = sweeps<WIDE_GROUP, false, WIDE_CHUNK>(std::make_integer_sequence<int, WIDE_CHUNK>{});
+constexpr auto SWEEPS = sweeps<1, false, MAX_CHUNK>(std::make_integer_sequence<int, MAX_CHUNK>{});
 
 }  // namespace
 
@@ -100,40 +108,52 @@ torch::Tensor product(const torch::Tensor& x, const torch::Tensor& weight, const
   const float* bp = bias && bias->defined() ? bias->data_ptr<float>() : nullptr;
   float* op = out.data_ptr<float>();
   const int64_t full = features / LANES;  // blocks with all eight features the weight's
-  // The rows in chunks of up to MAX_CHUNK; per chunk, the blocks in groups swept together, a thread's groups in turn.
-  for (int64_t r = 0; r < rows; r += MAX_CHUNK) {
-    const int64_t n = std::min(MAX_CHUNK, rows - r), group = BLOCKS[n - 1];
+  // `group` blocks from b0, for n rows from r: `swept` sweeps them together where all are whole; else (the weight's
+  // last blocks) one block at a time, the last one's sums through `partial` when it holds fewer than LANES features.
+  const auto sweep_group = [&](Sweep swept, int64_t b0, int64_t group, int64_t r, int64_t n, float* partial) {
     const float* xr = xp + r * k;
     float* out_r = op + r * features;
+    if (b0 + group <= full) {
+      swept(xr, k, wp + b0 * k * LANES, bp ? bp + b0 * LANES : nullptr, out_r + b0 * LANES, features);
+      return;
+    }
+    for (int64_t b = b0; b < std::min(blocks, b0 + group); ++b) {
+      const float* block = wp + b * k * LANES;
+      const float* bias_b = bp ? bp + b * LANES : nullptr;
+      if (b < full) {
+        SWEEPS[n - 1](xr, k, block, bias_b, out_r + b * LANES, features);
+        continue;
+      }
+      const int64_t width = features - b * LANES;
+      float partial_bias[LANES] = {};
+      if (bias_b) {
+        std::memcpy(partial_bias, bias_b, width * sizeof(float));
+        bias_b = partial_bias;
+      }
+      SWEEPS[n - 1](xr, k, block, bias_b, partial, LANES);
+      for (int64_t i = 0; i < n; ++i) std::memcpy(out_r + i * features + b * LANES, partial + i * LANES, width * sizeof(float));
+    }
+  };
+  if (rows == 0) return out;
+  if (rows <= MAX_CHUNK) {  // one sweep over the weight, BLOCKS[rows - 1] streams side by side
+    const int64_t group = BLOCKS[rows - 1];
     at::parallel_for(0, (blocks + group - 1) / group, std::max<int64_t>(1, GRAIN / group), [&](int64_t first,
                                                                                                 int64_t last) {
-      float partial[MAX_CHUNK * LANES];  // the last block's sums when it holds fewer than LANES features
-      float partial_bias[LANES] = {};   // and its bias, padded
-      for (int64_t g = first; g < last; ++g) {
-        const int64_t b0 = g * group;
-        if (b0 + group <= full) {
-          WIDE_SWEEPS[n - 1](xr, k, wp + b0 * k * LANES, bp ? bp + b0 * LANES : nullptr, out_r + b0 * LANES, features);
-          continue;
-        }
-        for (int64_t b = b0; b < std::min(blocks, b0 + group); ++b) {  // a group cut short, one block at a time
-          const float* block = wp + b * k * LANES;
-          const float* bias_b = bp ? bp + b * LANES : nullptr;
-          if (b < full) {
-            SWEEPS[n - 1](xr, k, block, bias_b, out_r + b * LANES, features);
-            continue;
-          }
-          const int64_t width = features - b * LANES;
-          if (bias_b) {
-            std::memcpy(partial_bias, bias_b, width * sizeof(float));
-            bias_b = partial_bias;
-          }
-          SWEEPS[n - 1](xr, k, block, bias_b, partial, LANES);
-          for (int64_t i = 0; i < n; ++i)
-            std::memcpy(out_r + i * features + b * LANES, partial + i * LANES, width * sizeof(float));
-        }
-      }
+      float partial[MAX_CHUNK * LANES];
+      for (int64_t g = first; g < last; ++g) sweep_group(STREAM_SWEEPS[rows - 1], g * group, group, 0, rows, partial);
     });
+    return out;
   }
+  // Wider: each group of WIDE_GROUP blocks for all the rows, WIDE_CHUNK at a time, while it is in cache.
+  at::parallel_for(0, (blocks + WIDE_GROUP - 1) / WIDE_GROUP, std::max<int64_t>(1, GRAIN / WIDE_GROUP),
+                   [&](int64_t first, int64_t last) {
+    float partial[MAX_CHUNK * LANES];
+    for (int64_t g = first; g < last; ++g)
+      for (int64_t r = 0; r < rows; r += WIDE_CHUNK) {
+        const int64_t n = std::min<int64_t>(WIDE_CHUNK, rows - r);
+        sweep_group(WIDE_SWEEPS[n - 1], g * WIDE_GROUP, WIDE_GROUP, r, n, partial);
+      }
+  });
   return out;
 }
 
