@@ -53,7 +53,8 @@ def test_each_output_is_exactly_the_fused_multiply_add_chain(features, k, with_b
     w = torch.randn(features, k, generator=generator)
     b = torch.randn(features, generator=generator) if with_bias else None
     blocks = native.blocked(w)
-    for rows in (*range(1, 10), 13, 17, 64):  # one sweep up to 8 rows; past them 6 rows at a time and the rest
+    # one sweep up to 8 rows; past them 6 rows at a time and the rest; past 768, a second panel of rows
+    for rows in (*range(1, 10), 13, 17, 64, 800):
         x = torch.randn(rows, k, generator=generator)
         out = native.product(x, blocks, b, features)
         assert out.shape == (rows, features) and out.is_contiguous()

@@ -75,6 +75,10 @@ constexpr int BLOCKS[MAX_CHUNK] = {6, 6, 6, 4, 4, 3, 3, 2};
 // (two blocks of 576 inputs are 36 KiB), so the weight comes from memory once per pass; 6 rows x 2 blocks are 12
 // sums in registers, with the two blocks' weights and a broadcast 15 of AVX2's 16.
 constexpr int WIDE_CHUNK = 6, WIDE_GROUP = 2;
+// A prompt's pass of thousands of rows runs in panels of PANEL rows, each over the whole weight: 768 rows of 576
+// inputs are 1.7 MiB, which stay in the shared cache while every group sweeps them (against all rows in one: 0.93x
+// the time at 1,000 rows and 0.89x at 4,000 on SmolLM2's layers, 2 threads; panels of 96 rows: 1.05-1.10x at 200-1,000).
+constexpr int64_t PANEL = 768;
 using Sweep = void (*)(const float*, int64_t, const float*, const float*, float*, int64_t);
 // The sweeps of 1..N rows over `Group` blocks each (a group of 1: a group cut short, one block at a time), or over
 // BLOCKS[rows - 1] blocks (`Streams`).
@@ -144,16 +148,19 @@ torch::Tensor product(const torch::Tensor& x, const torch::Tensor& weight, const
     });
     return out;
   }
-  // Wider: each group of WIDE_GROUP blocks for all the rows, WIDE_CHUNK at a time, while it is in cache.
-  at::parallel_for(0, (blocks + WIDE_GROUP - 1) / WIDE_GROUP, std::max<int64_t>(1, GRAIN / WIDE_GROUP),
-                   [&](int64_t first, int64_t last) {
-    float partial[MAX_CHUNK * LANES];
-    for (int64_t g = first; g < last; ++g)
-      for (int64_t r = 0; r < rows; r += WIDE_CHUNK) {
-        const int64_t n = std::min<int64_t>(WIDE_CHUNK, rows - r);
-        sweep_group(WIDE_SWEEPS[n - 1], g * WIDE_GROUP, WIDE_GROUP, r, n, partial);
-      }
-  });
+  // Wider: each group of WIDE_GROUP blocks for all the rows of a panel, WIDE_CHUNK at a time, while it is in cache.
+  for (int64_t r0 = 0; r0 < rows; r0 += PANEL) {
+    const int64_t r1 = std::min(rows, r0 + PANEL);
+    at::parallel_for(0, (blocks + WIDE_GROUP - 1) / WIDE_GROUP, std::max<int64_t>(1, GRAIN / WIDE_GROUP),
+                     [&](int64_t first, int64_t last) {
+      float partial[MAX_CHUNK * LANES];
+      for (int64_t g = first; g < last; ++g)
+        for (int64_t r = r0; r < r1; r += WIDE_CHUNK) {
+          const int64_t n = std::min<int64_t>(WIDE_CHUNK, r1 - r);
+          sweep_group(WIDE_SWEEPS[n - 1], g * WIDE_GROUP, WIDE_GROUP, r, n, partial);
+        }
+    });
+  }
   return out;
 }
 
