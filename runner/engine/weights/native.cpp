@@ -77,7 +77,8 @@ constexpr int BLOCKS[MAX_CHUNK] = {6, 6, 6, 4, 4, 3, 3, 2};
 constexpr int WIDE_CHUNK = 6, WIDE_GROUP = 2;
 // A prompt's pass of thousands of rows runs in panels of PANEL rows, each over the whole weight: 768 rows of 576
 // inputs are 1.7 MiB, which stay in the shared cache while every group sweeps them (against all rows in one: 0.93x
-// the time at 1,000 rows and 0.89x at 4,000 on SmolLM2's layers, 2 threads; panels of 96 rows: 1.05-1.10x at 200-1,000).
+// the time at 1,000 rows and 0.89x at 4,000 on SmolLM2's layers, 2 threads; panels of 96 rows: 1.05-1.10x at
+// 200-1,000).
 constexpr int64_t PANEL = 768;
 using Sweep = void (*)(const float*, int64_t, const float*, const float*, float*, int64_t);
 // The sweeps of 1..N rows over `Group` blocks each (a group of 1: a group cut short, one block at a time), or over
@@ -135,7 +136,8 @@ torch::Tensor product(const torch::Tensor& x, const torch::Tensor& weight, const
         bias_b = partial_bias;
       }
       SWEEPS[n - 1](xr, k, block, bias_b, partial, LANES);
-      for (int64_t i = 0; i < n; ++i) std::memcpy(out_r + i * features + b * LANES, partial + i * LANES, width * sizeof(float));
+      for (int64_t i = 0; i < n; ++i)
+        std::memcpy(out_r + i * features + b * LANES, partial + i * LANES, width * sizeof(float));
     }
   };
   if (rows == 0) return out;
