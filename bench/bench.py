@@ -15,7 +15,7 @@ For every prompt, the two engines alternate (which goes first flips each time) a
 And the verify curve: one target pass over 1-64 rows at a ~200-token context (a chain of k+1 tokens, a tree under
 its mask, a batch of sequences of 5 tokens each), on stock F.linear and on our skinny kernels, at 1 thread and at
 the bench's; and the roofline: the weight bytes a one-token pass reads over its time, against the bandwidth of a
-STREAM-style copy measured at the same thread count in the same run.
+STREAM-style copy timed among those passes, at the same thread count.
 
 Every value is the median over repeats with its min–max; each printed row is also a row of
 `bench_results` in the database. Run from the repository root: `python bench/bench.py --help`.
@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))  # `python bench/bench.py` puts bench/, not the re
 import torch  # noqa: E402
 
 from bench.batched import batch_rows  # noqa: E402
-from bench.passes import at_each, copy_bandwidths, verify_curves, weight_bytes  # noqa: E402
+from bench.passes import at_each, verify_curves, weight_bytes  # noqa: E402
 from bench.rows import (  # noqa: E402
     Row,
     adaptive_rows,
@@ -108,8 +108,7 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None]) -> Outcome:
     rows_batched = batched(engines, batch_cells, prompts, reference, config)
     progress("verify curves and the copy bandwidth")
     thread_counts = sorted({1, config.threads})
-    curves = verify_curves(target, config.verify_context, config.verify_repeats, thread_counts)
-    copy_gbs = copy_bandwidths(target.device, config.verify_repeats, thread_counts)
+    curves, copy_gbs = verify_curves(target, config.verify_context, config.verify_repeats, thread_counts)
     fixed = [cell for cell in cells if cell.policy == FIXED]
     rows = (throughput_rows(samples, fixed, reference) + adaptive_rows(samples, cells, reference)
             + pass_rows(samples, fixed) + overhead_rows(samples, fixed[1:]) + speedup_rows(samples, fixed[1:])

@@ -1,6 +1,7 @@
 """Single target passes, timed: the verify curve (one pass over 1-64 rows: a chain, a tree under its mask, a batch
 of sequences) on each kernel path and thread count, and the roofline's two sides (the weight bytes a one-token
-pass reads, and the memory bandwidth a STREAM-style copy reaches at the same thread count in the same run)."""
+pass reads, and the memory bandwidth a STREAM-style copy reaches at the same thread count, timed among the
+passes)."""
 
 from __future__ import annotations
 
@@ -72,18 +73,27 @@ def _passes(target: models.Loaded, context: int) -> dict[tuple[str, int], Callab
 
 
 def verify_curve(target: models.Loaded, context: int, repeats: int,
-                 paths: dict[str, list[kernels.Kernels]]) -> dict[str, Curve]:
+                 paths: dict[str, list[kernels.Kernels]]) -> tuple[dict[str, Curve], list[float]]:
     """Milliseconds of ONE target pass of each shape and width after `context` cached tokens, per repeat, on each
-    kernel path (a name and the switches it turns on). Each pass runs on every path back to back before the next
-    pass, the paths' order and the passes' order flipping each repeat: a load that comes or goes slows both sides
-    of a comparison alike."""
-    clock = Clock(target.device)
+    kernel path (a name and the switches it turns on), and the GB/s of a copy (`copy_job`: bytes read + written
+    over its time), once per repeat. Each pass runs on every path back to back before the next pass, the paths'
+    order and the passes' order flipping each repeat: a load that comes or goes slows both sides of a comparison
+    alike; the copy runs among the passes, mid-repeat: the memory a shared host serves drifts over minutes, so a
+    copy timed before or after the passes is not theirs."""
+    clock, copy = Clock(target.device), copy_job(target.device)
+    copy_gbs = []
     with torch.inference_mode():
         passes = _passes(target, context)
         times = {name: {key: [] for key in passes} for name in paths}
+        middle = len(passes) // 2
         for repeat in range(repeats + 1):  # the first round warms every shape up and is not kept
             order = list(paths) if repeat % 2 else list(reversed(paths))
-            for key in passes if repeat % 2 else reversed(passes):
+            for index, key in enumerate(passes if repeat % 2 else reversed(passes)):
+                if index == middle:
+                    start = clock()
+                    copy()
+                    if repeat:
+                        copy_gbs.append(2 * COPY_BYTES / (clock() - start) / 1e9)
                 for name in order:
                     with kernels.using(paths[name]):
                         start = clock()
@@ -91,18 +101,23 @@ def verify_curve(target: models.Loaded, context: int, repeats: int,
                         elapsed = clock() - start
                     if repeat:
                         times[name][key].append(elapsed * 1000)
-    return times
+    return times, copy_gbs
 
 
-def verify_curves(target: models.Loaded, context: int, repeats: int, thread_counts: list[int]) -> Curves:
+def verify_curves(target: models.Loaded, context: int, repeats: int,
+                  thread_counts: list[int]) -> tuple[Curves, dict[int, list[float]]]:
     """The verify curve on stock (F.linear, transformers' attention) and on the skinny kernels, interleaved, at each
-    thread count (CPU); stock alone on a GPU, where the kernels never apply."""
+    thread count (CPU); stock alone on a GPU, where the kernels never apply. With them, the copy's GB/s at each
+    thread count, timed among the passes (`verify_curve`)."""
     if target.device.type != "cpu":
-        curve = verify_curve(target, context, repeats, {kernels.STOCK: []})[kernels.STOCK]
-        return {(kernels.STOCK, torch.get_num_threads()): curve}
+        curve, copy_gbs = verify_curve(target, context, repeats, {kernels.STOCK: []})
+        return {(kernels.STOCK, torch.get_num_threads()): curve[kernels.STOCK]}, {torch.get_num_threads(): copy_gbs}
     paths = {kernels.STOCK: [], kernels.SKINNY: [kernels.attach(target.model)]}
-    return {(name, threads): curve for threads in at_each(thread_counts)
-            for name, curve in verify_curve(target, context, repeats, paths).items()}
+    curves, copies = {}, {}
+    for threads in at_each(thread_counts):
+        by_path, copies[threads] = verify_curve(target, context, repeats, paths)
+        curves |= {(name, threads): curve for name, curve in by_path.items()}
+    return curves, copies
 
 
 def at_each(thread_counts: list[int]) -> Iterator[int]:
@@ -126,13 +141,6 @@ def weight_bytes(model: torch.nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in unique.values())
 
 
-def copy_bandwidths(device: torch.device, repeats: int, thread_counts: list[int]) -> dict[int, list[float]]:
-    """`copy_bandwidth` at each thread count (a GPU's at its own)."""
-    if device.type != "cpu":
-        return {torch.get_num_threads(): copy_bandwidth(device, repeats)}
-    return {threads: copy_bandwidth(device, repeats) for threads in at_each(thread_counts)}
-
-
 def copy_job(device: torch.device) -> Callable[[], torch.Tensor]:
     """One STREAM-style copy of COPY_BYTES per call, its pages touched once already (page faults are not
     bandwidth); COPY_BYTES read and written per call."""
@@ -140,14 +148,3 @@ def copy_job(device: torch.device) -> Callable[[], torch.Tensor]:
     target = torch.empty_like(source)
     target.copy_(source)
     return lambda: target.copy_(source)
-
-
-def copy_bandwidth(device: torch.device, repeats: int) -> list[float]:
-    """GB/s of `copy_job`, per repeat: bytes read + bytes written over the time."""
-    copy, clock = copy_job(device), Clock(device)
-    rates = []
-    for _ in range(repeats):
-        start = clock()
-        copy()
-        rates.append(2 * COPY_BYTES / (clock() - start) / 1e9)
-    return rates
