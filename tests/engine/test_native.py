@@ -42,10 +42,11 @@ def test_the_blocked_layout_holds_eight_features_side_by_side_per_input_feature_
                 assert blocks[b, c, j] == expected, (b, c, j)
 
 
-# Up to 8 rows, blocks are swept in groups of 2-6 (AVX2) or 4-6 (AVX-512); past 8, in groups of 2 for 6 rows at a
-# time. 96 features are 12 blocks, whole groups at 1-3 and 6 blocks and in the wide groups; 187 are 23 full blocks and
-# a partial one, so the last group is cut short and ends in the partial block; 8 features are one block, a group cut
-# short at once.
+# Up to 8 rows, blocks are swept in groups of 4 or 6, from 3 rows on (AVX2) in parts of up to 3 rows over spans of
+# 32 inputs (k = 7, 20 and 33 end in a span cut short, 64 in a whole one); past 8, in groups of 2 for 6 rows at a
+# time. 96 features are 12 blocks, whole groups of 4 and 6 and in the wide groups; 187 are 23 full blocks and a partial
+# one, so a group of 6 is cut short and ends in the partial block; 8 features are one block, a group cut short at
+# once.
 @pytest.mark.parametrize("features,k", [(16, 64), (13, 7), (300, 64), (8, 1), (96, 20), (187, 33)])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_each_output_is_exactly_the_fused_multiply_add_chain(features, k, with_bias):

@@ -30,45 +30,91 @@ constexpr int64_t GRAIN = 16;     // blocks per thread at least: a small weight 
 // x[r * k + c] * block[b * k * LANES + c * LANES + j]. Each row's broadcast serves the B blocks, and the B blocks are
 // B streams read side by side: on SmolLM2's weights, 2 threads, 6 streams a thread made a one-row product ~0.9x and a
 // five-row product ~0.7-0.9x the time of 2 (the memory system serves several streams at once better than one or
-// two; software prefetching on top made it slower). Per output, the sum runs over c in order whatever R and B are,
-// so a row's floats do not depend on the rows beside it or on how the blocks are grouped.
-template <int R, int B>
-void sweep(const float* x, int64_t k, const float* block, const float* bias, float* out, int64_t stride) {
-  __m256 sums[B][R];
+// two; software prefetching on top made it slower). Per output, the sum runs over c in order whatever the rows, the
+// blocks and the parts are, so a row's floats do not depend on the rows beside it or on how the work is grouped.
+//
+// The rows run in `Parts` (sizes, in order): with one part all R x B sums stay in registers for the whole sweep;
+// with several, the inputs go by in spans of INPUT_SPAN, and per span each part's sums come from `acc`, take the
+// span's inputs (their weights read from memory by the first part and from the first-level cache by the others) and
+// go back. Rows beyond what the registers hold would otherwise spill sums at every input; parts keep them in
+// registers there and move them once a span.
+constexpr int64_t INPUT_SPAN = 32;  // inputs per span when the rows run in parts (16-64 measured alike)
+
+template <int B, int R0, int N>
+inline void sweep_part(const float* x, int64_t k, const float* block, int64_t c0, int64_t c1, __m256 (*acc)[B]) {
+  __m256 sums[B][N];
 #pragma GCC unroll 8
   for (int b = 0; b < B; ++b) {
 #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) sums[b][r] = bias ? _mm256_loadu_ps(bias + b * LANES) : _mm256_setzero_ps();
+    for (int r = 0; r < N; ++r) sums[b][r] = acc[R0 + r][b];
   }
-  for (int64_t c = 0; c < k; ++c) {
+  for (int64_t c = c0; c < c1; ++c) {
     __m256 w[B];
 #pragma GCC unroll 8
     for (int b = 0; b < B; ++b) w[b] = _mm256_loadu_ps(block + b * k * LANES + c * LANES);
 #pragma GCC unroll 8  // the sums stay in registers (as far as they fit) only when these loops are unrolled
-    for (int r = 0; r < R; ++r) {
-      const __m256 xr = _mm256_broadcast_ss(x + r * k + c);
+    for (int r = 0; r < N; ++r) {
+      const __m256 xr = _mm256_broadcast_ss(x + (R0 + r) * k + c);
 #pragma GCC unroll 8
       for (int b = 0; b < B; ++b) sums[b][r] = _mm256_fmadd_ps(w[b], xr, sums[b][r]);
     }
   }
 #pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) {
+  for (int b = 0; b < B; ++b) {
 #pragma GCC unroll 8
-    for (int b = 0; b < B; ++b) _mm256_storeu_ps(out + r * stride + b * LANES, sums[b][r]);
+    for (int r = 0; r < N; ++r) acc[R0 + r][b] = sums[b][r];
   }
 }
 
-// Blocks per sweep, by rows, for the vector registers of the build (R x B sums, the weights and a broadcast compete
-// for them; some spilling still paid off), measured on SmolLM2's weights, 2 threads. With AVX-512's 32 registers
+template <int B, int R0, int N, int... Rest>
+inline void sweep_parts(const float* x, int64_t k, const float* block, int64_t c0, int64_t c1, __m256 (*acc)[B]) {
+  sweep_part<B, R0, N>(x, k, block, c0, c1, acc);
+  if constexpr (sizeof...(Rest) > 0) sweep_parts<B, R0 + N, Rest...>(x, k, block, c0, c1, acc);
+}
+
+template <int B, int... Parts>
+void sweep(const float* x, int64_t k, const float* block, const float* bias, float* out, int64_t stride) {
+  constexpr int R = (Parts + ...);
+  __m256 acc[R][B];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+    for (int b = 0; b < B; ++b) acc[r][b] = bias ? _mm256_loadu_ps(bias + b * LANES) : _mm256_setzero_ps();
+  }
+  const int64_t span = sizeof...(Parts) == 1 ? k : INPUT_SPAN;
+  for (int64_t c0 = 0; c0 < k; c0 += span) sweep_parts<B, 0, Parts...>(x, k, block, c0, std::min(k, c0 + span), acc);
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+    for (int b = 0; b < B; ++b) _mm256_storeu_ps(out + r * stride + b * LANES, acc[r][b]);
+  }
+}
+
+using Sweep = void (*)(const float*, int64_t, const float*, const float*, float*, int64_t);
+struct Stream {
+  int64_t blocks;  // blocks swept side by side
+  Sweep swept;
+};
+template <int B, int... Parts>
+constexpr Stream stream() {
+  return {B, sweep<B, Parts...>};
+}
+
+// Blocks and parts per sweep, by rows, for the vector registers of the build (a part's N x B sums, the blocks'
+// weights and a broadcast compete for them), measured on SmolLM2's weights, 2 threads. With AVX-512's 32 registers
 // (native.py builds with them where the CPU has them): 6 blocks up to 6 rows, 4 at 7-8 (their 42-48 sums spill too
-// much; 5 blocks at 5 rows or 3 at 8 were slower: fewer streams). With AVX2's 16, on a Zen 3 EPYC, every grouping of
-// 1-6 blocks alternated at each row count: 6 blocks stay best at 1-3 rows; from 4 rows on, fewer blocks keep more
-// sums in registers (there 0.94-0.98x the time of 6 blocks at 4 rows, 0.88-0.94x at 5, 0.70-0.82x at 6-8; against 4
-// blocks at 7-8 rows 0.83x and 0.82x: docs/performance.md has bench/native_ab.py's figures).
+// much; 5 blocks at 5 rows or 3 at 8 were slower: fewer streams), the rows in one part. With AVX2's 16, on a Zen 3
+// EPYC: 6 blocks at 1-5 rows and 4 at 6-8, a part at most 3 rows (6 x 2 or 4 x 3 sums). Against every row in one
+// part (of 6 blocks at 1-3 rows, 4 at 4-5, 3 at 6-7, 2 at 8: the best grouping then), bench/native_ab.py, SmolLM2's
+// products: 0.96-0.98x the time at 3 rows, 0.90-0.95x at 4, 0.88-0.89x at 5, 0.88-0.91x at 6, 0.83-0.89x at 7 and
+// 0.82x at 8 (docs/performance.md).
 #ifdef __AVX512F__
-constexpr int BLOCKS[MAX_CHUNK] = {6, 6, 6, 6, 6, 6, 4, 4};
+constexpr Stream STREAMS[MAX_CHUNK] = {stream<6, 1>(), stream<6, 2>(), stream<6, 3>(), stream<6, 4>(),
+                                       stream<6, 5>(), stream<6, 6>(), stream<4, 7>(), stream<4, 8>()};
 #else
-constexpr int BLOCKS[MAX_CHUNK] = {6, 6, 6, 4, 4, 3, 3, 2};
+constexpr Stream STREAMS[MAX_CHUNK] = {stream<6, 1>(),       stream<6, 2>(),       stream<6, 2, 1>(),
+                                       stream<6, 2, 2>(),    stream<6, 2, 2, 1>(), stream<4, 3, 3>(),
+                                       stream<4, 3, 3, 1>(), stream<4, 3, 3, 2>()};
 #endif
 // A pass of more than MAX_CHUNK rows is bound by the multiply-adds, not by the weight's stream: each thread takes
 // WIDE_GROUP blocks at a time and sweeps them for every WIDE_CHUNK rows in turn while they sit in its core's caches
@@ -80,16 +126,13 @@ constexpr int WIDE_CHUNK = 6, WIDE_GROUP = 2;
 // the time at 1,000 rows and 0.89x at 4,000 on SmolLM2's layers, 2 threads; panels of 96 rows: 1.05-1.10x at
 // 200-1,000).
 constexpr int64_t PANEL = 768;
-using Sweep = void (*)(const float*, int64_t, const float*, const float*, float*, int64_t);
-// The sweeps of 1..N rows over `Group` blocks each (a group of 1: a group cut short, one block at a time), or over
-// BLOCKS[rows - 1] blocks (`Streams`).
-template <int Group, bool Streams, int N, int... R>
+// The sweeps of 1..N rows in one part over `Group` blocks each (a group of 1: a group cut short, one block at a time).
+template <int Group, int N, int... R>
 constexpr std::array<Sweep, N> sweeps(std::integer_sequence<int, R...>) {
-  return {sweep<R + 1, Streams ? BLOCKS[R] : Group>...};
+  return {sweep<Group, R + 1>...};
 }
-constexpr auto STREAM_SWEEPS = sweeps<0, true, MAX_CHUNK>(std::make_integer_sequence<int, MAX_CHUNK>{});
-constexpr auto WIDE_SWEEPS = sweeps<WIDE_GROUP, false, WIDE_CHUNK>(std::make_integer_sequence<int, WIDE_CHUNK>{});
-constexpr auto SWEEPS = sweeps<1, false, MAX_CHUNK>(std::make_integer_sequence<int, MAX_CHUNK>{});
+constexpr auto WIDE_SWEEPS = sweeps<WIDE_GROUP, WIDE_CHUNK>(std::make_integer_sequence<int, WIDE_CHUNK>{});
+constexpr auto SWEEPS = sweeps<1, MAX_CHUNK>(std::make_integer_sequence<int, MAX_CHUNK>{});
 
 }  // namespace
 
@@ -141,12 +184,13 @@ torch::Tensor product(const torch::Tensor& x, const torch::Tensor& weight, const
     }
   };
   if (rows == 0) return out;
-  if (rows <= MAX_CHUNK) {  // one sweep over the weight, BLOCKS[rows - 1] streams side by side
-    const int64_t group = BLOCKS[rows - 1];
+  if (rows <= MAX_CHUNK) {  // one sweep over the weight, STREAMS[rows - 1].blocks streams side by side
+    const Stream& stream = STREAMS[rows - 1];
+    const int64_t group = stream.blocks;
     at::parallel_for(0, (blocks + group - 1) / group, std::max<int64_t>(1, GRAIN / group), [&](int64_t first,
                                                                                                 int64_t last) {
       float partial[MAX_CHUNK * LANES];
-      for (int64_t g = first; g < last; ++g) sweep_group(STREAM_SWEEPS[rows - 1], g * group, group, 0, rows, partial);
+      for (int64_t g = first; g < last; ++g) sweep_group(stream.swept, g * group, group, 0, rows, partial);
     });
     return out;
   }
