@@ -153,6 +153,29 @@ def test_the_patched_linears_are_stock_outside_use_and_the_table_inside():
             assert switch.active is None
 
 
+@pytest.mark.parametrize("kind", kernels.COPIED)
+def test_a_linear_finds_its_choices_copy_once_and_a_replaced_weights_afresh(kind, monkeypatch):
+    if kind not in kernels.CANDIDATES:
+        pytest.skip(f"{kind} is not available on this machine")
+    model = tiny_llama(100, seed=5)
+    switch = kernels.attach(model)
+    forced(switch, lambda r: kind)
+    head = model.lm_head
+    x = torch.randn(1, 5, 64, generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode(), kernels.using([switch]):
+        before = head(x)
+        assert torch.equal(before, kernels.CANDIDATES[kind](x[0], head.weight, None)[None])
+        looked_up = []
+        monkeypatch.setattr(kernels, "copy_of", lambda *args: looked_up.append(args))
+        assert torch.equal(head(x), before) and looked_up == []  # the second call reads the copy it bound
+        monkeypatch.undo()
+    head.weight = torch.nn.Parameter(torch.randn(100, 64, generator=torch.Generator().manual_seed(3)))
+    with torch.inference_mode(), kernels.using([switch]):
+        after = head(x)
+        assert torch.equal(after, kernels.CANDIDATES[kind](x[0], head.weight, None)[None])
+        assert not torch.equal(after, before)
+
+
 def test_the_table_is_measured_once_then_read_from_the_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECDASH_CACHE", str(tmp_path))
     switch = kernels.attach(tiny_llama(100, seed=4, layers=1))

@@ -113,15 +113,26 @@ def packed_weight(w: Tensor) -> Tensor:
     return copy_of(PACKED, w, lambda w: torch.ops.mkldnn._reorder_linear_weight(w, MAX_ROWS))
 
 
+def _on_packed(w: Tensor, b: Tensor | None) -> Callable[[Tensor], Tensor]:
+    packed = packed_weight(w)
+    return lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, b, "none", [None], "")
+
+
+def _on_blocked(w: Tensor, b: Tensor | None) -> Callable[[Tensor], Tensor]:
+    # Our own one-stream product (native.py)
+    blocks, product, features = copy_of(BLOCKED, w, native.blocked), native.module().product, w.shape[0]
+    return lambda x: product(x, blocks, b, features)
+
+
 def _packed(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x, packed_weight(w), b, "none", [None], "")
+    return _on_packed(w, b)(x)
 
 
 def _blocked(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
-    # Our own one-stream product (native.py); float32 only: any other dtype is refused as oneDNN refuses float16.
+    # float32 only: any other dtype is refused as oneDNN refuses float16
     if not (x.dtype == w.dtype == torch.float32 and (b is None or b.dtype == torch.float32)):
         raise RuntimeError("the blocked product is float32 only")
-    return native.product(x, copy_of(BLOCKED, w, native.blocked), b, w.shape[0])
+    return _on_blocked(w, b)(x)
 
 
 CANDIDATES: dict[str, Callable[[Tensor, Tensor, Tensor | None], Tensor]] = {
@@ -129,7 +140,21 @@ CANDIDATES: dict[str, Callable[[Tensor, Tensor, Tensor | None], Tensor]] = {
     **({PACKED: _packed} if torch.backends.mkldnn.is_available() else {}),
     **({BLOCKED: _blocked} if native.supported() is None else {}),
 }
-COPIED = (PACKED, BLOCKED)  # the candidates that read a copy of the weight in their own layout
+# The candidates that read a copy of the weight in their own layout: each one's product on a weight and bias, the copy
+# found once (`bind`).
+ON_COPY: dict[str, Callable[[Tensor, Tensor | None], Callable[[Tensor], Tensor]]] = {PACKED: _on_packed,
+                                                                                      BLOCKED: _on_blocked}
+COPIED = tuple(ON_COPY)
+
+
+def bind(name: str, w: Tensor, b: Tensor | None) -> Callable[[Tensor], Tensor]:
+    """`CANDIDATES[name]` on this weight and bias, as a pass calls it: a copy it reads found once, not per call (a
+    one-token pass makes ~120 products; finding each one's copy and checking its dtypes per call cost ~1 ms of it). A
+    table chooses a candidate only where it ran on the weight's dtype, so the bound product checks nothing."""
+    if name in ON_COPY:
+        return ON_COPY[name](w, b)
+    product = CANDIDATES[name]
+    return lambda x: product(x, w, b)
 
 
 # Row counts a candidate is tried at (default: all). The blocked product sums up to 8 rows in one sweep over the
@@ -275,6 +300,7 @@ class Kernels:
         self.linears = [m for m in every if id(m) not in replaced] + fused  # the measured ones
         self.tables: dict[int, Table] = {}  # per thread count
         self.active: Table | None = None
+        self.bound: list[dict] = []  # each linear's bound products (`_forward`), dropped with the copies they read
         for linear in every + fused:
             linear.forward = self._forward(linear)  # an instance attribute: the class stays torch's
         attention.follow(model, lambda: self.active is not None)
@@ -285,14 +311,20 @@ class Kernels:
 
     def _forward(self, linear: nn.Linear) -> Callable[[Tensor], Tensor]:
         shape = tuple(linear.weight.shape)
+        features, width = shape
+        bound: dict[str, tuple[Tensor, Callable[[Tensor], Tensor]]] = {}  # candidate -> (the weight, `bind`'s product)
+        self.bound.append(bound)
 
         def forward(x: Tensor) -> Tensor:
-            rows = x.numel() // shape[1]
+            rows = x.numel() // width
             choices = None if self.active is None else self.active.get(shape)
             if choices is None or rows < 1:
                 return F.linear(x, linear.weight, linear.bias)
-            out = CANDIDATES[choices[slot(rows)]](x.reshape(rows, shape[1]), linear.weight, linear.bias)
-            return out.view(*x.shape[:-1], shape[0])
+            name, weight = choices[slot(rows)], linear.weight
+            entry = bound.get(name)
+            if entry is None or entry[0] is not weight:  # a weight replaced since is bound afresh
+                entry = bound[name] = (weight, bind(name, weight, linear.bias))
+            return entry[1](x.reshape(rows, width)).view(*x.shape[:-1], features)
 
         return forward
 
@@ -336,6 +368,8 @@ class Kernels:
 
     def _drop_unused_copies(self) -> None:
         """Keep a weight's copy of a kind only where its shape's table (at some thread count) takes that kind."""
+        for bound in self.bound:
+            bound.clear()
         for kind in COPIED:
             used = {shape for table in self.tables.values() for shape, names in table.items() if kind in names}
             for linear in self.linears:
