@@ -23,7 +23,7 @@
 namespace {
 
 constexpr int64_t LANES = 8;      // output features per block: one AVX register of float32
-constexpr int64_t MAX_CHUNK = 8;  // rows summed together per sweep over a block (a wider pass sweeps it again)
+constexpr int64_t MAX_CHUNK = 8;  // rows of one sweep over the weight (a wider pass takes the wide path below)
 constexpr int64_t GRAIN = 16;     // blocks per thread at least: a small weight is not split finer than this
 
 // The rows' sums for B neighbouring blocks at once: out[r * stride + 8b + j] = bias[8b + j] + sum over c of
